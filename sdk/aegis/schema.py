@@ -1,0 +1,280 @@
+"""Typed data shared by every part of Aegis: pydantic models, frozen, extra fields forbidden.
+
+Memory is always in bytes (``*_bytes``); formatting into GB happens at the edges
+(report renderers). Choices are ``Literal`` types so JSON Schema and the CLI can list them.
+
+    from aegis.schema import TrainConfig, LoRAConfig
+    cfg = TrainConfig(method="qlora", micro_batch_size=4, seq_len=1024, lora=LoRAConfig(rank=16))
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "Method",
+    "Precision",
+    "Optimizer",
+    "Attention",
+    "Framework",
+    "Frozen",
+    "LinearModule",
+    "ModelProfile",
+    "LoRAConfig",
+    "TrainConfig",
+    "GPUPrice",
+    "GPU",
+    "MemoryComponent",
+    "MemoryEstimate",
+    "TokenStats",
+    "DatasetProfile",
+    "PlanRequest",
+    "ALL_LINEAR_TARGETS",
+]
+
+Method = Literal["full", "lora", "qlora"]
+"""Training method: every weight trainable, low-rank adapters on a bf16 base, or on an NF4 base."""
+
+Precision = Literal["bf16", "bf16_mixed", "fp16_mixed", "fp32"]
+"""``bf16``: weights, grads and optimizer states in bf16 (pure). ``bf16_mixed``/``fp16_mixed``:
+fp32 master weights, autocast compute. ``fp32``: everything fp32."""
+
+Optimizer = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "sgd", "adafactor"]
+"""Optimizer whose state the engine sizes."""
+
+Attention = Literal["eager", "sdpa", "flash"]
+"""Attention implementation: eager materialises batch*heads*seq^2 scores, sdpa/flash do not."""
+
+Framework = Literal["hf", "jax"]
+"""What runs the step: HF Trainer on PyTorch (CUDA caching allocator) or Aegis' JAX engine (XLA)."""
+
+ALL_LINEAR_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class Frozen(BaseModel):
+    """Base for every Aegis model: immutable, unknown fields rejected."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LinearModule(Frozen):
+    """One kind of nn.Linear in the model, with how many times it occurs in total."""
+
+    name: str = Field(description="Module name as PEFT targets it, e.g. 'q_proj' or 'experts.gate_proj'.")
+    in_features: int = Field(description="Input width.")
+    out_features: int = Field(description="Output width.")
+    count: int = Field(description="Occurrences across the whole model (layers x experts).")
+    bias: bool = Field(default=False, description="Whether the module has a bias vector.")
+    lora_targetable: bool = Field(
+        default=True, description="False where PEFT cannot wrap it with a LoRA layer (fused 3-D MoE experts)."
+    )
+    quantizable: bool = Field(default=True, description="Quantised to NF4 under QLoRA (bitsandbytes Linear4bit).")
+
+
+class ModelProfile(Frozen):
+    """A model's architecture and parameter counts, all computed from config.json shapes."""
+
+    model_id: str = Field(description="Canonical Hugging Face id, or the path it was read from.")
+    source: Literal["catalog", "path", "hub", "cache"] = Field(description="Where the config came from.")
+    architecture: str = Field(description="config.json `architectures[0]`, e.g. LlamaForCausalLM.")
+    model_type: str = Field(description="config.json `model_type`.")
+    family: str = Field(description="Aegis architecture family serving it ('dense', 'gemma', 'moe').")
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int = Field(description="Dense MLP width (MoE: per-expert width).")
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    num_experts: int = Field(default=0, description="Routed experts per MoE layer; 0 for dense models.")
+    num_experts_per_tok: int = Field(default=0, description="Experts each token is routed to (top-k).")
+    sliding_window: int | None = Field(default=None, description="Sliding-window size where some layers use one.")
+    total_params: int = Field(description="All parameters, every expert included.")
+    embedding_params: int = Field(description="Input embedding matrix.")
+    lm_head_params: int = Field(description="Output projection; 0 when tied to the embeddings.")
+    layer_params: tuple[int, ...] = Field(description="Parameters of each decoder layer, in order.")
+    norm_params: int = Field(description="All normalisation weights (layers and final norm).")
+    active_params_per_token: int = Field(description="Parameters one token touches (MoE: top-k experts only).")
+    linear_modules: tuple[LinearModule, ...] = Field(description="Every nn.Linear kind in the decoder stack.")
+    config: dict[str, Any] = Field(description="The config.json the profile was computed from.", repr=False)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def trainable_params(self, method: Method, lora: "LoRAConfig | None" = None) -> int:
+        """Trainable parameters for a method (LoRA: adapter parameters from real module shapes)."""
+        if method == "full":
+            return self.total_params
+        lora = lora or LoRAConfig()
+        return sum(
+            m.count * lora.rank * (m.in_features + m.out_features)
+            for m in self.linear_modules
+            if m.lora_targetable and m.name.split(".")[-1] in lora.target_modules
+        )
+
+
+class LoRAConfig(Frozen):
+    """Low-rank adapter settings, as PEFT's LoraConfig takes them."""
+
+    rank: int = Field(default=16, ge=1, le=4096, description="Adapter rank r.")
+    alpha: float = Field(default=32.0, gt=0, description="Scaling numerator: adapters are scaled by alpha / r.")
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout on the adapter input.")
+    target_modules: tuple[str, ...] = Field(default=ALL_LINEAR_TARGETS, description="Module names to wrap.")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _non_empty(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("target_modules is empty: name at least one module, e.g. q_proj")
+        return v
+
+
+class TrainConfig(Frozen):
+    """One training configuration: what the memory engine sizes and the solver chooses."""
+
+    method: Method = Field(default="lora", description="full, lora or qlora.")
+    micro_batch_size: int = Field(default=1, description="Sequences per forward/backward pass.")
+    seq_len: int = Field(default=1024, description="Tokens per sequence (padded or packed).")
+    gradient_accumulation_steps: int = Field(default=1, description="Micro batches per optimizer step.")
+    gradient_checkpointing: bool = Field(default=False, description="Recompute layer activations in backward.")
+    attention: Attention = Field(default="sdpa", description="Attention implementation.")
+    chunked_cross_entropy: bool = Field(default=False, description="Compute the loss in vocab chunks (no full fp32 logits).")
+    precision: Precision = Field(default="bf16", description="Precision mode of weights, grads and optimizer states.")
+    optimizer: Optimizer = Field(default="adamw", description="Optimizer.")
+    lora: LoRAConfig | None = Field(default=None, description="Adapter settings for lora/qlora (defaults when None).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainConfig":
+        for name in ("micro_batch_size", "seq_len", "gradient_accumulation_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.method == "full" and self.lora is not None:
+            raise ValueError("full fine-tuning takes no LoRA settings: drop `lora` or use method lora/qlora")
+        return self
+
+    @property
+    def lora_config(self) -> LoRAConfig:
+        return self.lora or LoRAConfig()
+
+    @property
+    def effective_batch_size(self) -> int:
+        return self.micro_batch_size * self.gradient_accumulation_steps
+
+
+class GPUPrice(Frozen):
+    """A cloud list price for one GPU."""
+
+    provider: str = Field(description="Cloud provider, e.g. 'runpod'.")
+    usd_per_hour: float = Field(gt=0, description="On-demand price per GPU-hour in US dollars.")
+    as_of: str = Field(description="Date the price was read (YYYY-MM).")
+
+
+class GPU(Frozen):
+    """One accelerator model from the catalog."""
+
+    id: str = Field(description="Canonical catalog id, e.g. 'rtx-3090'.")
+    name: str = Field(description="Display name, e.g. 'NVIDIA RTX 3090'.")
+    aliases: tuple[str, ...] = Field(default=(), description="Other names users type.")
+    vendor: Literal["nvidia", "amd"] = "nvidia"
+    memory_bytes: int = Field(gt=0, description="Total device memory.")
+    bandwidth_gb_per_s: float = Field(gt=0, description="Memory bandwidth in GB/s.")
+    bf16_tflops: float = Field(gt=0, description="Dense bf16 tensor throughput (no sparsity) in TFLOPS.")
+    overhead_bytes: int = Field(ge=0, description="CUDA context + framework reservation, unusable for tensors.")
+    local: bool = Field(default=False, description="Consumer card usually owned, not rented.")
+    prices: tuple[GPUPrice, ...] = Field(default=(), description="Cloud prices, cheapest first.")
+
+    @property
+    def usable_bytes(self) -> int:
+        return self.memory_bytes - self.overhead_bytes
+
+
+class MemoryComponent(Frozen):
+    """One line of the memory breakdown."""
+
+    name: str = Field(description="Short label, e.g. 'Optimizer states (AdamW)'.")
+    key: str = Field(description="Stable machine key, e.g. 'optimizer'.")
+    bytes: int = Field(ge=0, description="Bytes this component holds at the peak.")
+    formula: str = Field(description="How the bytes were computed, with the numbers filled in.")
+    note: str = Field(default="", description="Why it is this size / what changes it.")
+    in_peak: bool = Field(default=True, description="Counted in the training peak (False: shown for information).")
+
+
+class MemoryEstimate(Frozen):
+    """Predicted peak memory of one training configuration on one GPU."""
+
+    model_id: str
+    config: TrainConfig
+    framework: Framework = "hf"
+    components: tuple[MemoryComponent, ...]
+    tensor_bytes: int = Field(description="Peak of live tensor bytes (what the truth harness traces).")
+    overhead_bytes: int = Field(description="CUDA context, workspaces and allocator reserve added on top.")
+    dynamic_margin_bytes: int = Field(description="+/- fragmentation and transient peaks.")
+    total_bytes: int = Field(description="tensor_bytes + overhead_bytes: the expected device peak.")
+    low_bytes: int = Field(description="total_bytes - dynamic margin.")
+    high_bytes: int = Field(description="total_bytes + dynamic margin.")
+    eval_peak_bytes: int = Field(description="Peak of an eval step at the eval length (KV/logits spike).")
+    notes: tuple[str, ...] = ()
+
+    def component(self, key: str) -> MemoryComponent:
+        for c in self.components:
+            if c.key == key:
+                return c
+        raise KeyError(f"no component {key!r}; have {[c.key for c in self.components]}")
+
+
+class TokenStats(Frozen):
+    """Token-length distribution of a dataset sample."""
+
+    min: int
+    mean: float
+    p50: int
+    p95: int
+    p99: int
+    max: int
+
+
+class DatasetProfile(Frozen):
+    """What a dataset looks like once rendered through the chat template and tokenized."""
+
+    source: str = Field(description="Path or hub id as given.")
+    format: Literal["alpaca", "sharegpt", "messages", "prompt_completion", "text"]
+    num_rows: int = Field(description="Rows in the dataset (all of them, not only the sample).")
+    sampled_rows: int = Field(description="Rows tokenized for the statistics.")
+    tokenizer: str = Field(description="Which tokenizer produced the numbers.")
+    tokenizer_exact: bool = Field(description="False when the tokenizer is an approximation of the model's own.")
+    tokens: TokenStats
+    template_overhead_tokens: float = Field(description="Mean tokens added by the chat template per row.")
+    seq_len: int = Field(description="Sequence length the statistics below were computed at.")
+    seq_len_reason: str = Field(description="Why this sequence length (p95 vs max, ...).")
+    truncated_share: float = Field(description="Share of rows longer than seq_len.")
+    padding_waste: float = Field(description="Share of padded tokens when padding every row to seq_len.")
+    packing_efficiency: float = Field(description="Share of real tokens when packing rows into seq_len blocks.")
+    bad_lines: tuple[int, ...] = Field(default=(), description="1-based line numbers that could not be parsed.")
+    notes: tuple[str, ...] = ()
+
+
+class PlanRequest(Frozen):
+    """A planning request: from the CLI flags, Python, or parsed from free text. None = not said."""
+
+    model: str | None = Field(default=None, description="Canonical hub id (or a path).")
+    method: Method | None = None
+    gpu: str | None = Field(default=None, description="Catalog GPU id.")
+    gpu_count: int | None = Field(default=None, ge=1)
+    dataset: str | None = Field(default=None, description="Local path or hub dataset id.")
+    lora_rank: int | None = Field(default=None, ge=1)
+    micro_batch_size: int | None = Field(default=None, ge=1)
+    effective_batch_size: int | None = Field(default=None, ge=1)
+    seq_len: int | None = Field(default=None, ge=1)
+    epochs: float | None = Field(default=None, gt=0)
+    optimizer: Optimizer | None = None
+    gradient_checkpointing: bool | None = None
+    precision: Precision | None = None
+
+    def merged(self, override: "PlanRequest") -> "PlanRequest":
+        """This request with every field `override` sets replacing ours (flags win over text)."""
+        return self.model_copy(update=override.model_dump(exclude_none=True))
