@@ -71,6 +71,9 @@ class LinearModule(Frozen):
         default=True, description="False where PEFT cannot wrap it with a LoRA layer (fused 3-D MoE experts)."
     )
     quantizable: bool = Field(default=True, description="Quantised to NF4 under QLoRA (bitsandbytes Linear4bit).")
+    matched_by: tuple[str, ...] = Field(
+        default=(), description="LoRA target names that select it (its own, plus q_proj etc. for fused projections)."
+    )
 
 
 class ModelProfile(Frozen):
@@ -80,7 +83,8 @@ class ModelProfile(Frozen):
     source: Literal["catalog", "path", "hub", "cache"] = Field(description="Where the config came from.")
     architecture: str = Field(description="config.json `architectures[0]`, e.g. LlamaForCausalLM.")
     model_type: str = Field(description="config.json `model_type`.")
-    family: str = Field(description="Aegis architecture family serving it ('dense', 'gemma', 'moe').")
+    family: str = Field(description="Aegis architecture family serving it ('llama', 'gemma2', 'mixtral', ...).")
+    family_description: str = Field(default="", description="Kind of decoder, e.g. 'dense decoder', 'mixture of experts'.")
     num_layers: int
     hidden_size: int
     intermediate_size: int = Field(description="Dense MLP width (MoE: per-expert width).")
@@ -114,7 +118,7 @@ class ModelProfile(Frozen):
         return sum(
             m.count * lora.rank * (m.in_features + m.out_features)
             for m in self.linear_modules
-            if m.lora_targetable and m.name.split(".")[-1] in lora.target_modules
+            if m.lora_targetable and set(m.matched_by or (m.name,)) & set(lora.target_modules)
         )
 
 

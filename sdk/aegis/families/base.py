@@ -1,0 +1,160 @@
+"""The architecture-family protocol: what Aegis must know about a decoder to size it.
+
+A family turns a config.json dict into per-layer shapes: the nn.Linear modules (with the names PEFT
+targets), norm and router parameters, and the widths the activation model needs. Parameter counts in
+`ModelProfile` are sums over these shapes — never looked up.
+
+    family = get_family(config)
+    layers = family.layers(config)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from aegis.errors import InvalidConfigError
+
+__all__ = ["Linear", "LayerShape", "Family", "cfg_int"]
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One weight matrix kind inside a layer. ``count`` > 1 for MoE experts."""
+
+    name: str
+    in_features: int
+    out_features: int
+    count: int = 1
+    bias: bool = False
+    matched_by: tuple[str, ...] = ()
+    """LoRA target names that select this module (its own name, plus e.g. q_proj for a fused qkv_proj)."""
+    lora_targetable: bool = True
+    quantizable: bool = True
+
+    @property
+    def params(self) -> int:
+        return self.count * (self.in_features * self.out_features + (self.out_features if self.bias else 0))
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """Everything in one decoder layer that holds parameters or sizes activations."""
+
+    linears: tuple[Linear, ...]
+    norm_params: int
+    router_params: int = 0
+    sliding_window: int | None = None
+    num_experts: int = 0
+    experts_per_tok: int = 0
+    expert_params: int = 0
+    """Parameters of one routed expert (MoE layers)."""
+    shared_expert_intermediate: int = 0
+    mlp_intermediate: int = 0
+    """Dense MLP width, or one routed expert's width."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def params(self) -> int:
+        return sum(lin.params for lin in self.linears) + self.norm_params + self.router_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token touches: all but the experts it is not routed to."""
+        return self.params - (self.num_experts - self.experts_per_tok) * self.expert_params
+
+
+def cfg_int(config: dict[str, Any], *keys: str, default: int | None = None) -> int:
+    """First present key of ``config`` as int; an InvalidConfigError naming the key when none is."""
+    for key in keys:
+        value = config.get(key)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 0:
+                raise InvalidConfigError(f"config.json key {key!r} must be a non-negative integer, got {value!r}")
+            return int(value)
+    if default is not None:
+        return default
+    raise InvalidConfigError(f"config.json has no {keys[0]!r}: is this a causal-LM config.json from the Hugging Face Hub?")
+
+
+class Family:
+    """Base family: a llama-like dense decoder. Subclasses override what differs."""
+
+    name: ClassVar[str] = "dense"
+    description: ClassVar[str] = "dense decoder"
+    model_types: ClassVar[tuple[str, ...]] = ()
+
+    # -- config readers ---------------------------------------------------------------------------
+    def hidden(self, c: dict[str, Any]) -> int:
+        return cfg_int(c, "hidden_size")
+
+    def num_layers(self, c: dict[str, Any]) -> int:
+        return cfg_int(c, "num_hidden_layers")
+
+    def heads(self, c: dict[str, Any]) -> int:
+        return cfg_int(c, "num_attention_heads")
+
+    def kv_heads(self, c: dict[str, Any]) -> int:
+        return cfg_int(c, "num_key_value_heads", default=self.heads(c))
+
+    def head_dim(self, c: dict[str, Any]) -> int:
+        return cfg_int(c, "head_dim", default=self.hidden(c) // self.heads(c))
+
+    def intermediate(self, c: dict[str, Any]) -> int:
+        return cfg_int(c, "intermediate_size")
+
+    def vocab(self, c: dict[str, Any]) -> int:
+        return cfg_int(c, "vocab_size")
+
+    def tied(self, c: dict[str, Any]) -> bool:
+        return bool(c.get("tie_word_embeddings", False))
+
+    def max_positions(self, c: dict[str, Any]) -> int:
+        return cfg_int(c, "max_position_embeddings", default=4096)
+
+    def sliding_window(self, c: dict[str, Any], layer: int) -> int | None:
+        return None
+
+    # -- shapes ------------------------------------------------------------------------------------
+    def attention_linears(self, c: dict[str, Any], layer: int) -> list[Linear]:
+        h, hd = self.hidden(c), self.head_dim(c)
+        q, kv = self.heads(c) * hd, self.kv_heads(c) * hd
+        bias = bool(c.get("attention_bias", False))
+        return [
+            Linear("q_proj", h, q, bias=bias, matched_by=("q_proj",)),
+            Linear("k_proj", h, kv, bias=bias, matched_by=("k_proj",)),
+            Linear("v_proj", h, kv, bias=bias, matched_by=("v_proj",)),
+            Linear("o_proj", q, h, bias=bias, matched_by=("o_proj",)),
+        ]
+
+    def mlp_linears(self, c: dict[str, Any], width: int, prefix: str = "", count: int = 1) -> list[Linear]:
+        h = self.hidden(c)
+        bias = bool(c.get("mlp_bias", False))
+        return [
+            Linear(f"{prefix}gate_proj", h, width, count=count, bias=bias, matched_by=("gate_proj",)),
+            Linear(f"{prefix}up_proj", h, width, count=count, bias=bias, matched_by=("up_proj",)),
+            Linear(f"{prefix}down_proj", width, h, count=count, bias=bias, matched_by=("down_proj",)),
+        ]
+
+    def layer_norm_params(self, c: dict[str, Any]) -> int:
+        """Norm weights in one layer: input and post-attention RMSNorm."""
+        return 2 * self.hidden(c)
+
+    def layer(self, c: dict[str, Any], i: int) -> LayerShape:
+        width = self.intermediate(c)
+        return LayerShape(
+            linears=tuple(self.attention_linears(c, i) + self.mlp_linears(c, width)),
+            norm_params=self.layer_norm_params(c),
+            sliding_window=self.sliding_window(c, i),
+            mlp_intermediate=width,
+        )
+
+    def layers(self, c: dict[str, Any]) -> list[LayerShape]:
+        return [self.layer(c, i) for i in range(self.num_layers(c))]
+
+    def final_norm_params(self, c: dict[str, Any]) -> int:
+        return self.hidden(c)
+
+    # -- activation-model knobs ----------------------------------------------------------------------
+    def logit_softcap(self, c: dict[str, Any]) -> float | None:
+        return None

@@ -1,0 +1,113 @@
+"""Model profiles: parameter counts computed from shapes equal transformers' meta-device counts."""
+
+import json
+
+import pytest
+
+import aegis
+from aegis import catalog
+from aegis.hub import canonical_model_id, resolve_model
+
+BUNDLED = [m.id for m in catalog.models()]
+
+
+def _meta_counts(config: dict):
+    import torch
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    total = sum(p.numel() for p in model.parameters())
+    embed = model.get_input_embeddings().weight.numel()
+    return model, total, embed
+
+
+@pytest.mark.parametrize("model_id", BUNDLED)
+def test_bundled_counts_equal_transformers_meta(model_id):
+    profile = resolve_model(model_id)
+    model, total, embed = _meta_counts(profile.config)
+    assert profile.total_params == total
+    assert profile.embedding_params == embed
+    layers = model.model.layers
+    assert profile.layer_params == tuple(sum(p.numel() for p in layer.parameters()) for layer in layers)
+
+
+def _tweaked(model_id: str, **changes) -> dict:
+    config = dict(resolve_model(model_id).config)
+    config.update(changes)
+    return config
+
+
+UNBUNDLED = [
+    ("meta-llama/Llama-3.2-1B", dict(num_hidden_layers=3, hidden_size=512, intermediate_size=1376, num_attention_heads=8,
+                                     num_key_value_heads=2, head_dim=64, tie_word_embeddings=False, mlp_bias=True)),
+    ("Qwen/Qwen2.5-0.5B", dict(num_hidden_layers=5, hidden_size=384, num_attention_heads=6, num_key_value_heads=3)),
+    ("google/gemma-2-2b", dict(num_hidden_layers=4, layer_types=None, head_dim=96)),
+    ("google/gemma-3-1b-pt", dict(num_hidden_layers=7, layer_types=None, attention_bias=True)),
+    ("mistralai/Mixtral-8x7B-v0.1", dict(num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=1, hidden_size=256,
+                                         intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64)),
+    ("Qwen/Qwen1.5-MoE-A2.7B", dict(num_hidden_layers=4, decoder_sparse_step=2, mlp_only_layers=[3], num_experts=6,
+                                    hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                                    shared_expert_intermediate_size=96, num_attention_heads=4, num_key_value_heads=4)),
+    ("Qwen/Qwen3-30B-A3B", dict(num_hidden_layers=3, mlp_only_layers=[1], num_experts=8, hidden_size=128,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, moe_intermediate_size=48,
+                                 intermediate_size=200)),
+    ("microsoft/Phi-3-mini-4k-instruct", dict(num_hidden_layers=2, hidden_size=256, num_attention_heads=8,
+                                              num_key_value_heads=4, intermediate_size=512)),
+]
+
+
+@pytest.mark.parametrize(("base", "changes"), UNBUNDLED, ids=[b for b, _ in UNBUNDLED])
+def test_unbundled_config_from_path(tmp_path, base, changes):
+    if catalog.model_entry(base) is None:
+        pytest.skip(f"{base} not bundled")
+    config = _tweaked(base, **changes)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    profile = resolve_model(str(tmp_path))
+    assert profile.source == "path"
+    _, total, embed = _meta_counts(profile.config)
+    assert profile.total_params == total and profile.embedding_params == embed
+
+
+def test_lora_trainable_equals_peft():
+    import peft
+    import torch
+    import transformers
+
+    profile = resolve_model("Qwen/Qwen2.5-0.5B")
+    cfg = transformers.AutoConfig.for_model(**profile.config)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    lora = aegis.LoRAConfig(rank=8, target_modules=("q_proj", "v_proj", "down_proj"))
+    peft_model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=list(lora.target_modules)))
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert profile.trainable_params("lora", lora) == trainable
+
+
+def test_moe_active_params_smaller_than_total():
+    profile = resolve_model("mixtral-8x7b")
+    assert profile.is_moe and profile.num_experts == 8 and profile.num_experts_per_tok == 2
+    assert profile.active_params_per_token < profile.total_params / 3
+
+
+def test_aliases_and_errors(tmp_path):
+    assert canonical_model_id("Llama-3.1-8B") == "meta-llama/Llama-3.1-8B"
+    assert canonical_model_id("llama 3.1 8b") == "meta-llama/Llama-3.1-8B"
+    with pytest.raises(aegis.UnknownModelError, match="did you mean"):
+        resolve_model("lama-3.1-8b")
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(aegis.InvalidConfigError, match="not valid JSON"):
+        resolve_model(str(bad))
+    bad.write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(aegis.UnsupportedArchitectureError, match="supported model_types: .*llama"):
+        resolve_model(str(bad))
+    bad.write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    with pytest.raises(aegis.InvalidConfigError, match="num_hidden_layers"):
+        resolve_model(str(bad))
+
+
+def test_offline_uncached_hub_id_is_a_clear_error():
+    with pytest.raises((aegis.OfflineError, aegis.UnknownModelError), match="config.json"):
+        resolve_model("some-org/not-a-cached-model")
