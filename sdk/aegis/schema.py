@@ -31,6 +31,13 @@ __all__ = [
     "TokenStats",
     "DatasetProfile",
     "PlanRequest",
+    "ModelSummary",
+    "Tier",
+    "Risk",
+    "Throughput",
+    "Cost",
+    "MultiGPU",
+    "PlanReport",
     "ALL_LINEAR_TARGETS",
 ]
 
@@ -282,3 +289,102 @@ class PlanRequest(Frozen):
     def merged(self, override: "PlanRequest") -> "PlanRequest":
         """This request with every field `override` sets replacing ours (flags win over text)."""
         return self.model_copy(update=override.model_dump(exclude_none=True))
+
+
+class ModelSummary(Frozen):
+    """The model facts a report shows (a `ModelProfile` without its config and shapes)."""
+
+    model_id: str
+    architecture: str
+    family_description: str
+    total_params: int
+    active_params_per_token: int
+    vocab_size: int
+    num_layers: int
+    hidden_size: int
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    source: str = Field(description="catalog, path, hub or cache.")
+
+
+class Tier(Frozen):
+    """One solved configuration: recommended, aggressive or a fallback entry."""
+
+    name: str = Field(description="'recommended', 'aggressive' or 'fallback N'.")
+    config: TrainConfig
+    memory: MemoryEstimate = Field(description="The engine's estimate for this configuration.")
+    headroom_bytes: int = Field(description="Usable memory minus the predicted high end (negative: does not fit).")
+    fits: bool = Field(description="Predicted high end within the usable memory.")
+    summary: str = Field(description="One line: what changed and why (e.g. 'same effective batch, same quality').")
+    relative_speed: float = Field(default=1.0, description="Expected throughput relative to the recommended tier.")
+
+
+class Risk(Frozen):
+    """A sanity check's verdict."""
+
+    level: Literal["ok", "warn", "danger"]
+    title: str = Field(description="Short label, e.g. 'VRAM', 'Eval spike'.")
+    detail: str = Field(description="What was found and what to do.")
+
+
+class Throughput(Frozen):
+    """Throughput and time estimates for the recommended tier."""
+
+    tokens_per_s_low: float
+    tokens_per_s_high: float
+    source: Literal["estimated", "measured"]
+    basis: str = Field(description="How: FLOPs/token over the GPU's bf16 rate at an MFU range, or the stored measurement.")
+    epoch_hours_low: float
+    epoch_hours_high: float
+    total_hours_low: float
+    total_hours_high: float
+
+
+class Cost(Frozen):
+    """Cost of the whole run on one provider's GPUs."""
+
+    gpu_id: str
+    provider: str
+    usd_low: float
+    usd_high: float
+    usd_per_hour: float
+    as_of: str
+    counterfactual: bool = Field(default=False, description="A cloud price shown for a locally owned GPU.")
+
+
+class MultiGPU(Frozen):
+    """Per-GPU memory with more than one GPU, for both ways of splitting the job."""
+
+    gpu_count: int
+    ddp_bytes: int = Field(description="Per-GPU peak with plain data parallel (everything replicated).")
+    fsdp_bytes: int = Field(description="Per-GPU peak fully sharded (weights, grads, optimizer states / N + gathered layer + buffers).")
+    assumed: Literal["ddp", "fsdp"] = Field(description="Which one the recommendation assumes.")
+    reason: str
+    efficiency_low: float = Field(description="Scaling efficiency range used for time estimates.")
+    efficiency_high: float
+
+
+class PlanReport(Frozen):
+    """Everything `aegis plan` found: the product. Renders as text, Markdown, JSON."""
+
+    request: PlanRequest
+    model: ModelSummary
+    dataset: DatasetProfile | None = None
+    gpu: GPU
+    gpu_count: int = 1
+    usable_bytes: int = Field(description="Per-GPU memory minus framework overhead.")
+    method: Method
+    lora: LoRAConfig | None = None
+    trainable_params: int
+    epochs: float
+    num_rows: int | None = Field(default=None, description="Dataset rows (None without a dataset).")
+    steps_per_epoch: int | None = None
+    recommended: Tier | None = Field(default=None, description="None when nothing fits.")
+    aggressive: Tier | None = None
+    fallbacks: tuple[Tier, ...] = ()
+    multi_gpu: MultiGPU | None = None
+    throughput: Throughput | None = None
+    costs: tuple[Cost, ...] = ()
+    risks: tuple[Risk, ...] = ()
+    notes: tuple[str, ...] = Field(default=(), description="Reasons and explanations shown with the report.")
+    nothing_fits: str | None = Field(default=None, description="When nothing fits: why, and what would.")
