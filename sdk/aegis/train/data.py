@@ -1,0 +1,447 @@
+"""Training data for the JAX engine: tokenised examples, fixed-shape batches, a resumable sampler.
+
+An :class:`Example` is one tokenised row with a stable ``sample_id`` (from the row's ``id``
+field, else a hash of its content) and a ``domain``. A :class:`BatchSampler` draws examples
+domain by domain according to mixing weights, skips blacklisted ids, and lays them out in a
+fixed ``[batch, seq]`` :class:`Batch` — one example per row (padding) or several per row
+(packing, separated by ``segment_ids``) — so the jitted step never recompiles. Its whole state
+is a small JSON dict that goes into checkpoints; restoring it replays the same batches.
+
+    from aegis.data import ByteTokenizer, toy_dataset_path
+    examples = load_jsonl(toy_dataset_path(), ByteTokenizer())
+    sampler = BatchSampler(examples, batch_size=8, seq_len=128, seed=0, packing=True)
+    batch = sampler.next_batch()            # Batch: input_ids/targets/loss_mask/... [8, 128]
+    sampler.set_blacklist({"a3f0…"}); sampler.set_domain_weights({"chat": 3, "prose": 1})
+    state = sampler.state_dict()            # JSON-able; BatchSampler(...).load_state_dict(state)
+
+Batch layout: ``targets[r, t]`` is the token after ``input_ids[r, t]`` in the same example and
+``loss_mask[r, t]`` is 1 where that target is trained on; ``segment_ids`` numbers the examples
+of a row from 1 (0 = padding); ``sample_index[r, t]`` points into ``sample_ids`` (-1 = padding).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from aegis.errors import DatasetError
+
+__all__ = [
+    "Tokenizer",
+    "Example",
+    "Batch",
+    "BatchSampler",
+    "tokenize_row",
+    "tokenize_rows",
+    "load_jsonl",
+    "pack_examples",
+    "iter_batches",
+    "split_examples",
+]
+
+_STATE_VERSION = 1
+
+
+class Tokenizer(Protocol):
+    """What the data layer needs from a tokenizer (``aegis.data.ByteTokenizer`` is one)."""
+
+    bos_id: int
+    eos_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def render_conversation(self, messages: Sequence[dict]) -> tuple[list[int], list[bool]]: ...
+
+
+@dataclass(frozen=True)
+class Example:
+    """One tokenised training example.
+
+    ``loss_mask[i]`` says whether token ``i`` is a training target (predicted from the tokens
+    before it): all tokens after the first for plain text, assistant tokens for chats.
+    """
+
+    sample_id: str
+    domain: str
+    input_ids: np.ndarray
+    loss_mask: np.ndarray
+
+    def __post_init__(self) -> None:
+        ids = np.asarray(self.input_ids, dtype=np.int32)
+        mask = np.asarray(self.loss_mask, dtype=bool)
+        if ids.ndim != 1 or ids.shape != mask.shape:
+            raise DatasetError(f"example {self.sample_id!r}: input_ids and loss_mask must be 1-D of equal length")
+        if len(ids) < 2:
+            raise DatasetError(f"example {self.sample_id!r} has {len(ids)} token(s); an example needs at least 2")
+        object.__setattr__(self, "input_ids", ids)
+        object.__setattr__(self, "loss_mask", mask)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A fixed-shape batch on the host (numpy), with the ids of the examples it holds."""
+
+    input_ids: np.ndarray  # int32 [b, s]
+    targets: np.ndarray  # int32 [b, s]: next token of the same example (0 where masked)
+    loss_mask: np.ndarray  # float32 [b, s]: 1 where targets[r, t] is trained on
+    segment_ids: np.ndarray  # int32 [b, s]: 1, 2, ... per example in the row; 0 = padding
+    positions: np.ndarray  # int32 [b, s]: position within the example
+    sample_index: np.ndarray  # int32 [b, s]: index into sample_ids; -1 = padding
+    sample_ids: tuple[str, ...] = field(default=())
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.input_ids.shape)  # type: ignore[return-value]
+
+    @property
+    def num_target_tokens(self) -> int:
+        """Tokens the loss is taken over."""
+        return int(self.loss_mask.sum())
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays the model and loss read (what goes onto the device)."""
+        return {
+            "input_ids": self.input_ids,
+            "targets": self.targets,
+            "loss_mask": self.loss_mask,
+            "segment_ids": self.segment_ids,
+            "positions": self.positions,
+        }
+
+
+# --------------------------------------------------------------------------- tokenisation
+
+
+def _sample_id(row: Mapping[str, Any]) -> str:
+    if "id" in row and isinstance(row["id"], (str, int)):
+        return str(row["id"])
+    canonical = json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha1(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+def tokenize_row(row: Mapping[str, Any], tokenizer: Tokenizer, *, default_domain: str = "default") -> Example:
+    """Tokenise one row: ``{"text": ...}`` or ``{"messages": [...]}``, optional ``id`` and ``domain``."""
+    domain = str(row.get("domain", default_domain))
+    sample_id = _sample_id(row)
+    if isinstance(row.get("text"), str):
+        ids = [tokenizer.bos_id, *tokenizer.encode(row["text"]), tokenizer.eos_id]
+        mask = [False] + [True] * (len(ids) - 1)
+    elif isinstance(row.get("messages"), list):
+        ids, mask = tokenizer.render_conversation(row["messages"])
+    else:
+        raise DatasetError(
+            f"row {sample_id!r} has neither a 'text' string nor a 'messages' list; keys: {sorted(row)}"
+        )
+    if not any(mask[1:]):
+        raise DatasetError(f"row {sample_id!r} has no target tokens (a chat needs an assistant turn)")
+    return Example(sample_id=sample_id, domain=domain, input_ids=np.asarray(ids), loss_mask=np.asarray(mask))
+
+
+def tokenize_rows(
+    rows: Iterable[Mapping[str, Any]], tokenizer: Tokenizer, *, default_domain: str = "default"
+) -> list[Example]:
+    """Tokenise rows; identical rows without an ``id`` get ``#2``, ``#3``... suffixes so ids stay unique."""
+    out: list[Example] = []
+    seen: dict[str, int] = {}
+    for row in rows:
+        ex = tokenize_row(row, tokenizer, default_domain=default_domain)
+        n = seen.get(ex.sample_id, 0) + 1
+        seen[ex.sample_id] = n
+        if n > 1:
+            ex = Example(f"{ex.sample_id}#{n}", ex.domain, ex.input_ids, ex.loss_mask)
+        out.append(ex)
+    return out
+
+
+def load_jsonl(path: str | Path, tokenizer: Tokenizer, *, default_domain: str = "default") -> list[Example]:
+    """Read and tokenise a JSONL file of ``text`` / ``messages`` rows."""
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"dataset file {path} does not exist; pass the path of a .jsonl file")
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise DatasetError(f"{path}:{n} is not valid JSON ({err.msg}); fix or remove the line") from err
+    if not rows:
+        raise DatasetError(f"{path} has no rows")
+    return tokenize_rows(rows, tokenizer, default_domain=default_domain)
+
+
+def split_examples(examples: Sequence[Example], eval_fraction: float, *, seed: int = 0) -> tuple[list, list]:
+    """Deterministic train / eval split by sample id hash (stable when rows are added or reordered)."""
+    if not 0 < eval_fraction < 1:
+        raise DatasetError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
+    train, held = [], []
+    for ex in examples:
+        h = int(hashlib.sha1(f"{seed}:{ex.sample_id}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+        (held if h < eval_fraction else train).append(ex)
+    return train, held
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def pack_examples(
+    examples: Sequence[Example], batch_size: int, seq_len: int, *, packing: bool
+) -> tuple[Batch, list[Example]]:
+    """Lay examples out in a ``[batch_size, seq_len]`` batch; returns it and the examples that did not fit.
+
+    Padding: one example per row, at most ``batch_size`` examples. Packing: first fit into the
+    rows in order. Examples longer than ``seq_len`` are truncated to it.
+    """
+    b, s = batch_size, seq_len
+    input_ids = np.zeros((b, s), np.int32)
+    targets = np.zeros((b, s), np.int32)
+    loss_mask = np.zeros((b, s), np.float32)
+    segment_ids = np.zeros((b, s), np.int32)
+    positions = np.zeros((b, s), np.int32)
+    sample_index = np.full((b, s), -1, np.int32)
+    fill = [0] * b
+    segments = [0] * b
+    ids: list[str] = []
+    rest: list[Example] = []
+    for ex in examples:
+        n = min(len(ex), s)
+        if packing:
+            row = next((r for r in range(b) if fill[r] + n <= s), None)
+        else:
+            row = len(ids) if len(ids) < b else None
+        if row is None:
+            rest.append(ex)
+            continue
+        start = fill[row]
+        sl = slice(start, start + n)
+        input_ids[row, sl] = ex.input_ids[:n]
+        targets[row, start : start + n - 1] = ex.input_ids[1:n]
+        loss_mask[row, start : start + n - 1] = ex.loss_mask[1:n]
+        segments[row] += 1
+        segment_ids[row, sl] = segments[row]
+        positions[row, sl] = np.arange(n)
+        sample_index[row, sl] = len(ids)
+        ids.append(ex.sample_id)
+        fill[row] += n
+    batch = Batch(input_ids, targets, loss_mask, segment_ids, positions, sample_index, tuple(ids))
+    return batch, rest
+
+
+def iter_batches(
+    examples: Sequence[Example], batch_size: int, seq_len: int, *, packing: bool = True
+) -> Iterator[Batch]:
+    """All ``examples`` in order, in fixed-shape batches (the last one partly empty): for evaluation."""
+    pending = list(examples)
+    while pending:
+        batch, rest = pack_examples(pending, batch_size, seq_len, packing=packing)
+        if not batch.sample_ids:  # cannot happen (any example fits an empty row), guards an endless loop
+            raise DatasetError("an example could not be placed in an empty batch")
+        # keep order: examples skipped by first-fit stay ahead of the untouched tail
+        pending = rest
+        yield batch
+
+
+# --------------------------------------------------------------------------- sampler
+
+
+class BatchSampler:
+    """Deterministic, resumable, domain-mixing batch sampler with a blacklist.
+
+    Each domain is an endless stream: epoch ``e`` visits the domain's examples in a
+    permutation seeded by ``(seed, domain, e)``. Batch ``k`` draws its domain choices from
+    an rng seeded by ``(seed, k)`` with the current weights, so changing weights or the
+    blacklist changes which examples come next but never the batch shape. Packing carries an
+    example that does not fit over to the next batch.
+    """
+
+    def __init__(
+        self,
+        examples: Sequence[Example],
+        batch_size: int,
+        seq_len: int,
+        *,
+        seed: int = 0,
+        packing: bool = True,
+        domain_weights: Mapping[str, float] | None = None,
+        blacklist: Iterable[str] = (),
+    ) -> None:
+        if not examples:
+            raise DatasetError("the dataset is empty; give the trainer at least one example")
+        if batch_size < 1 or seq_len < 2:
+            raise DatasetError(f"batch_size must be >= 1 and seq_len >= 2, got {batch_size} and {seq_len}")
+        self.batch_size, self.seq_len, self.seed, self.packing = batch_size, seq_len, seed, packing
+        self._examples = list(examples)
+        self._by_id = {ex.sample_id: i for i, ex in enumerate(self._examples)}
+        if len(self._by_id) != len(self._examples):
+            raise DatasetError("sample ids are not unique; give each row a distinct 'id' or use tokenize_rows")
+        self.domains: tuple[str, ...] = tuple(sorted({ex.domain for ex in self._examples}))
+        self._members = {d: [i for i, ex in enumerate(self._examples) if ex.domain == d] for d in self.domains}
+        self._epoch = {d: 0 for d in self.domains}
+        self._position = {d: 0 for d in self.domains}
+        self._perm_cache: dict[str, tuple[int, np.ndarray]] = {}
+        self._batches = 0
+        self._consumed = 0
+        self._pending: list[int] = []
+        self._blacklist: frozenset[str] = frozenset()
+        self._weights = {d: float(len(m)) for d, m in self._members.items()}
+        if domain_weights is not None:
+            self.set_domain_weights(domain_weights)
+        self.set_blacklist(blacklist)
+
+    # ----------------------------------------------------------------- settings
+
+    @property
+    def examples(self) -> list[Example]:
+        return list(self._examples)
+
+    @property
+    def blacklist(self) -> frozenset[str]:
+        return self._blacklist
+
+    @property
+    def domain_weights(self) -> dict[str, float]:
+        total = sum(self._weights.values())
+        return {d: w / total for d, w in self._weights.items()}
+
+    @property
+    def epoch(self) -> float:
+        """Examples drawn so far divided by the dataset size."""
+        return self._consumed / len(self._examples)
+
+    def example(self, sample_id: str) -> Example:
+        try:
+            return self._examples[self._by_id[sample_id]]
+        except KeyError:
+            raise DatasetError(f"no example with sample id {sample_id!r} in this dataset") from None
+
+    def set_blacklist(self, sample_ids: Iterable[str]) -> None:
+        """Exclude these sample ids from every batch built from now on (replaces the previous set)."""
+        ids = frozenset(str(i) for i in sample_ids)
+        if ids >= set(self._by_id):
+            raise DatasetError("the blacklist covers every example; nothing would be left to train on")
+        self._blacklist = ids
+        self._pending = [i for i in self._pending if self._examples[i].sample_id not in ids]
+
+    def set_domain_weights(self, weights: Mapping[str, float]) -> None:
+        """Mixing weights per domain (normalised; domains left out get 0)."""
+        unknown = set(weights) - set(self.domains)
+        if unknown:
+            raise DatasetError(f"unknown domain(s) {sorted(unknown)}; this dataset has {list(self.domains)}")
+        if any(not math.isfinite(w) or w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+            raise DatasetError(f"domain weights must be >= 0 with a positive sum, got {dict(weights)}")
+        self._weights = {d: float(weights.get(d, 0.0)) for d in self.domains}
+
+    # ----------------------------------------------------------------- drawing
+
+    def _permutation(self, domain: str) -> np.ndarray:
+        epoch = self._epoch[domain]
+        cached = self._perm_cache.get(domain)
+        if cached is None or cached[0] != epoch:
+            d_index = self.domains.index(domain)
+            order = np.random.default_rng([self.seed, d_index, epoch]).permutation(len(self._members[domain]))
+            cached = (epoch, order)
+            self._perm_cache[domain] = cached
+        return cached[1]
+
+    def _next_from(self, domain: str) -> int | None:
+        """Next non-blacklisted example index of a domain, or None if all of it is blacklisted."""
+        members = self._members[domain]
+        for _ in range(len(members) + 1):
+            if self._position[domain] >= len(members):
+                self._epoch[domain] += 1
+                self._position[domain] = 0
+            idx = members[int(self._permutation(domain)[self._position[domain]])]
+            self._position[domain] += 1
+            if self._examples[idx].sample_id not in self._blacklist:
+                return idx
+        return None
+
+    def next_batch(self) -> Batch:
+        """The next fixed-shape batch."""
+        rng = np.random.default_rng([self.seed, self._batches])
+        live = dict(self._weights)
+        chosen: list[int] = list(self._pending)
+        fill = [0] * self.batch_size  # first-fit row fill, mirrors pack_examples
+        for i in chosen:
+            self._place(fill, i)
+        while len(chosen) < (self.batch_size if not self.packing else len(chosen) + 1):
+            total = sum(live.values())
+            if total <= 0:
+                raise DatasetError("every example of the weighted domains is blacklisted; change weights or blacklist")
+            names = list(live)
+            probs = np.array([live[d] for d in names]) / total
+            domain = names[int(rng.choice(len(names), p=probs))]
+            idx = self._next_from(domain)
+            if idx is None:
+                live[domain] = 0.0
+                continue
+            chosen.append(idx)
+            self._consumed += 1
+            if self.packing and not self._place(fill, idx):
+                break
+        batch, rest = pack_examples([self._examples[i] for i in chosen], self.batch_size, self.seq_len, packing=self.packing)
+        self._pending = [self._by_id[ex.sample_id] for ex in rest]
+        self._batches += 1
+        return batch
+
+    def _place(self, fill: list[int], idx: int) -> bool:
+        n = min(len(self._examples[idx]), self.seq_len)
+        for r, f in enumerate(fill):
+            if f + n <= self.seq_len:
+                fill[r] += n
+                return True
+        return False
+
+    def batch_of(self, sample_ids: Sequence[str]) -> Batch:
+        """A padded batch (one example per row) holding exactly these samples: for forensics."""
+        exs = [self.example(i) for i in sample_ids]
+        batch, rest = pack_examples(exs, max(len(exs), 1), self.seq_len, packing=False)
+        return batch
+
+    # ----------------------------------------------------------------- state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Small JSON-able state: restoring it with :meth:`load_state_dict` replays the same batches."""
+        return {
+            "version": _STATE_VERSION,
+            "seed": self.seed,
+            "batches": self._batches,
+            "consumed": self._consumed,
+            "domains": {d: {"epoch": self._epoch[d], "position": self._position[d]} for d in self.domains},
+            "pending": [self._examples[i].sample_id for i in self._pending],
+            "weights": dict(self._weights),
+            "blacklist": sorted(self._blacklist),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a state saved by :meth:`state_dict` (same dataset)."""
+        if state.get("version") != _STATE_VERSION:
+            raise DatasetError(f"sampler state version {state.get('version')!r} is not {_STATE_VERSION}")
+        if set(state["domains"]) != set(self.domains):
+            raise DatasetError(
+                f"sampler state has domains {sorted(state['domains'])} but the dataset has {list(self.domains)}; "
+                "resume with the dataset the run was started with"
+            )
+        missing = [i for i in (*state["pending"], *state["blacklist"]) if i not in self._by_id]
+        if missing:
+            raise DatasetError(f"sampler state names sample ids not in this dataset, e.g. {missing[0]!r}")
+        self.seed = int(state["seed"])
+        self._batches = int(state["batches"])
+        self._consumed = int(state["consumed"])
+        for d, pos in state["domains"].items():
+            self._epoch[d], self._position[d] = int(pos["epoch"]), int(pos["position"])
+        self._perm_cache.clear()
+        self._weights = {d: float(state["weights"][d]) for d in self.domains}
+        self._blacklist = frozenset(state["blacklist"])
+        self._pending = [self._by_id[i] for i in state["pending"]]
