@@ -1,0 +1,1 @@
+"""Aegis' JAX training engine: model families, LoRA, NF4, safetensors I/O, data and train steps."""

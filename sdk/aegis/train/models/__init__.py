@@ -1,0 +1,70 @@
+"""JAX transformer families that compute what transformers' PyTorch models compute.
+
+Plain JAX, pure functions over a params pytree named like transformers' ``state_dict`` (decoder
+layers stacked on axis 0 and run with ``jax.lax.scan``). One registry, :data:`FAMILIES`, keyed by
+config.json ``model_type``: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral,
+qwen2_moe, qwen3_moe.
+
+    from aegis.train.models import build_model
+    model = build_model(json.load(open("config.json")), dtype=jnp.bfloat16)
+    params = model.init(jax.random.key(0))            # or aegis.train.weights.load_checkpoint(model, path)
+    logits = model.apply(params, input_ids)           # [b, s] int32 -> [b, s, vocab] float32
+    h = model.hidden(params, input_ids, segment_ids=seg)   # packed sequences: 0 = padding
+    logits = model.project(h, model.head_weight(params))   # same as apply (soft-capped where needed)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+
+from aegis.errors import InvalidConfigError
+from aegis.train.models.decoder import Model, attention_mask, segment_positions, standard_layer
+from aegis.train.models.families import FAMILIES, Family, Recipe, get_family, supported_model_types
+from aegis.train.models.spec import ArchSpec, MoESpec, param_shapes
+
+__all__ = [
+    "build_model",
+    "Model",
+    "ArchSpec",
+    "MoESpec",
+    "Family",
+    "Recipe",
+    "FAMILIES",
+    "get_family",
+    "supported_model_types",
+    "param_shapes",
+    "standard_layer",
+    "segment_positions",
+    "attention_mask",
+]
+
+
+def build_model(
+    config: dict[str, Any],
+    *,
+    dtype: Any = jnp.float32,
+    param_dtype: Any = jnp.float32,
+    remat: bool = False,
+) -> Model:
+    """Build the JAX model for a Hugging Face config.json dict.
+
+    ``dtype`` is the compute dtype (activations, matmuls), ``param_dtype`` the storage dtype that
+    :meth:`Model.init` produces; ``remat`` wraps each decoder layer in ``jax.checkpoint``.
+    Raises :class:`~aegis.errors.UnsupportedArchitectureError` (listing supported model types) for
+    an unknown ``model_type``.
+    """
+    if not isinstance(config, dict):
+        raise InvalidConfigError("build_model expects the config.json contents as a dict (json.load the file first).")
+    family = get_family(config.get("model_type"))
+    spec = family.build_spec(config)
+    return Model(
+        config=dict(config),
+        family=family.name,
+        spec=spec,
+        layer_fn=family.layer_fn,
+        dtype=jnp.dtype(dtype),
+        param_dtype=jnp.dtype(param_dtype),
+        remat=remat,
+    )

@@ -1,0 +1,219 @@
+"""The decoder-only model: embeddings, a ``jax.lax.scan`` over stacked layers, final norm, head.
+
+:class:`Model` is a thin, hashable handle (config + :class:`ArchSpec` + the family's layer
+function); parameters are a plain nested dict passed in. The parameter tree mirrors
+transformers' in-memory ``state_dict`` names, with the per-layer tensors stacked on axis 0::
+
+    params["model"]["embed_tokens"]["weight"]                      # [vocab, d]
+    params["model"]["layers"]["self_attn"]["q_proj"]["weight"]     # [L, heads*head_dim, d]
+    params["model"]["layers"]["mlp"]["experts"]["gate_up_proj"]    # [L, E, 2*I, d]   (MoE)
+    params["model"]["norm"]["weight"]                              # [d]
+    params["lm_head"]["weight"]                                    # [vocab, d]  (absent when tied)
+
+Packed sequences: ``segment_ids`` ``[b, s]`` (0 = padding) restrict attention to the token's own
+segment (causal, plus each layer's sliding window); positions restart at 0 per segment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from aegis.train.models.layers import Ctx, attention_block, mlp_block, moe_block, rms_norm
+from aegis.train.models.rope import cos_sin
+from aegis.train.models.spec import ArchSpec, param_shapes
+
+__all__ = ["Model", "standard_layer", "segment_positions", "attention_mask", "LayerFn"]
+
+LayerFn = Callable[..., jax.Array]
+"""``layer(spec, p, x, *, cos, sin, mask, ctx, lora) -> x``: one decoder layer (per-layer slices)."""
+
+
+def standard_layer(
+    spec: ArchSpec,
+    p: dict[str, Any],
+    x: jax.Array,
+    *,
+    cos: jax.Array,
+    sin: jax.Array,
+    mask: jax.Array,
+    ctx: Ctx,
+    lora: dict[str, Any] | None = None,
+) -> jax.Array:
+    """Pre-norm residual layer; with ``spec.sandwich_norms`` the Gemma 2/3 four-norm variant."""
+    lora = lora or {}
+    eps, gemma = spec.rms_norm_eps, spec.gemma_norm
+    h = rms_norm(x, p["input_layernorm"]["weight"], eps, gemma=gemma)
+    h = attention_block(spec, p["self_attn"], h, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lora.get("self_attn"))
+    ff = moe_block if spec.moe is not None else mlp_block
+    if spec.sandwich_norms:
+        h = rms_norm(h, p["post_attention_layernorm"]["weight"], eps, gemma=gemma)
+        x = x + h
+        h = rms_norm(x, p["pre_feedforward_layernorm"]["weight"], eps, gemma=gemma)
+        h = ff(spec, p["mlp"], h, ctx, lora.get("mlp"))
+        h = rms_norm(h, p["post_feedforward_layernorm"]["weight"], eps, gemma=gemma)
+        return x + h
+    x = x + h
+    h = rms_norm(x, p["post_attention_layernorm"]["weight"], eps, gemma=gemma)
+    return x + ff(spec, p["mlp"], h, ctx, lora.get("mlp"))
+
+
+def segment_positions(segment_ids: jax.Array) -> jax.Array:
+    """Positions that restart at 0 at every segment boundary: ``[[1,1,2,2,2]] -> [[0,1,0,1,2]]``."""
+    s = segment_ids.shape[-1]
+    idx = jnp.arange(s, dtype=jnp.int32)
+    starts = jnp.concatenate(
+        [jnp.ones_like(segment_ids[:, :1], dtype=bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
+    )
+    start_idx = jax.lax.cummax(jnp.where(starts, idx[None, :], 0), axis=1)
+    return idx[None, :] - start_idx
+
+
+def attention_mask(segment_ids: jax.Array) -> jax.Array:
+    """``[b, s, s]`` bool: causal and within the same segment (the sliding window is added per layer)."""
+    s = segment_ids.shape[-1]
+    causal = jnp.tril(jnp.ones((s, s), dtype=bool))
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return causal[None] & same
+
+
+@dataclass(frozen=True, eq=False)
+class Model:
+    """A built model: ``init``/``apply``/``hidden``/``head_weight`` over a params pytree."""
+
+    config: dict[str, Any]
+    family: str
+    spec: ArchSpec
+    layer_fn: LayerFn = field(default=standard_layer)
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    remat: bool = False
+
+    # ----- parameters -------------------------------------------------------------------------
+    def param_shapes(self) -> dict[str, Any]:
+        """Nested dict of shapes (tuples), the structure ``init`` returns."""
+        return param_shapes(self.spec)
+
+    def init(self, rng: jax.Array) -> dict[str, Any]:
+        """Random parameters as transformers initialises them: normal(0, initializer_range) weights,
+        zero biases, RMSNorm weights 1 (0 for Gemma's (1 + w) norm)."""
+        shapes = self.param_shapes()
+        leaves, treedef = jax.tree_util.tree_flatten(shapes, is_leaf=lambda x: isinstance(x, tuple))
+        paths = [
+            tuple(getattr(k, "key", k) for k in path)
+            for path, _ in jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))[0]
+        ]
+        keys = jax.random.split(rng, len(leaves))
+        out = []
+        for key, shape, path in zip(keys, leaves, paths, strict=True):
+            name = path[-2] if path[-1] in ("weight", "bias") else path[-1]
+            if path[-1] == "bias":
+                arr = jnp.zeros(shape, self.param_dtype)
+            elif name.endswith("norm"):
+                arr = jnp.full(shape, 0.0 if self.spec.gemma_norm else 1.0, self.param_dtype)
+            else:
+                std = self.spec.initializer_range
+                arr = (jax.random.normal(key, shape, jnp.float32) * std).astype(self.param_dtype)
+            out.append(arr)
+        return jax.tree_util.tree_unflatten(treedef, out)
+
+    # ----- forward ----------------------------------------------------------------------------
+    def _layer_scan(
+        self,
+        params: dict[str, Any],
+        x: jax.Array,
+        positions: jax.Array,
+        segment_ids: jax.Array,
+        lora: Any,
+        lora_rng: jax.Array | None,
+    ) -> jax.Array:
+        spec = self.spec
+        s = x.shape[1]
+        tables = [cos_sin(r, positions, seq_len=s) for r in spec.ropes]
+        cos_all = jnp.stack([c for c, _ in tables])
+        sin_all = jnp.stack([t for _, t in tables])
+        base_mask = attention_mask(segment_ids)
+        idx = jnp.arange(s)
+        dist = idx[:, None] - idx[None, :]
+        lora_layers = {} if lora is None else lora.tree.get("model", {}).get("layers", {})
+        scale = 0.0 if lora is None else lora.scale
+        dropout = 0.0 if lora is None else lora.dropout
+        layer_fn = self.layer_fn
+
+        def body(h: jax.Array, xs: tuple[Any, ...]) -> tuple[jax.Array, None]:
+            p, lp, window, rope_i, layer_i = xs
+            mask = base_mask & (dist < window)[None]
+            rng = None if lora_rng is None else jax.random.fold_in(lora_rng, layer_i)
+            ctx = Ctx(dtype=self.dtype, lora_scale=scale, lora_dropout=dropout, rng=rng)
+            h = layer_fn(spec, p, h, cos=cos_all[rope_i], sin=sin_all[rope_i], mask=mask, ctx=ctx, lora=lp)
+            return h, None
+
+        if self.remat:
+            body = jax.checkpoint(body, prevent_cse=False)
+        xs = (
+            params["model"]["layers"],
+            lora_layers,
+            jnp.asarray(np.asarray(spec.layer_window, dtype=np.int32)),
+            jnp.asarray(np.asarray(spec.layer_rope, dtype=np.int32)),
+            jnp.arange(spec.num_layers, dtype=jnp.int32),
+        )
+        x, _ = jax.lax.scan(body, x, xs)
+        return x
+
+    def hidden(
+        self,
+        params: dict[str, Any],
+        input_ids: jax.Array,
+        *,
+        positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        lora: Any = None,
+        lora_rng: jax.Array | None = None,
+    ) -> jax.Array:
+        """Final-norm hidden states ``[b, s, d]`` in the compute dtype."""
+        input_ids = jnp.asarray(input_ids, jnp.int32)
+        b, s = input_ids.shape
+        if segment_ids is None:
+            segment_ids = jnp.ones((b, s), jnp.int32)
+            if positions is None:
+                positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+        elif positions is None:
+            positions = segment_positions(segment_ids)
+        x = jnp.take(params["model"]["embed_tokens"]["weight"], input_ids, axis=0).astype(self.dtype)
+        if self.spec.embed_scale is not None:
+            x = x * jnp.asarray(self.spec.embed_scale, self.dtype)
+        x = self._layer_scan(params, x, positions, segment_ids, lora, lora_rng)
+        return rms_norm(x, params["model"]["norm"]["weight"], self.spec.rms_norm_eps, gemma=self.spec.gemma_norm)
+
+    def head_weight(self, params: dict[str, Any]) -> jax.Array:
+        """The output projection ``[d, vocab]`` (the embedding matrix when tied)."""
+        if self.spec.tie_embeddings:
+            return params["model"]["embed_tokens"]["weight"].T
+        return params["lm_head"]["weight"].T
+
+    def project(self, h: jax.Array, w: jax.Array) -> jax.Array:
+        """Logits (float32) from hidden states and ``head_weight``, soft-capped where the family does."""
+        logits = jnp.einsum("...d,dv->...v", h, w.astype(h.dtype), preferred_element_type=jnp.float32)
+        if self.spec.final_softcap is not None:
+            cap = self.spec.final_softcap
+            logits = jnp.tanh(logits / cap) * cap
+        return logits
+
+    def apply(
+        self,
+        params: dict[str, Any],
+        input_ids: jax.Array,
+        *,
+        positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        lora: Any = None,
+        lora_rng: jax.Array | None = None,
+    ) -> jax.Array:
+        """Logits ``[b, s, vocab]`` float32 for token ids ``[b, s]``."""
+        h = self.hidden(params, input_ids, positions=positions, segment_ids=segment_ids, lora=lora, lora_rng=lora_rng)
+        return self.project(h, self.head_weight(params))

@@ -1,0 +1,189 @@
+"""Shared transformer blocks as pure functions: RMSNorm, linear (+LoRA, +NF4), attention, MLP, MoE.
+
+Every block takes its parameter sub-tree (HF names: ``{"weight": [out, in], "bias": [out]}``),
+the activations and an :class:`Ctx` (compute dtype, LoRA scale/dropout). Casts follow
+transformers: RMSNorm in float32, attention softmax in float32, rope tables cast to the
+activation dtype. A family composes these in a decoder layer (see ``decoder.standard_layer``);
+a new architecture can reuse them piece by piece.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from aegis.errors import UnsupportedArchitectureError
+from aegis.train.models.rope import apply_rope
+from aegis.train.models.spec import ArchSpec
+from aegis.train.nf4 import maybe_dequantize
+
+__all__ = ["Ctx", "ACTIVATIONS", "activation", "rms_norm", "linear", "attention_block", "mlp_block", "moe_block"]
+
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_fast": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+}
+
+
+def activation(name: str) -> Any:
+    """The activation function transformers' ``ACT2FN[name]`` computes."""
+    if name not in ACTIVATIONS:
+        raise UnsupportedArchitectureError(
+            f"hidden activation {name!r} is not supported; supported: {', '.join(sorted(ACTIVATIONS))}."
+        )
+    return ACTIVATIONS[name]
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """Per-call settings threaded through the blocks."""
+
+    dtype: Any
+    lora_scale: float = 0.0
+    lora_dropout: float = 0.0
+    rng: jax.Array | None = None  # LoRA dropout key for this layer; None = no dropout
+
+    def sub_rng(self, name: str) -> jax.Array | None:
+        if self.rng is None or self.lora_dropout <= 0.0:
+            return None
+        return jax.random.fold_in(self.rng, sum(ord(c) * (i + 1) for i, c in enumerate(name)))
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, gemma: bool = False) -> jax.Array:
+    """RMSNorm: Llama style ``w * norm(x).to(dtype)`` or Gemma style ``(norm(x) * (1 + w)).to(dtype)``."""
+    xf = x.astype(jnp.float32)
+    normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    if gemma:
+        return (normed * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
+    return weight.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def linear(p: dict[str, Any], x: jax.Array, ctx: Ctx, lora: dict[str, Any] | None = None, name: str = "") -> jax.Array:
+    """``x @ W.T + b`` with ``W`` in HF layout ``[out, in]`` (NF4 dequantised on the fly) plus a LoRA update."""
+    w = maybe_dequantize(p["weight"], ctx.dtype)
+    y = jnp.einsum("...i,oi->...o", x, w)
+    if "bias" in p:
+        y = y + p["bias"].astype(ctx.dtype)
+    if lora:
+        a = lora["lora_A"]["weight"].astype(ctx.dtype)  # [r, in]
+        b = lora["lora_B"]["weight"].astype(ctx.dtype)  # [out, r]
+        xin = x
+        key = ctx.sub_rng(name)
+        if key is not None:
+            keep = jax.random.bernoulli(key, 1.0 - ctx.lora_dropout, x.shape)
+            xin = jnp.where(keep, x / (1.0 - ctx.lora_dropout), 0).astype(x.dtype)
+        y = y + (jnp.einsum("...i,ri->...r", xin, a) @ b.T) * jnp.asarray(ctx.lora_scale, ctx.dtype)
+    return y
+
+
+def _sub(lora: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
+    return None if not lora else lora.get(key)
+
+
+def attention_block(
+    spec: ArchSpec,
+    p: dict[str, Any],
+    x: jax.Array,
+    *,
+    cos: jax.Array,
+    sin: jax.Array,
+    mask: jax.Array,
+    ctx: Ctx,
+    lora: dict[str, Any] | None = None,
+) -> jax.Array:
+    """Self-attention with GQA, optional q/k-norm, rope, soft-capping; ``mask`` is ``[b, s, s]`` bool."""
+    b, s, _ = x.shape
+    if spec.fused_qkv:
+        qkv = linear(p["qkv_proj"], x, ctx, _sub(lora, "qkv_proj"), "qkv_proj")
+        q, k, v = jnp.split(qkv, [spec.q_size, spec.q_size + spec.kv_size], axis=-1)
+    else:
+        q = linear(p["q_proj"], x, ctx, _sub(lora, "q_proj"), "q_proj")
+        k = linear(p["k_proj"], x, ctx, _sub(lora, "k_proj"), "k_proj")
+        v = linear(p["v_proj"], x, ctx, _sub(lora, "v_proj"), "v_proj")
+    hd, hkv = spec.head_dim, spec.num_kv_heads
+    q = q.reshape(b, s, spec.num_heads, hd)
+    k = k.reshape(b, s, hkv, hd)
+    v = v.reshape(b, s, hkv, hd)
+    if spec.qk_norm:
+        q = rms_norm(q, p["q_norm"]["weight"], spec.rms_norm_eps, gemma=spec.gemma_norm)
+        k = rms_norm(k, p["k_norm"]["weight"], spec.rms_norm_eps, gemma=spec.gemma_norm)
+    q = apply_rope(q, cos, sin)
+    k = apply_rope(k, cos, sin)
+
+    groups = spec.num_heads // hkv
+    q = q.reshape(b, s, hkv, groups, hd)
+    scores = jnp.einsum("bqhgd,bkhd->bhgqk", q, k) * jnp.asarray(spec.attn_scale, q.dtype)
+    if spec.attn_softcap is not None:
+        cap = jnp.asarray(spec.attn_softcap, scores.dtype)
+        scores = jnp.tanh(scores / cap) * cap
+    scores = scores.astype(jnp.float32)
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bhgqk,bkhd->bqhgd", probs, v).reshape(b, s, spec.q_size)
+    return linear(p["o_proj"], out, ctx, _sub(lora, "o_proj"), "o_proj")
+
+
+def mlp_block(
+    spec: ArchSpec,
+    p: dict[str, Any],
+    x: jax.Array,
+    ctx: Ctx,
+    lora: dict[str, Any] | None = None,
+    *,
+    prefix: str = "",
+) -> jax.Array:
+    """Gated MLP ``down(act(gate(x)) * up(x))``; Phi-3's fused ``gate_up_proj`` is split in halves."""
+    act = activation(spec.hidden_act)
+    if "gate_up_proj" in p:
+        gate, up = jnp.split(linear(p["gate_up_proj"], x, ctx, _sub(lora, "gate_up_proj"), prefix + "gate_up_proj"), 2, -1)
+    else:
+        gate = linear(p["gate_proj"], x, ctx, _sub(lora, "gate_proj"), prefix + "gate_proj")
+        up = linear(p["up_proj"], x, ctx, _sub(lora, "up_proj"), prefix + "up_proj")
+    return linear(p["down_proj"], act(gate) * up, ctx, _sub(lora, "down_proj"), prefix + "down_proj")
+
+
+def moe_block(
+    spec: ArchSpec, p: dict[str, Any], x: jax.Array, ctx: Ctx, lora: dict[str, Any] | None = None
+) -> jax.Array:
+    """Top-k routed experts (grouped matmuls via ``ragged_dot``) plus an optional gated shared expert.
+
+    Routing as transformers: softmax over all experts in float32, top-k, renormalise when
+    ``norm_topk_prob`` (always for Mixtral); expert outputs weighted and summed per token.
+    """
+    m = spec.moe
+    b, s, d = x.shape
+    xf = x.reshape(b * s, d)
+    router_logits = jnp.einsum("td,ed->te", xf, p["gate"]["weight"].astype(ctx.dtype))
+    probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
+    top_w, top_i = jax.lax.top_k(probs, m.top_k)
+    if m.norm_topk_prob:
+        top_w = top_w / jnp.sum(top_w, axis=-1, keepdims=True)
+
+    flat_e = top_i.reshape(-1)
+    order = jnp.argsort(flat_e, stable=True)
+    token = order // m.top_k
+    group_sizes = jnp.bincount(flat_e, length=m.num_experts).astype(jnp.int32)
+    xs = xf[token]
+    gate_up = maybe_dequantize(p["experts"]["gate_up_proj"], ctx.dtype)  # [E, 2I, D]
+    down = maybe_dequantize(p["experts"]["down_proj"], ctx.dtype)  # [E, D, I]
+    h = jax.lax.ragged_dot(xs, jnp.swapaxes(gate_up, 1, 2), group_sizes)
+    gate, up = jnp.split(h, 2, axis=-1)
+    h = activation(spec.hidden_act)(gate) * up
+    out = jax.lax.ragged_dot(h, jnp.swapaxes(down, 1, 2), group_sizes)
+    weights = top_w.reshape(-1)[order]
+    out = (out.astype(jnp.float32) * weights[:, None]).astype(ctx.dtype)
+    y = jnp.zeros((b * s, d), ctx.dtype).at[token].add(out)
+
+    if "shared_expert" in p:
+        shared = mlp_block(spec, p["shared_expert"], xf, ctx, _sub(lora, "shared_expert"), prefix="shared_expert.")
+        gate_val = jax.nn.sigmoid(jnp.einsum("td,od->to", xf, p["shared_expert_gate"]["weight"].astype(ctx.dtype)))
+        y = y + gate_val * shared
+    return y.reshape(b, s, d)

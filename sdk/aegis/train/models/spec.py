@@ -1,0 +1,217 @@
+"""Architecture facts read from a Hugging Face config.json, normalised for the JAX decoder.
+
+:class:`ArchSpec` is everything the shared blocks need (widths, heads, norms, rope per layer,
+sliding windows, soft-caps, MoE routing); families build one from a config dict with the helpers
+here, mirroring what each transformers ``Config.__post_init__`` derives (layer types, rope
+defaults). :func:`param_shapes` gives the parameter tree's shapes, named like transformers'
+in-memory ``state_dict`` with decoder layers stacked on a leading axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from aegis.errors import InvalidConfigError, UnsupportedArchitectureError
+from aegis.train.models.rope import RopeSpec
+
+__all__ = ["ArchSpec", "MoESpec", "param_shapes", "rope_single", "rope_for_layer_types", "require", "FULL_WINDOW"]
+
+FULL_WINDOW = 2**30
+"""Window value that means "no sliding window" (attends to the whole causal prefix)."""
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Sparse MoE feed-forward: top-k routing over ``num_experts`` gated experts."""
+
+    num_experts: int
+    top_k: int
+    expert_intermediate_size: int
+    norm_topk_prob: bool
+    shared_expert_intermediate_size: int | None = None  # Qwen2-MoE: a dense expert with a sigmoid gate
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """A decoder-only transformer, as the shared JAX blocks compute it."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    hidden_act: str
+    initializer_range: float = 0.02
+    gemma_norm: bool = False  # (1 + w) RMSNorm, multiplied in float32 before the cast back
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    fused_qkv: bool = False  # Phi-3 qkv_proj
+    fused_gate_up: bool = False  # Phi-3 gate_up_proj
+    qk_norm: bool = False  # Qwen3 / Gemma3 RMSNorm over head_dim on q and k before rope
+    sandwich_norms: bool = False  # Gemma 2/3: post-attention, pre- and post-feedforward norms
+    attn_scale: float = 1.0
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    embed_scale: float | None = None  # Gemma: embeddings times sqrt(hidden_size) in the compute dtype
+    tie_embeddings: bool = False
+    ropes: tuple[RopeSpec, ...] = ()
+    layer_rope: tuple[int, ...] = ()  # per layer: index into ``ropes``
+    layer_window: tuple[int, ...] = ()  # per layer: sliding window (FULL_WINDOW for full attention)
+    moe: MoESpec | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+def require(config: dict[str, Any], key: str) -> Any:
+    """``config[key]`` or an :class:`InvalidConfigError` naming the missing key."""
+    if config.get(key) is None:
+        raise InvalidConfigError(
+            f"config.json ({config.get('model_type', '?')}) has no {key!r}; pass the model's complete config.json."
+        )
+    return config[key]
+
+
+def _legacy_rope(config: dict[str, Any], default_theta: float) -> dict[str, Any]:
+    """The flat rope-parameters dict from either layout (``rope_scaling`` wins over ``rope_parameters``)."""
+    params = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
+    params.setdefault("rope_theta", config.get("rope_theta", default_theta))
+    if config.get("partial_rotary_factor") is not None:
+        params.setdefault("partial_rotary_factor", config["partial_rotary_factor"])
+    return params
+
+
+def rope_single(config: dict[str, Any], head_dim: int, *, default_theta: float = 10_000.0) -> RopeSpec:
+    """One RoPE for every layer (Llama, Qwen, Mistral, Phi-3, MoE families)."""
+    params = _legacy_rope(config, default_theta)
+    if "full_attention" in params and isinstance(params["full_attention"], dict):
+        params = dict(params["full_attention"])
+        params.setdefault("rope_theta", config.get("rope_theta", default_theta))
+    return RopeSpec.from_params(
+        params,
+        head_dim=head_dim,
+        max_position_embeddings=config.get("max_position_embeddings"),
+        original_max_position_embeddings=config.get("original_max_position_embeddings"),
+    )
+
+
+def rope_for_layer_types(
+    config: dict[str, Any], head_dim: int, *, global_theta: float, local_theta: float
+) -> dict[str, RopeSpec]:
+    """Gemma 3: separate RoPE for ``full_attention`` (scaled) and ``sliding_attention`` (local base) layers."""
+    rp = config.get("rope_parameters") or {}
+    nested = isinstance(rp.get("full_attention"), dict) or isinstance(rp.get("sliding_attention"), dict)
+    full = dict(rp.get("full_attention") or {}) if nested else {"rope_type": "default"}
+    local = dict(rp.get("sliding_attention") or {}) if nested else {"rope_type": "default"}
+    if not nested and rp:
+        full.update(rp)
+    if config.get("rope_scaling"):
+        full.update(config["rope_scaling"])
+    full.setdefault("rope_theta", config.get("rope_theta", global_theta))
+    local.setdefault("rope_theta", config.get("rope_local_base_freq", local_theta))
+    mpe = config.get("max_position_embeddings")
+    return {
+        "full_attention": RopeSpec.from_params(full, head_dim=head_dim, max_position_embeddings=mpe),
+        "sliding_attention": RopeSpec.from_params(local, head_dim=head_dim, max_position_embeddings=mpe),
+    }
+
+
+def check_layer_types(config: dict[str, Any], layer_types: list[str]) -> list[str]:
+    """Validate an explicit or derived ``layer_types`` list."""
+    n = require(config, "num_hidden_layers")
+    if len(layer_types) != n or any(t not in ("full_attention", "sliding_attention") for t in layer_types):
+        raise UnsupportedArchitectureError(
+            f"layer_types must list {n} entries of 'full_attention'/'sliding_attention'; got {layer_types!r}."
+        )
+    return layer_types
+
+
+def _linear(out_f: int, in_f: int, bias: bool) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {"weight": (out_f, in_f)}
+    if bias:
+        shapes["bias"] = (out_f,)
+    return shapes
+
+
+def layer_shapes(spec: ArchSpec) -> dict[str, Any]:
+    """Shapes of one decoder layer's parameters (before stacking)."""
+    d = spec.hidden_size
+    attn: dict[str, Any] = {}
+    if spec.fused_qkv:
+        attn["qkv_proj"] = _linear(spec.q_size + 2 * spec.kv_size, d, spec.qkv_bias)
+    else:
+        attn["q_proj"] = _linear(spec.q_size, d, spec.qkv_bias)
+        attn["k_proj"] = _linear(spec.kv_size, d, spec.qkv_bias)
+        attn["v_proj"] = _linear(spec.kv_size, d, spec.qkv_bias)
+    attn["o_proj"] = _linear(d, spec.q_size, spec.o_bias)
+    if spec.qk_norm:
+        attn["q_norm"] = {"weight": (spec.head_dim,)}
+        attn["k_norm"] = {"weight": (spec.head_dim,)}
+
+    if spec.moe is None:
+        i = spec.intermediate_size
+        if spec.fused_gate_up:
+            mlp: dict[str, Any] = {"gate_up_proj": _linear(2 * i, d, spec.mlp_bias)}
+        else:
+            mlp = {"gate_proj": _linear(i, d, spec.mlp_bias), "up_proj": _linear(i, d, spec.mlp_bias)}
+        mlp["down_proj"] = _linear(d, i, spec.mlp_bias)
+    else:
+        m = spec.moe
+        mlp = {
+            "gate": {"weight": (m.num_experts, d)},
+            "experts": {
+                "gate_up_proj": (m.num_experts, 2 * m.expert_intermediate_size, d),
+                "down_proj": (m.num_experts, d, m.expert_intermediate_size),
+            },
+        }
+        if m.shared_expert_intermediate_size:
+            s = m.shared_expert_intermediate_size
+            mlp["shared_expert"] = {
+                "gate_proj": _linear(s, d, False),
+                "up_proj": _linear(s, d, False),
+                "down_proj": _linear(d, s, False),
+            }
+            mlp["shared_expert_gate"] = {"weight": (1, d)}
+
+    layer: dict[str, Any] = {
+        "input_layernorm": {"weight": (d,)},
+        "self_attn": attn,
+        "post_attention_layernorm": {"weight": (d,)},
+        "mlp": mlp,
+    }
+    if spec.sandwich_norms:
+        layer["pre_feedforward_layernorm"] = {"weight": (d,)}
+        layer["post_feedforward_layernorm"] = {"weight": (d,)}
+    return layer
+
+
+def param_shapes(spec: ArchSpec) -> dict[str, Any]:
+    """The parameter tree's shapes: ``{"model": {embed_tokens, layers (stacked), norm}, "lm_head"?}``."""
+
+    def stack(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: stack(v) for k, v in node.items()}
+        return (spec.num_layers, *node)
+
+    tree: dict[str, Any] = {
+        "model": {
+            "embed_tokens": {"weight": (spec.vocab_size, spec.hidden_size)},
+            "layers": stack(layer_shapes(spec)),
+            "norm": {"weight": (spec.hidden_size,)},
+        }
+    }
+    if not spec.tie_embeddings:
+        tree["lm_head"] = {"weight": (spec.vocab_size, spec.hidden_size)}
+    return tree
