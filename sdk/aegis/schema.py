@@ -229,6 +229,7 @@ class MemoryEstimate(Frozen):
     low_bytes: int = Field(description="total_bytes - dynamic margin.")
     high_bytes: int = Field(description="total_bytes + dynamic margin.")
     eval_peak_bytes: int = Field(description="Peak of an eval step at the eval length (KV/logits spike).")
+    peak_phase: str = Field(default="", description="Moment of the step that holds the peak.")
     notes: tuple[str, ...] = ()
 
     def component(self, key: str) -> MemoryComponent:

@@ -1,0 +1,48 @@
+"""Byte widths and how each precision mode / method places tensors (HF + PyTorch conventions).
+
+A `Placement` answers, for one training configuration: in which dtype the base weights, the
+trainable weights, their gradients and optimizer states live; whether autocast runs the matmuls in
+bf16; and what dtype the residual stream, logits and LoRA adapters have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aegis.schema import TrainConfig
+
+__all__ = ["Placement", "placement"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    base_bytes: int
+    """Bytes per element of the (non-quantized) base weights."""
+    base_trainable: bool
+    """Full fine-tuning: the base weights get gradients and optimizer states."""
+    autocast: bool
+    """Matmuls run under torch.autocast(bf16/fp16) on higher-precision weights."""
+    stream_bytes: int
+    """Residual-stream element size."""
+    adapter_bytes: int
+    """LoRA adapter parameter element size (PEFT keeps adapters fp32 by default)."""
+    unquantized_bytes: int
+    """QLoRA: element size of what stays unquantized (prepare_model_for_kbit_training upcasts it to fp32)."""
+    state_bytes: int
+    """Optimizer-state element size for one trainable element (AdamW keeps states in the param dtype)."""
+
+
+def placement(cfg: TrainConfig) -> Placement:
+    if cfg.method == "qlora":
+        return Placement(base_bytes=4, base_trainable=False, autocast=False, stream_bytes=4, adapter_bytes=4,
+                         unquantized_bytes=4, state_bytes=4)
+    if cfg.method == "lora":
+        base = 4 if cfg.precision == "fp32" else 2
+        return Placement(base_bytes=base, base_trainable=False, autocast=False, stream_bytes=base, adapter_bytes=4,
+                         unquantized_bytes=base, state_bytes=4)
+    if cfg.precision == "bf16":
+        return Placement(base_bytes=2, base_trainable=True, autocast=False, stream_bytes=2, adapter_bytes=0,
+                         unquantized_bytes=2, state_bytes=2)
+    mixed = cfg.precision in ("bf16_mixed", "fp16_mixed")
+    return Placement(base_bytes=4, base_trainable=True, autocast=mixed, stream_bytes=4, adapter_bytes=0,
+                     unquantized_bytes=4, state_bytes=4)

@@ -1,0 +1,102 @@
+"""Static memory components: weights (by method and precision, NF4 with its quantisation constants),
+LoRA adapters, gradients, optimizer states and optimizer-step temporaries. All in bytes.
+
+    from aegis.memory.components import weight_bytes
+    nbytes, formula = weight_bytes(profile, cfg)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aegis.memory._dtypes import Placement
+from aegis.schema import ModelProfile, TrainConfig
+
+__all__ = ["NF4_BLOCK", "NF4_BLOCK2", "nf4_bytes", "Sizes", "sizes", "optimizer_state_bytes", "optimizer_temp_bytes"]
+
+NF4_BLOCK = 64
+"""Elements per NF4 quantisation block (one absmax each)."""
+NF4_BLOCK2 = 256
+"""Absmax values per double-quantisation block (one fp32 absmax each)."""
+_ALLOC = 512
+"""The CUDA caching allocator rounds every tensor up to 512 bytes."""
+
+
+def _round(n: float) -> int:
+    return int(-(-int(n) // _ALLOC) * _ALLOC)
+
+
+def nf4_bytes(elements: int) -> int:
+    """One NF4 weight with double quantisation: packed 4-bit values, 8-bit absmax per 64, fp32 absmax per
+    256 absmax, the 256-entry fp32 code book and the offset — each its own allocation."""
+    blocks = -(-elements // NF4_BLOCK)
+    return _round(elements / 2) + _round(blocks) + _round(4 * -(-blocks // NF4_BLOCK2)) + _round(256 * 4) + _round(4)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Element counts and bytes of everything static in a configuration."""
+
+    base_bytes: int
+    base_formula: str
+    adapter_params: int
+    adapter_bytes: int
+    trainable_params: int
+    trainable_bytes_per_param: int
+    quantized_params: int
+    decay_params: int
+    """Trainable elements in the weight-decay group (HF: all but biases and norms) — the largest foreach group."""
+
+
+def sizes(profile: ModelProfile, cfg: TrainConfig, place: Placement) -> Sizes:
+    lora = cfg.lora_config
+    norm_and_bias = profile.norm_params + sum(m.count * m.out_features for m in profile.linear_modules if m.bias)
+    if cfg.method == "full":
+        p = profile.total_params
+        return Sizes(
+            base_bytes=p * place.base_bytes,
+            base_formula=f"{p:,} params x {place.base_bytes} B",
+            adapter_params=0, adapter_bytes=0,
+            trainable_params=p, trainable_bytes_per_param=place.base_bytes,
+            quantized_params=0, decay_params=p - norm_and_bias,
+        )
+    adapters = profile.trainable_params(cfg.method, lora)
+    if cfg.method == "lora":
+        p = profile.total_params
+        base, formula, quantized = p * place.base_bytes, f"{p:,} params x {place.base_bytes} B (frozen)", 0
+    else:
+        quant = [m for m in profile.linear_modules if m.quantizable]
+        quantized = sum(m.count * m.in_features * m.out_features for m in quant)
+        nf4 = sum(m.count * nf4_bytes(m.in_features * m.out_features) for m in quant)
+        rest = profile.total_params - quantized
+        base = nf4 + rest * place.unquantized_bytes
+        formula = (
+            f"NF4 {quantized:,} x (0.5 B + 1 B/64 absmax + 4 B/16,384 absmax2) + code books; "
+            f"{rest:,} unquantized (embeddings, head, norms{', experts' if profile.is_moe else ''}) x "
+            f"{place.unquantized_bytes} B (prepare_model_for_kbit_training upcasts them)"
+        )
+    return Sizes(
+        base_bytes=base, base_formula=formula,
+        adapter_params=adapters, adapter_bytes=adapters * place.adapter_bytes,
+        trainable_params=adapters, trainable_bytes_per_param=place.adapter_bytes,
+        quantized_params=quantized, decay_params=adapters,
+    )
+
+
+def optimizer_state_bytes(cfg: TrainConfig, trainable: int, state_bytes: int) -> tuple[int, str]:
+    """Optimizer state held between steps."""
+    if cfg.optimizer == "adamw":
+        return 2 * trainable * state_bytes, f"2 states x {trainable:,} x {state_bytes} B"
+    if cfg.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+        per = 2 + 2 * 4 / 2048
+        return int(trainable * per), f"2 x 8-bit states + fp32 absmax per 2,048: {trainable:,} x {per:.4f} B"
+    if cfg.optimizer == "sgd":
+        return 0, "plain SGD keeps no state"
+    return int(trainable * 0.02 * 4), f"Adafactor factored second moment ~2% of {trainable:,} x 4 B"
+
+
+def optimizer_temp_bytes(cfg: TrainConfig, decay_params: int, state_bytes: int) -> tuple[int, str]:
+    """Transient memory of the optimizer step."""
+    if cfg.optimizer == "adamw":
+        return decay_params * state_bytes, f"foreach sqrt(v) copy: {decay_params:,} x {state_bytes} B"
+    return 0, "no large temporaries"

@@ -1,0 +1,288 @@
+"""The memory engine: predicted peak memory of one training configuration, component by component.
+
+The peak is the largest of the moments a step goes through, each summed from what is live then:
+the start of backward (every saved activation plus the fp32 loss buffers), each layer's backward
+(activations not yet freed, gradients already produced, recomputation under checkpointing, backward
+temporaries) and the optimizer step (weights, gradients, states and foreach temporaries). The
+components reported are those live at the peak; each carries its formula with the numbers filled in.
+
+    import aegis
+    est = aegis.estimate_memory("llama-3.1-8b", method="qlora", micro_batch_size=4, seq_len=1024, gpu="3090")
+    est.tensor_bytes, est.total_bytes, [c.name for c in est.components]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aegis.errors import InvalidConfigError
+from aegis.families import get_family
+from aegis.hardware import find_gpu
+from aegis.hub import resolve_model
+from aegis.memory._dtypes import placement
+from aegis.memory.activations import Setting, head_saved_bytes_per_token, layer_activation_terms, loss_bytes_per_token
+from aegis.memory.components import optimizer_state_bytes, optimizer_temp_bytes, sizes
+from aegis.schema import GPU, Attention, LoRAConfig, MemoryComponent, MemoryEstimate, Method, ModelProfile, Optimizer, Precision, TrainConfig
+
+__all__ = ["estimate_memory", "estimate", "CHUNKED_CE_TOKENS", "DEFAULT_OVERHEAD_BYTES"]
+
+GIB = 1 << 30
+CHUNKED_CE_TOKENS = 1024
+"""Tokens per chunk of a chunked cross-entropy (logits never exist for more at once)."""
+DEFAULT_OVERHEAD_BYTES = 1 * GIB
+"""CUDA context + framework reservation assumed when no GPU is given."""
+_DYNAMIC_FRACTION = 0.04
+_DYNAMIC_FLOOR = 256 << 20
+
+
+@dataclass(frozen=True)
+class _Moment:
+    name: str
+    parts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def estimate_memory(
+    model: str | ModelProfile,
+    *,
+    method: Method = "lora",
+    micro_batch_size: int = 1,
+    seq_len: int = 1024,
+    gradient_checkpointing: bool = False,
+    attention: Attention = "sdpa",
+    chunked_cross_entropy: bool = False,
+    precision: Precision = "bf16",
+    optimizer: Optimizer = "adamw",
+    lora: LoRAConfig | None = None,
+    lora_rank: int | None = None,
+    gpu: str | GPU | None = None,
+    eval_seq_len: int | None = None,
+    eval_batch_size: int | None = None,
+    fsdp_shards: int = 1,
+) -> MemoryEstimate:
+    """Predict the peak memory of a training step. Raises `InvalidConfigError` on impossible settings."""
+    profile = model if isinstance(model, ModelProfile) else resolve_model(model)
+    if method != "full" and lora is None:
+        lora = LoRAConfig(rank=lora_rank) if lora_rank else LoRAConfig()
+    try:
+        cfg = TrainConfig(
+            method=method, micro_batch_size=micro_batch_size, seq_len=seq_len,
+            gradient_checkpointing=gradient_checkpointing, attention=attention,
+            chunked_cross_entropy=chunked_cross_entropy, precision=precision, optimizer=optimizer,
+            lora=lora if method != "full" else None,
+        )
+    except ValueError as err:
+        raise InvalidConfigError(_first_error(err)) from err
+    return estimate(profile, cfg, gpu=gpu, eval_seq_len=eval_seq_len, eval_batch_size=eval_batch_size, fsdp_shards=fsdp_shards)
+
+
+def _first_error(err: ValueError) -> str:
+    errors = getattr(err, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        loc = ".".join(str(x) for x in first.get("loc", ())) or "value"
+        return f"{loc}: {first['msg']}"
+    return str(err)
+
+
+def estimate(
+    profile: ModelProfile,
+    cfg: TrainConfig,
+    *,
+    gpu: str | GPU | None = None,
+    eval_seq_len: int | None = None,
+    eval_batch_size: int | None = None,
+    fsdp_shards: int = 1,
+) -> MemoryEstimate:
+    """`estimate_memory` for a resolved profile and a full `TrainConfig`."""
+    gpu_obj = find_gpu(gpu) if isinstance(gpu, str) else gpu
+    if fsdp_shards < 1:
+        raise InvalidConfigError(f"fsdp_shards must be >= 1, got {fsdp_shards}")
+    fam = get_family(profile.config)
+    c = profile.config
+    place = placement(cfg)
+    sz = sizes(profile, cfg, place)
+    lora = cfg.lora_config
+    b, s = cfg.micro_batch_size, cfg.seq_len
+    tokens = b * s
+    n = fsdp_shards
+
+    setting = Setting(
+        stream_bytes=place.stream_bytes,
+        base_trainable=place.base_trainable,
+        autocast=place.autocast,
+        norm_weight_bytes=place.unquantized_bytes if cfg.method != "full" else place.base_bytes,
+        lora_targets=frozenset(lora.target_modules) if cfg.method != "full" else frozenset(),
+        lora_rank=lora.rank,
+        adapter_bytes=place.adapter_bytes or 4,
+        eager=cfg.attention == "eager",
+        seq_len=s,
+        expert_weight_bytes=place.unquantized_bytes if cfg.method == "qlora" else place.base_bytes,
+        lm_head_bytes=place.unquantized_bytes if cfg.method == "qlora" else place.base_bytes,
+    )
+    layers = fam.layers(c)
+    layer_terms = [layer_activation_terms(fam, c, layer, setting) for layer in layers]
+    per_layer = [sum(t.values()) for t in layer_terms]
+    head_saved = head_saved_bytes_per_token(fam, c, setting)
+    if cfg.chunked_cross_entropy:
+        chunk = min(tokens, CHUNKED_CE_TOKENS)
+        loss_total = int(chunk * fam.vocab(c) * 12 + tokens * fam.hidden(c) * 4)
+        loss_formula = f"chunked: {chunk:,} tokens x {fam.vocab(c):,} vocab x 12 B + fp32 hidden grads"
+    else:
+        loss_per_token, loss_formula = loss_bytes_per_token(fam, c, setting)
+        loss_total = int(tokens * loss_per_token)
+        loss_formula = f"{tokens:,} tokens x {int(loss_per_token):,} B: " + loss_formula
+
+    masks = 0
+    if cfg.attention == "eager":
+        masks += b * s * s * place.stream_bytes
+    elif any(layer.sliding_window and layer.sliding_window < s for layer in layers):
+        masks += b * s * s  # bool sliding-window mask shared by the sliding layers
+
+    hidden = fam.hidden(c)
+    ckpt_saved = place.stream_bytes * hidden  # non-reentrant checkpoint keeps each layer's input
+    saved = [ckpt_saved if cfg.gradient_checkpointing else a for a in per_layer]
+    act_total = int(tokens * sum(saved))
+
+    trainable_per_layer = _trainable_per_layer(profile, cfg, lora, layers, fam)
+    gb = sz.trainable_bytes_per_param
+    grads_total = sz.trainable_params * gb
+    head_grad = 0
+    if cfg.method == "full":
+        head_grad = (profile.lm_head_params or profile.embedding_params) * gb
+    states, states_formula = optimizer_state_bytes(cfg, sz.trainable_params, place.state_bytes)
+    temp, temp_formula = optimizer_temp_bytes(cfg, sz.decay_params, place.state_bytes)
+
+    weights = sz.base_bytes // n
+    adapters = sz.adapter_bytes // n
+    states //= n
+    grads_total //= n
+    temp //= n
+    head_grad //= n
+    gathered = 0
+    if n > 1:
+        gathered = 2 * max(profile.layer_params) * place.base_bytes  # current + prefetched layer, unsharded
+    static = weights + adapters + states + gathered
+
+    moments: list[_Moment] = []
+    moments.append(_Moment("start of backward (loss)", {
+        "weights": weights, "adapters": adapters, "optimizer": states, "gathered": gathered,
+        "activations": act_total + int(tokens * head_saved), "masks": masks, "logits": loss_total,
+    }))
+    d = 2 if place.autocast else place.stream_bytes
+    width = max(layer.mlp_intermediate * max(1, layer.experts_per_tok) for layer in layers)
+    transient_per_token = 2 * d * width + 2 * place.stream_bytes * hidden
+    grads_so_far = head_grad
+    for i in range(len(layers) - 1, -1, -1):
+        below = tokens * sum(saved[:i])
+        recompute = tokens * per_layer[i]
+        moments.append(_Moment(f"backward of layer {i}", {
+            "weights": weights, "adapters": adapters, "optimizer": states, "gathered": gathered,
+            "activations": int(below + recompute + tokens * (ckpt_saved if cfg.gradient_checkpointing else 0)),
+            "masks": masks,
+            "gradients": grads_so_far,
+            "backward temporaries": int(tokens * transient_per_token),
+        }))
+        grads_so_far += trainable_per_layer[i] * gb // n
+    moments.append(_Moment("optimizer step", {
+        "weights": weights, "adapters": adapters, "optimizer": states, "gradients": grads_total,
+        "optimizer temporaries": temp,
+    }))
+    peak = max(moments, key=lambda m: m.total)
+
+    layer_breakdown: dict[str, float] = {}
+    for terms in layer_terms:
+        for k, v in terms.items():
+            layer_breakdown[k] = layer_breakdown.get(k, 0.0) + v
+    per_token_layers = sum(per_layer)
+    if cfg.gradient_checkpointing:
+        act_formula = (
+            f"checkpointing: {len(layers)} layer inputs x {tokens:,} tokens x {ckpt_saved:,} B "
+            f"+ one layer recomputed in backward ({per_layer[-1] * tokens / 1e9:.2f} GB)"
+        )
+    else:
+        detail = ", ".join(f"{k} {v / len(layers):,.0f}" for k, v in sorted(layer_breakdown.items(), key=lambda kv: -kv[1]))
+        act_formula = f"{tokens:,} tokens x {len(layers)} layers x {per_token_layers / len(layers):,.0f} B/token/layer ({detail})"
+
+    labels = {
+        "weights": (f"Base model ({_weights_label(cfg, place)})", sz.base_formula + (f" / {n} shards" if n > 1 else ""),
+                    "frozen" if cfg.method != "full" else "trained in place"),
+        "adapters": (f"LoRA adapters ({'fp32' if place.adapter_bytes == 4 else 'bf16'})",
+                     f"{sz.adapter_params:,} params (rank {lora.rank}) x {place.adapter_bytes} B",
+                     "PEFT keeps adapters in fp32"),
+        "optimizer": (f"Optimizer states ({_opt_label(cfg)})", states_formula + (f" / {n}" if n > 1 else ""),
+                      "only trainable parameters have optimizer state"),
+        "gradients": ("Gradients", f"{sz.trainable_params:,} trainable x {gb} B; live at this moment",
+                      "freed after every optimizer step (zero_grad set_to_none)"),
+        "activations": ("Activations" + (" (grad ckpt)" if cfg.gradient_checkpointing else ""), act_formula,
+                        f"micro batch {b} x seq {s:,}; grows linearly with both"),
+        "logits": ("Logits + loss buffers" + (" (chunked CE)" if cfg.chunked_cross_entropy else ""), loss_formula,
+                   f"{fam.vocab(c):,}-token vocabulary; chunked cross-entropy removes most of it"),
+        "masks": ("Attention mask", f"{b} x {s:,}^2 x {place.stream_bytes if cfg.attention == 'eager' else 1} B",
+                  "materialised for eager attention or sliding-window layers"),
+        "backward temporaries": ("Backward temporaries", f"{tokens:,} tokens x {transient_per_token:,} B",
+                                 "gradients of the widest intermediate while a layer runs backward"),
+        "optimizer temporaries": ("Optimizer-step temporaries", temp_formula, "foreach AdamW allocates a state-sized buffer"),
+        "gathered": ("FSDP gathered layers", f"2 x {max(profile.layer_params):,} params x {place.base_bytes} B",
+                     "the current and the prefetched layer, unsharded"),
+    }
+    components = tuple(
+        MemoryComponent(name=labels[key][0], key=key, bytes=int(value), formula=labels[key][1], note=labels[key][2])
+        for key, value in peak.parts.items()
+        if value or key in ("weights", "optimizer")
+    )
+    tensor = peak.total
+    overhead = gpu_obj.overhead_bytes if gpu_obj else DEFAULT_OVERHEAD_BYTES
+    dynamic = int(_DYNAMIC_FRACTION * tensor + _DYNAMIC_FLOOR)
+    total = tensor + overhead
+    eval_peak = _eval_peak(profile, fam, cfg, place, static=weights + adapters + states,
+                           seq=eval_seq_len or s, batch=eval_batch_size or b, width=width) + overhead
+    notes = (f"peak at the {peak.name}",)
+    return MemoryEstimate(
+        model_id=profile.model_id, config=cfg, components=components, tensor_bytes=tensor,
+        overhead_bytes=overhead, dynamic_margin_bytes=dynamic, total_bytes=total,
+        low_bytes=total - dynamic, high_bytes=total + dynamic, eval_peak_bytes=eval_peak,
+        peak_phase=peak.name, notes=notes,
+    )
+
+
+def _trainable_per_layer(profile, cfg, lora, layers, fam) -> list[int]:
+    if cfg.method == "full":
+        return list(profile.layer_params)
+    out = []
+    for layer in layers:
+        out.append(sum(
+            lin.count * lora.rank * (lin.in_features + lin.out_features)
+            for lin in layer.linears
+            if lin.lora_targetable and set(lin.matched_by or (lin.name,)) & set(lora.target_modules)
+        ))
+    return out
+
+
+def _eval_peak(profile, fam, cfg, place, *, static: int, seq: int, batch: int, width: int) -> int:
+    """Eval step at `seq`: weights and states stay, plus the KV cache HF builds (use_cache), the logits
+    and fp32 loss buffers, and one layer's forward temporaries."""
+    tokens = batch * seq
+    d = 2 if place.autocast else place.stream_bytes
+    kv = 2 * profile.num_layers * profile.num_key_value_heads * profile.head_dim * d
+    logits = (d + 4 + 4) * fam.vocab(profile.config)
+    layer = 3 * d * width + 4 * profile.hidden_size
+    return static + tokens * (kv + logits + layer)
+
+
+def _weights_label(cfg: TrainConfig, place) -> str:
+    if cfg.method == "qlora":
+        return "NF4"
+    return {2: "bf16", 4: "fp32"}[place.base_bytes]
+
+
+def _opt_label(cfg: TrainConfig) -> str:
+    return {"adamw": "AdamW", "adamw_8bit": "AdamW 8-bit", "paged_adamw_8bit": "paged AdamW 8-bit",
+            "sgd": "SGD", "adafactor": "Adafactor"}[cfg.optimizer]
