@@ -1,0 +1,705 @@
+"""Free-text planning requests → `PlanRequest`.
+
+    from aegis.parse import parse_request, parse_request_lenient
+    req = parse_request("qlora llama-3.1-8b on 2x a100 80gb with ./data/support.jsonl, seq 4k, 3 epochs")
+    req.model, req.gpu, req.gpu_count        # 'meta-llama/Llama-3.1-8B', 'a100-80gb', 2
+
+    res = parse_request_lenient("lora lama-8b on 3900")   # never raises
+    res.request                                # what could be read (unknown parts left None)
+    res.issues                                 # one `ParseIssue` per unknown/ambiguous part, with close matches
+    res.notes, res.unparsed                    # assumptions made, words that meant nothing
+
+`parse_request` raises `RequestParseError` naming every unknown or ambiguous part (its message lists
+the close matches); `parse_request_lenient` returns the same findings as data, for the chat agent to
+ask back. Neither raises anything else, whatever the text. Fields the text does not mention are None.
+
+How it reads a request, in order (each stage masks what it consumed so later stages cannot reuse it):
+
+1. whitespace-separated *items*: local paths (``./x.jsonl``, ``/abs``, ``~/x``, ``data/x.csv``,
+   ``.../config.json``), Hub ids ``org/name`` and huggingface.co URLs;
+2. keywords: method (``qlora``, ``4-bit lora``, ``lora``, ``full fine-tune``, ``fft``), optimizer,
+   precision, gradient checkpointing on/off;
+3. the model: the longest run of tokens equal to a catalog id or alias (``aegis.catalog.models``);
+   tokens split letters from digits but keep decimals, so ``Llama 3.1 8B``, ``llama3.1-8b`` and
+   ``llama-3.1-8b`` are one key;
+4. numbers: effective batch, gradient accumulation, micro batch, LoRA rank, sequence length, epochs;
+5. the GPU (catalog ids, names and aliases through `aegis.hardware`) with its count
+   (``2x a100 80gb``, ``8 x H100``, ``4 h100s``, ``two 4090s``, ``h100 x8``) and bare counts (``on 2 gpus``);
+6. ``dataset NAME``; then the items are assigned: a catalog model, a dataset after
+   ``with``/``using``/``on``/``dataset``, the first other Hub id a model when none was named;
+7. what is left: a GPU-like word after ``on``/``2x``/``gpu`` is looked up with `aegis.hardware.find_gpu`, a
+   model-like phrase (a family word such as ``llama`` or a size such as ``13b``) with
+   `aegis.hub.canonical_model_id`; their errors (with close matches) become issues.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from aegis.errors import AegisError, RequestParseError
+from aegis.schema import Frozen, PlanRequest
+
+__all__ = ["ParseIssue", "ParsedRequest", "parse_request", "parse_request_lenient", "MAX_REQUEST_CHARS"]
+
+MAX_REQUEST_CHARS = 4000
+"""Longer texts are not parsed (one issue says so): a request is a sentence or two."""
+
+Part = Literal[
+    "request", "model", "method", "gpu", "gpu_count", "dataset", "lora_rank", "micro_batch_size",
+    "effective_batch_size", "seq_len", "epochs", "optimizer", "gradient_checkpointing", "precision",
+]
+
+
+class ParseIssue(Frozen):
+    """One part of a request that names something unknown, or says two different things."""
+
+    part: Part = Field(description="The PlanRequest field concerned ('request' for the text as a whole).")
+    text: str = Field(description="The words of the request this is about.")
+    message: str = Field(description="One line for the user: what is wrong and what to write instead.")
+    suggestions: tuple[str, ...] = Field(default=(), description="Close catalog ids, best first.")
+
+
+class ParsedRequest(Frozen):
+    """Everything read from a free-text request, including what could not be read."""
+
+    request: PlanRequest = Field(description="The fields read; unknown or contradictory ones are left None.")
+    issues: tuple[ParseIssue, ...] = Field(default=(), description="Unknown or ambiguous parts; empty when clean.")
+    notes: tuple[str, ...] = Field(default=(), description="Assumptions made while reading (e.g. 'mixed precision' → bf16_mixed).")
+    unparsed: tuple[str, ...] = Field(default=(), description="Words that meant nothing to the parser, in order.")
+
+    @property
+    def ok(self) -> bool:
+        return not self.issues
+
+
+# ---------------------------------------------------------------------------------------------- text
+
+_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_MASK = "\x00"
+_TOKEN = re.compile(r"\d+(?:\.\d+)*|(?<=\d)x(?=[a-z])|[a-z]+", re.ASCII)  # '8xh100' → 8 x h 100
+_GAP = re.compile(r"[\s\-_./:]*", re.ASCII)
+_B = r"(?<![a-z0-9])"
+_E = r"(?![a-z0-9])"
+_S = r"[\s_-]*"
+_SEP = r"[\s_-]*(?:(?:=|:|of|to|is|at)[\s_-]*)?"
+_INT = r"(\d{1,12})(?![\d.])"
+_NUM = r"(\d{1,9}(?:\.\d{1,6})?)(?![\d.])"
+_WORDS = {
+    "one": 1, "single": 1, "two": 2, "dual": 2, "pair": 2, "three": 3, "four": 4, "quad": 4, "five": 5,
+    "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10, "twelve": 12, "sixteen": 16,
+}
+_COUNT = r"(\d{1,4}|" + "|".join(_WORDS) + ")"
+
+
+def _lower(text: str) -> str:
+    """ASCII lower case, length-preserving (offsets stay valid against the original)."""
+    return text.translate(_LOWER)
+
+
+def _tokens(text: str) -> list[tuple[str, int, int]]:
+    return [(m.group(), m.start(), m.end()) for m in _TOKEN.finditer(text)]
+
+
+def _key(name: str) -> tuple[str, ...]:
+    """Separator- and case-insensitive key: 'Llama-3.1-8B' and 'llama 3.1 8b' → ('llama', '3.1', '8', 'b')."""
+    return tuple(_TOKEN.findall(_lower(name)))
+
+
+def _count(word: str) -> int:
+    return _WORDS[word] if word in _WORDS else int(word)
+
+
+def _mask(work: str, start: int, end: int) -> str:
+    return work[:start] + _MASK * (end - start) + work[end:]
+
+
+# ------------------------------------------------------------------------------------ catalog tables
+
+
+@dataclass(frozen=True)
+class _Table:
+    """Keys (token tuples) → catalog ids; a key shared by several ids maps to all of them."""
+
+    exact: dict[tuple[str, ...], frozenset[str]]
+    prefixes: dict[tuple[str, ...], frozenset[str]]
+    longest: int
+    names: dict[str, str] = field(default_factory=dict)  # display name (alias) → id, for suggestions
+
+    @classmethod
+    def build(cls, entries: list[tuple[str, list[str]]]) -> "_Table":
+        exact: dict[tuple[str, ...], set[str]] = {}
+        prefixes: dict[tuple[str, ...], set[str]] = {}
+        names: dict[str, str] = {}
+        for ident, aliases in entries:
+            for alias in aliases:
+                key = _key(alias)
+                if not key:
+                    continue
+                exact.setdefault(key, set()).add(ident)
+                names.setdefault(_lower(alias), ident)
+                for n in range(1, len(key)):
+                    prefixes.setdefault(key[:n], set()).add(ident)
+        return cls(
+            exact={k: frozenset(v) for k, v in exact.items()},
+            prefixes={k: frozenset(v) for k, v in prefixes.items()},
+            longest=max((len(k) for k in exact), default=0),
+            names=names,
+        )
+
+    def suggest(self, phrase: str, n: int = 3) -> tuple[str, ...]:
+        close = difflib.get_close_matches(_lower(phrase).strip(), list(self.names), n=8, cutoff=0.5)
+        ids: list[str] = []
+        for name in close:
+            if self.names[name] not in ids:
+                ids.append(self.names[name])
+        return tuple(ids[:n])
+
+
+_VARIANTS = frozenset({"instruct", "chat", "it", "hf", "base"})
+"""Suffixes of fine-tuned siblings with the base model's shapes ('Qwen2.5-7B-Instruct' → Qwen/Qwen2.5-7B)."""
+_VENDOR_WORDS = ("nvidia", "geforce", "amd", "tesla", "instinct")
+
+
+@lru_cache(maxsize=1)
+def _models() -> _Table:
+    from aegis import catalog
+
+    return _Table.build([(m.id, [m.id, m.id.split("/", 1)[-1], *m.aliases]) for m in catalog.models()])
+
+
+@lru_cache(maxsize=1)
+def _family_words() -> frozenset[str]:
+    """First word of each bundled model's name ('llama', 'qwen', 'gemma', ...): marks a model mention."""
+    from aegis import catalog
+
+    keys = (_key(m.id.split("/", 1)[-1]) for m in catalog.models())
+    return frozenset(k[0] for k in keys if k and k[0].isalpha() and len(k[0]) >= 3)
+
+
+@lru_cache(maxsize=1)
+def _gpus() -> _Table:
+    from aegis.hardware import list_gpus
+
+    entries = []
+    for gpu in list_gpus():
+        names = [gpu.id, gpu.name, *gpu.aliases]
+        stripped = [" ".join(t for t in _key(n) if t not in _VENDOR_WORDS) for n in names]
+        entries.append((gpu.id, names + [s for s in stripped if s]))
+    return _Table.build(entries)
+
+
+# -------------------------------------------------------------------------------------- the patterns
+
+
+def _rx(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern, re.ASCII)
+
+
+_METHODS: list[tuple[str, re.Pattern[str]]] = [
+    ("qlora", _rx(
+        _B + r"(?:q" + _S + r"lora|(?:4|four)" + _S + r"bits?(?:" + _S + r"(?:quanti[sz]ed|nf4))?" + _S + r"lora"
+        r"|nf4" + _S + r"lora|lora" + _S + r"(?:on|with|over)" + _S + r"(?:an?" + _S + r")?(?:4" + _S + r"bits?|nf4)"
+        r"(?:" + _S + r"(?:base|model|quanti[sz]ation|weights))?)" + _E)),
+    ("lora", _rx(_B + r"(?:lora|peft|low" + _S + r"rank" + _S + r"(?:adaptation|adapters?))" + _E)),
+    ("full", _rx(
+        _B + r"(?:full(?!" + _S + r"precision)(?:" + _S + r"(?:param(?:eter)?s?|weights?|model))?"
+        r"(?:" + _S + r"(?:fine" + _S + r"tun(?:e|ed|ing)|finetun(?:e|ed|ing)|ft|sft|train(?:ing)?|tun(?:e|ing)))?"
+        r"|fft|all" + _S + r"(?:param(?:eter)?s|weights))" + _E)),
+]
+
+_OPTIMIZERS: list[tuple[str, re.Pattern[str]]] = [
+    ("paged_adamw_8bit", _rx(_B + r"paged" + _S + r"adamw?(?:" + _S + r"(?:8" + _S + r"bits?))?(?!" + _S + r"32)" + _E)),
+    ("adamw", _rx(_B + r"paged" + _S + r"adamw?" + _S + r"32" + _S + r"bits?" + _E)),
+    ("adamw_8bit", _rx(
+        _B + r"(?:(?:8|eight)" + _S + r"bits?" + _S + r"adamw?|adamw?" + _S + r"(?:bnb" + _S + r")?(?:8" + _S + r"bits?)"
+        r"|bnb" + _S + r"adamw?(?:" + _S + r"8" + _S + r"bits?)?)" + _E)),
+    ("adafactor", _rx(_B + r"adafactor" + _E)),
+    ("sgd", _rx(_B + r"sgd(?:" + _S + r"(?:with" + _S + r")?momentum)?" + _E)),
+    ("adamw", _rx(_B + r"adamw?(?:" + _S + r"(?:torch(?:" + _S + r"fused)?|fused|hf|32" + _S + r"bits?))?" + _E)),
+]
+
+_PRECISIONS: list[tuple[str, re.Pattern[str]]] = [
+    ("fp16_mixed", _rx(
+        _B + r"(?:(?:fp16|float16|half" + _S + r"precision)(?:" + _S + r"(?:mixed|amp)(?:" + _S + r"precision)?)?"
+        r"|(?:mixed|amp)" + _S + r"(?:precision" + _S + r")?(?:fp16|float16))" + _E)),
+    ("bf16_mixed", _rx(
+        _B + r"(?:(?:bf16|bfloat16)" + _S + r"(?:mixed|amp|autocast)(?:" + _S + r"precision)?"
+        r"|(?:mixed|amp)" + _S + r"(?:precision" + _S + r")?(?:bf16|bfloat16))" + _E)),
+    ("bf16_mixed?", _rx(_B + r"mixed" + _S + r"precision" + _E)),
+    ("bf16", _rx(_B + r"(?:pure" + _S + r")?(?:bf16|bfloat16)" + _E)),
+    ("fp32", _rx(_B + r"(?:fp32|float32|full" + _S + r"precision|single" + _S + r"precision)" + _E)),
+]
+
+_CKPT = r"(?:grad(?:ient)?|activation)" + _S + r"(?:ckpt|checkpointing|checkpoints?)"
+_CHECKPOINTING: list[tuple[bool, re.Pattern[str]]] = [
+    (False, _rx(
+        _B + r"(?:no|not|without|disabled?|w/o|off)" + _S + r"(?:the" + _S + r")?(?:" + _CKPT + r"|checkpointing|ckpt)" + _E)),
+    (False, _rx(_B + r"(?:" + _CKPT + r"|checkpointing|ckpt)" + _SEP + r"(?:off|false|no|0|disabled?|none)" + _E)),
+    (True, _rx(
+        _B + r"(?:(?:with|use|using|enable|enabled)" + _S + r")?(?:" + _CKPT + r"|checkpointing|gc" + _S + r"ckpt)"
+        r"(?:" + _SEP + r"(?:on|true|yes|1|enabled?))?" + _E)),
+]
+
+_SETTINGS: list[tuple[str, re.Pattern[str]]] = [
+    ("effective_batch_size", _rx(
+        _B + r"(?:(?:effective|global|total|eff)" + _S + r"(?:batch(?:" + _S + r"size)?|bs)|gbs|ebs)" + _SEP + _INT)),
+    ("effective_batch_size", _rx(_B + _INT + _S + r"(?:effective|global)" + _S + r"batch(?:" + _S + r"size)?" + _E)),
+    ("grad_accum", _rx(
+        _B + r"(?:grad(?:ient)?" + _S + r"acc(?:um(?:ulation)?)?(?:" + _S + r"steps)?|gas)" + _SEP + _INT)),
+    ("grad_accum", _rx(
+        _B + _INT + _S + r"(?:grad(?:ient)?" + _S + r")?acc(?:um(?:ulation)?)?(?:" + _S + r"steps)?" + _E)),
+    ("micro_batch_size", _rx(
+        _B + r"(?:micro" + _S + r"batch(?:" + _S + r"size)?|mbs|per" + _S + r"(?:device|gpu)" + _S + r"(?:train" + _S + r")?"
+        r"batch(?:" + _S + r"size)?|(?:train" + _S + r")?batch" + _S + r"size|bs|batch)" + _SEP + _INT)),
+    ("lora_rank", _rx(_B + r"(?:(?:lora" + _S + r")?rank|lora" + _S + r"(?:r|dim))" + _SEP + _INT)),
+    ("lora_rank", _rx(_B + r"(?<![a-z0-9]-)r" + _SEP + _INT)),  # r=32, r32; not deepseek-r1
+    ("lora_rank", _rx(_B + _INT + _S + r"rank" + _E)),
+    ("seq_len", _rx(
+        _B + r"(?:(?:max(?:imum)?" + _S + r")?(?:seq(?:uence)?(?:" + _S + r"len(?:gth)?)?|length|tokens)|ctx(?:" + _S + r"len)?"
+        r"|context(?:" + _S + r"(?:len(?:gth)?|window|size))?|cutoff" + _S + r"len|block" + _S + r"size"
+        r"|model" + _S + r"max" + _S + r"length)" + _SEP + r"(\d{1,9}(?:\.\d{1,3})?" + _S + r"k?)" + _E)),
+    ("seq_len", _rx(
+        _B + r"(\d{1,9}(?:\.\d{1,3})?" + _S + r"k?)" + _S + r"(?:tokens?|tok|ctx|context(?:" + _S + r"(?:len(?:gth)?|window))?"
+        r"|seq(?:uence)?" + _S + r"len(?:gth)?|seq)" + _E)),
+    ("epochs", _rx(_B + r"(\d{1,9}(?:\.\d{1,6})?(?![\d.])|" + "|".join(_WORDS) + r")" + _S + r"(?:epochs?|eps?)" + _E)),
+    ("epochs", _rx(_B + r"(?:num" + _S + r"(?:train" + _S + r")?)?epochs?" + _SEP + _NUM)),
+]
+
+_BOUNDS: dict[str, tuple[float, float, str]] = {
+    "micro_batch_size": (1, 65536, "micro batch size"),
+    "effective_batch_size": (1, 2**24, "effective batch size"),
+    "grad_accum": (1, 65536, "gradient accumulation steps"),
+    "lora_rank": (1, 4096, "LoRA rank"),
+    "seq_len": (1, 2**24, "sequence length"),
+    "epochs": (1e-6, 10000, "epochs"),
+    "gpu_count": (1, 65536, "GPU count"),
+}
+"""Sanity ranges: a value outside is a typo, reported as an issue (rank 4096 is LoRAConfig's own limit)."""
+
+_COUNT_BEFORE = _rx(r"(?<![a-z0-9.])" + _COUNT + r"\s*(?:of\s+)?(?:[x×*]\s*)?$")
+_COUNT_AFTER = _rx(r"(?:s(?![a-z0-9]))?(?:\s*[x×*]\s*(\d{1,4})(?![\d.a-z]))?")
+_COUNT_ONLY = [
+    _rx(r"(?<![a-z0-9.])" + _COUNT + r"\s*(?:[x×*]\s*)?(?:gpus?|cards?|devices?|accelerators?)" + _E),
+    _rx(_B + r"(?:num" + _S + r"gpus|n" + _S + r"gpus|gpu" + _S + r"count|gpus|world" + _S + r"size|nproc"
+        + _S + r"per" + _S + r"node)" + _S + r"(?:=|:)" + _S + r"(\d{1,4})(?![\d.])"),
+]
+_DATASET_WORD = _rx(_B + r"(?:dataset|data" + _S + r"set)" + _S + r"(?:=|:|is|called|named)?" + _S
+                    + r"([a-z0-9][a-z0-9_.-]*[a-z0-9])" + _E)
+_DATASET_ASSIGN = _rx(_B + r"data" + _S + r"(?:=|:)" + _S + r"([a-z0-9][a-z0-9_.-]*[a-z0-9])" + _E)
+
+_DATA_EXT = re.compile(r"\.(?:jsonl|json|csv|tsv|parquet|arrow|txt)(?:\.gz|\.zst|\.bz2)?$", re.IGNORECASE | re.ASCII)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]+/[\w.-]*\w$", re.ASCII)
+_URL = re.compile(r"^https?://(?:www\.)?(?:huggingface\.co|hf\.co)/(datasets/)?([\w.-]+/[\w.-]+)", re.IGNORECASE | re.ASCII)
+_STRIP_LEAD = "([{<\"'`"
+_STRIP_TRAIL = ")]}>\"'`,;:!?."
+_DATA_CUE = _rx(r"(?:with|using|use|on|from|dataset|data|w/)\s*(?:the\s+|my\s+|our\s+)?(?:data(?:set)?\s*)?[:=]?\s*$")
+_MODEL_CUE = _rx(r"(?:model|base|checkpoint|tune|tuning|finetune|train|training|lora|qlora|fft|ft)\s*[:=]?\s*$")
+_NOT_HUB = frozenset({"and/or", "either/or", "on/off", "yes/no", "true/false", "input/output", "and/then"})
+_SIZE = _rx(r"^\d+(?:\.\d+)?$")
+_STOP = frozenset(
+    "a an the on with using use for to of in at by from and or my our your this that it is are be can will "
+    "i we you me want need would like please how much many what which if does do fit fits run plan "
+    "fine tune tuned tuning finetune finetuning train training ft sft model models gpu gpus card cards "
+    "dataset data set sets base instruct chat size batch seq epoch epochs rank x nvidia geforce amd".split()
+)
+_UNITS = frozenset("samples sample rows row examples example steps step tokens token sequences gb mb tb params parameters".split())
+_BREAK = _STOP | _UNITS
+_GPU_CUE = frozenset({"on", "gpu", "gpus", "x", "using", "rent", "renting"})
+
+
+# --------------------------------------------------------------------------------------- the reader
+
+
+@dataclass
+class _Reader:
+    text: str
+    work: str
+    values: dict[str, list[tuple[Any, str]]] = field(default_factory=dict)
+    issues: list[ParseIssue] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    items: list[tuple[str, str, int]] = field(default_factory=list)  # (kind, value as typed, start)
+
+    def put(self, part: str, value: Any, said: str) -> None:
+        self.values.setdefault(part, []).append((value, said.strip(_MASK + " ")))
+
+    def consume(self, start: int, end: int) -> None:
+        self.work = _mask(self.work, start, end)
+
+    def scan(self, part: str, patterns: list[tuple[Any, re.Pattern[str]]]) -> None:
+        for value, pattern in patterns:
+            for m in list(pattern.finditer(self.work)):
+                if _MASK in m.group():
+                    continue
+                self.put(part, value, self.text[m.start():m.end()])
+                self.consume(m.start(), m.end())
+
+
+def _read_items(r: _Reader) -> None:
+    """Paths, Hub ids and URLs, read from the original text so their case is kept."""
+    for m in re.finditer(r"\S+", r.text):
+        raw, start = m.group(), m.start()
+        lead = len(raw) - len(raw.lstrip(_STRIP_LEAD))
+        item = raw[lead:].rstrip(_STRIP_TRAIL)
+        if not item.isascii() or not item.isprintable():
+            continue
+        start += lead
+        kind = _item_kind(item)
+        if kind is None:
+            continue
+        url = _URL.match(item)
+        if url:
+            kind, item = ("dataset" if url.group(1) else "hub"), url.group(2).rstrip(".")
+        elif kind == "url":
+            r.notes.append(f"ignored the link {item}")
+        if kind != "url":
+            r.items.append((kind, item, start))
+        r.consume(start, start + len(raw) - lead)
+
+
+def _item_kind(item: str) -> str | None:
+    low = item.lower()
+    if "://" in item:
+        return "url" if low.startswith(("http://", "https://")) else "path"
+    if low.endswith("config.json"):
+        return "model_path" if ("/" in item or "\\" in item or low == "config.json") else None
+    is_path = item.startswith(("./", "../", "/", "~/", ".\\", "..\\")) or bool(re.match(r"^[A-Za-z]:[\\/]", item))
+    if _DATA_EXT.search(item) and (is_path or "/" in item or re.match(r"^[\w.-]+$", item, re.ASCII)):
+        return "data_path"
+    if is_path or re.match(r"^[\w.-]+/$", item, re.ASCII):
+        return "path"
+    if _HUB_ID.match(item) and low not in _NOT_HUB:
+        org, name = low.split("/", 1)
+        if len(org) >= 2 and len(name) >= 2 and not (_is_keyword(org) and _is_keyword(name)):
+            return "path" if _exists(item) else "hub"
+    return None
+
+
+def _is_keyword(word: str) -> bool:
+    return any(p.fullmatch(word) for _, p in (*_METHODS, *_OPTIMIZERS, *_PRECISIONS))
+
+
+def _exists(path: str) -> bool:
+    try:
+        return os.path.exists(os.path.expanduser(path))
+    except (OSError, ValueError):
+        return False
+
+
+def _is_model_dir(path: str) -> bool:
+    try:
+        return os.path.isfile(os.path.join(os.path.expanduser(path), "config.json"))
+    except (OSError, ValueError):
+        return False
+
+
+def _read_model(r: _Reader) -> None:
+    table = _models()
+    toks = _tokens(r.work)
+    i = 0
+    while i < len(toks):
+        hit = _match_at(r.work, toks, i, table, strict_letters=False)
+        if hit is None:
+            i += 1
+            continue
+        n, ids = hit
+        start, end = toks[i][1], toks[i + n - 1][2]
+        said = r.text[start:end]
+        variant = toks[i + n] if i + n < len(toks) and _adjacent(r.work, toks[i + n - 1], toks[i + n], False) else None
+        if variant and variant[0] in _VARIANTS and len(ids) == 1:
+            end = variant[2]
+            r.notes.append(f"{r.text[start:end]!r} planned with the bundled {next(iter(ids))} config (same shapes)")
+            said = r.text[start:end]
+            n += 1
+        if len(ids) == 1:
+            r.put("model", next(iter(ids)), said)
+        else:
+            r.issues.append(_ambiguous("model", said, sorted(ids), "`aegis models` lists them"))
+        r.consume(start, end)
+        i += n
+
+
+def _match_at(work: str, toks: list[tuple[str, int, int]], i: int, table: _Table, *, strict_letters: bool):
+    """Longest n such that toks[i:i+n] are adjacent and form a key of `table`: (n, ids), or None."""
+    n_max = 1
+    while n_max < table.longest and i + n_max < len(toks) and _adjacent(work, toks[i + n_max - 1], toks[i + n_max], strict_letters):
+        n_max += 1
+    for n in range(n_max, 0, -1):
+        key = tuple(t for t, _, _ in toks[i:i + n])
+        ids = table.exact.get(key)
+        if ids:
+            return n, ids
+        if any(t[0].isdigit() for t in key) and not key[-1].isalpha() and len(key) > 1:
+            ids = table.prefixes.get(key, frozenset())
+            if len(ids) > 1:
+                return n, ids
+    return None
+
+
+def _adjacent(work: str, a: tuple[str, int, int], b: tuple[str, int, int], strict_letters: bool) -> bool:
+    gap = work[a[2]:b[1]]
+    starts_word = a[1] == 0 or not work[a[1] - 1].isalnum()
+    if strict_letters and len(a[0]) == 1 and a[0].isalpha() and starts_word and b[0][0].isdigit():  # 'a100', not 'a 100'
+        return gap in ("", "-")
+    return _GAP.fullmatch(gap) is not None
+
+
+def _read_settings(r: _Reader) -> None:
+    for part, pattern in _SETTINGS:
+        for m in list(pattern.finditer(r.work)):
+            if _MASK in m.group():
+                continue
+            raw = m.group(1).replace(" ", "").replace("_", "").replace("-", "")
+            if part == "epochs":
+                value: float = _WORDS[raw] if raw in _WORDS else float(raw)
+            elif part == "seq_len":
+                value = round(float(raw[:-1]) * 1024) if raw.endswith("k") else float(raw)
+                if value != int(value):
+                    continue
+                value = int(value)
+            else:
+                value = int(raw)
+            r.put(part, value, r.text[m.start():m.end()])
+            r.consume(m.start(), m.end())
+
+
+def _read_gpus(r: _Reader) -> None:
+    table = _gpus()
+    toks = _tokens(r.work)
+    i = 0
+    while i < len(toks):
+        if toks[i][0] in _UNITS:
+            i += 1
+            continue
+        hit = _match_at(r.work, toks, i, table, strict_letters=True)
+        if hit is None or (hit[0] == 1 and toks[i][0].isdigit() and not hit[1]):
+            i += 1
+            continue
+        n, ids = hit
+        start, end = toks[i][1], toks[i + n - 1][2]
+        before = _COUNT_BEFORE.search(r.work, 0, start)
+        after = _COUNT_AFTER.match(r.work, end)
+        said_start = before.start() if before else start
+        said_end = after.end() if after else end
+        said = r.text[said_start:said_end]
+        if len(ids) == 1:
+            r.put("gpu", next(iter(ids)), said)
+        else:
+            r.issues.append(_ambiguous("gpu", r.text[start:end], sorted(ids), "`aegis gpus` lists all"))
+        if before:
+            r.put("gpu_count", _count(before.group(1)), said)
+        if after and after.group(1):
+            r.put("gpu_count", int(after.group(1)), said)
+        r.consume(said_start, said_end)
+        i += n
+        while i < len(toks) and toks[i][1] < said_end:
+            i += 1
+    for pattern in _COUNT_ONLY:
+        for m in list(pattern.finditer(r.work)):
+            if _MASK not in m.group():
+                r.put("gpu_count", _count(m.group(1)), r.text[m.start():m.end()])
+                r.consume(m.start(), m.end())
+
+
+def _read_dataset_words(r: _Reader) -> None:
+    for pattern in (_DATASET_WORD, _DATASET_ASSIGN):
+        for m in list(pattern.finditer(r.work)):
+            if _MASK in m.group() or m.group(1) in _STOP:
+                continue
+            r.put("dataset", r.text[m.start(1):m.end(1)], r.text[m.start():m.end()])
+            r.consume(m.start(), m.end())
+
+
+def _assign_items(r: _Reader) -> None:
+    """Paths and Hub ids → model or dataset (see the module docstring)."""
+    pending: list[tuple[str, int]] = []
+    for kind, item, start in r.items:
+        before = _lower(r.text[max(0, start - 40):start])
+        data_cue = bool(_DATA_CUE.search(before))
+        if kind == "model_path":
+            r.put("model", item, item)
+        elif kind in ("data_path", "dataset"):
+            r.put("dataset", item, item)
+        elif kind == "path":
+            if _is_model_dir(item):
+                r.put("model", item, item)
+            elif data_cue or _exists(item):
+                r.put("dataset", item, item)
+            elif _MODEL_CUE.search(before) and not r.values.get("model"):
+                r.put("model", item, item)
+            else:
+                pending.append((item, start))
+        else:  # a Hub id
+            canonical = _canonical_model(item)
+            if canonical:
+                r.put("model", canonical, item)
+            elif data_cue:
+                r.put("dataset", item, item)
+            else:
+                pending.append((item, start))
+    for item, _ in pending:
+        r.put("dataset" if r.values.get("model") else "model", item, item)
+
+
+def _canonical_model(name: str) -> str | None:
+    from aegis.hub import canonical_model_id
+
+    try:
+        return canonical_model_id(name)
+    except AegisError:
+        return None
+
+
+def _read_leftovers(r: _Reader) -> list[str]:
+    """Unknown GPU- and model-like words become issues; returns the words that meant nothing."""
+    toks = _tokens(r.work)
+    runs: list[list[tuple[str, int, int]]] = []
+    for tok in toks:
+        if runs and _adjacent(r.work, runs[-1][-1], tok, False) and not ({tok[0], runs[-1][-1][0]} & _BREAK):
+            runs[-1].append(tok)
+        else:
+            runs.append([tok])
+    unparsed: list[str] = []
+    families = _family_words()
+    prev_word = ""
+    for run in runs:
+        words = [t for t, _, _ in run]
+        start, end = run[0][1], run[-1][2]
+        said = r.text[start:end]
+        sized = any(_SIZE.match(a) and b in ("b", "m") for a, b in zip(words, words[1:]))
+        family = any(w in families for w in words)
+        gpu_like = any(c.isdigit() for c in said) and (prev_word in _GPU_CUE or re.match(r"^\d{1,3}\s*[x×*]\s*$", r.work[max(0, start - 6):start].strip(_MASK + " ") + " ") is not None)
+        vendor = words[0] in ("rtx", "gtx", "tesla", "radeon", "instinct", "quadro")
+        nxt = r.work[end:end + 20].split()
+        followed_by_unit = bool(nxt) and nxt[0].strip(",.;") in _UNITS
+        if (family or (sized and not r.values.get("model"))) and not followed_by_unit:
+            _unknown_model(r, said)
+        elif (gpu_like or vendor) and not followed_by_unit and words[0] not in _STOP:
+            _unknown_gpu(r, said)
+        else:
+            unparsed.extend(w for w in words if w.isalpha() and w not in _STOP and len(w) > 1)
+        prev_word = words[-1]
+    return unparsed
+
+
+def _unknown_model(r: _Reader, said: str) -> None:
+    from aegis.hub import canonical_model_id
+
+    try:
+        r.put("model", canonical_model_id(said), said)
+    except AegisError as err:
+        r.issues.append(ParseIssue(part="model", text=said, message=str(err), suggestions=_models().suggest(said)))
+
+
+def _unknown_gpu(r: _Reader, said: str) -> None:
+    from aegis.hardware import find_gpu
+
+    try:
+        r.put("gpu", find_gpu(said).id, said)
+    except AegisError as err:
+        r.issues.append(ParseIssue(part="gpu", text=said, message=str(err), suggestions=_gpus().suggest(said)))
+
+
+def _ambiguous(part: Part, said: str, ids: list[str], where: str) -> ParseIssue:
+    return ParseIssue(
+        part=part, text=said, suggestions=tuple(ids),
+        message=f"{part} {said!r} is ambiguous: it could be {', '.join(ids)}; name one ({where})",
+    )
+
+
+# ------------------------------------------------------------------------------------------ results
+
+_LABELS = {"model": "models", "gpu": "GPUs", "dataset": "datasets", "method": "methods", "optimizer": "optimizers",
+           "precision": "precisions", "gradient_checkpointing": "gradient checkpointing settings"}
+
+
+def _settle(r: _Reader) -> dict[str, Any]:
+    """One value per field; contradictions and out-of-range numbers become issues."""
+    out: dict[str, Any] = {}
+    methods = {v for v, _ in r.values.get("method", [])}
+    if methods == {"qlora", "lora"}:  # "qlora ... lora rank 64" names one method
+        r.values["method"] = [x for x in r.values["method"] if x[0] == "qlora"]
+    for part, found in r.values.items():
+        distinct = list(dict.fromkeys(v for v, _ in found))
+        said = " / ".join(dict.fromkeys(s for _, s in found))
+        if part == "precision" and distinct == ["bf16_mixed?"]:
+            r.notes.append("'mixed precision' read as bf16_mixed (fp32 master weights, bf16 compute)")
+            distinct = ["bf16_mixed"]
+        if len(distinct) > 1:
+            label = _LABELS.get(part, _BOUNDS.get(part, (0, 0, part))[2] + " values")
+            listed = ", ".join(str(v) for v in distinct)
+            r.issues.append(ParseIssue(
+                part="request" if part == "grad_accum" else part, text=said,  # type: ignore[arg-type]
+                message=f"the request names two {label} ({listed}) in {said!r}: keep one",
+                suggestions=tuple(str(v) for v in distinct) if part in ("model", "gpu") else (),
+            ))
+            continue
+        value = distinct[0]
+        if part in _BOUNDS:
+            low, high, label = _BOUNDS[part]
+            if not low <= value <= high:
+                r.issues.append(ParseIssue(
+                    part="request" if part == "grad_accum" else part, text=said,  # type: ignore[arg-type]
+                    message=f"{label} {value:g} in {said!r} is out of range: use a value from {low:g} to {high:g}",
+                ))
+                continue
+        out[part] = value
+    accum = out.pop("grad_accum", None)
+    if accum is not None:
+        if "micro_batch_size" in out and "effective_batch_size" not in out:
+            out["effective_batch_size"] = out["micro_batch_size"] * accum
+            r.notes.append(f"effective batch {out['effective_batch_size']} = micro batch {out['micro_batch_size']} x {accum} accumulation steps")
+        elif "micro_batch_size" in out and out["micro_batch_size"] * accum != out["effective_batch_size"]:
+            r.issues.append(ParseIssue(
+                part="effective_batch_size", text=f"{accum} accumulation steps",
+                message=(f"micro batch {out['micro_batch_size']} x {accum} accumulation steps is "
+                         f"{out['micro_batch_size'] * accum}, not the effective batch {out['effective_batch_size']}: keep two of the three"),
+            ))
+            del out["effective_batch_size"]
+        elif "micro_batch_size" not in out:
+            r.notes.append(f"{accum} gradient accumulation steps ignored: give a micro batch size too (the solver picks accumulation)")
+    return out
+
+
+def parse_request_lenient(text: str) -> ParsedRequest:
+    """Read what a free-text request says; never raises. Unknown or ambiguous parts are `issues`."""
+    if not isinstance(text, str):
+        text = str(text)
+    if len(text) > MAX_REQUEST_CHARS:
+        issue = ParseIssue(part="request", text=text[:40] + "…",
+                           message=f"the request is {len(text)} characters long: say it in under {MAX_REQUEST_CHARS}")
+        return ParsedRequest(request=PlanRequest(), issues=(issue,))
+    r = _Reader(text=text, work=_lower(text))
+    _read_items(r)
+    r.scan("method", _METHODS)
+    r.scan("optimizer", _OPTIMIZERS)
+    r.scan("precision", _PRECISIONS)
+    r.scan("gradient_checkpointing", _CHECKPOINTING)
+    _read_model(r)
+    _read_settings(r)
+    _read_gpus(r)
+    _read_dataset_words(r)
+    _assign_items(r)
+    unparsed = _read_leftovers(r)
+    fields = _settle(r)
+    try:
+        request = PlanRequest(**fields)
+    except ValidationError as err:  # _settle keeps values in range; this guards the promise never to raise
+        problem = err.errors()[0]
+        issue = ParseIssue(part="request", text=text[:80], message=f"could not read the request: {problem['msg']}")
+        return ParsedRequest(request=PlanRequest(), issues=(*r.issues, issue), notes=tuple(r.notes))
+    return ParsedRequest(request=request, issues=tuple(r.issues), notes=tuple(r.notes), unparsed=tuple(unparsed))
+
+
+def parse_request(text: str) -> PlanRequest:
+    """The `PlanRequest` a free-text request describes; RequestParseError naming each unknown/ambiguous part."""
+    result = parse_request_lenient(text)
+    if result.issues:
+        raise RequestParseError("; ".join(issue.message for issue in result.issues))
+    return result.request
