@@ -61,9 +61,10 @@ ALL_LINEAR_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "
 
 
 class Frozen(BaseModel):
-    """Base for every Aegis model: immutable, unknown fields rejected."""
+    """Base for every Aegis model: immutable, unknown fields rejected. Validators are built on first
+    use (`defer_build`), which keeps `import aegis` fast."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class LinearModule(Frozen):

@@ -24,11 +24,9 @@ from aegis.memory.activations import Setting, head_saved_bytes_per_token, layer_
 from aegis.memory.components import optimizer_state_bytes, optimizer_temp_bytes, sizes
 from aegis.schema import GPU, Attention, LoRAConfig, MemoryComponent, MemoryEstimate, Method, ModelProfile, Optimizer, Precision, TrainConfig
 
-__all__ = ["estimate_memory", "estimate", "CHUNKED_CE_TOKENS", "DEFAULT_OVERHEAD_BYTES"]
+__all__ = ["estimate_memory", "estimate", "DEFAULT_OVERHEAD_BYTES"]
 
 GIB = 1 << 30
-CHUNKED_CE_TOKENS = 1024
-"""Tokens per chunk of a chunked cross-entropy (logits never exist for more at once)."""
 DEFAULT_OVERHEAD_BYTES = 1 * GIB
 """CUDA context + framework reservation assumed when no GPU is given."""
 _DYNAMIC_FRACTION = 0.04
@@ -132,9 +130,10 @@ def estimate(
     per_layer = [sum(t.values()) for t in layer_terms]
     head_saved = head_saved_bytes_per_token(fam, c, setting)
     if cfg.chunked_cross_entropy:
-        chunk = min(tokens, CHUNKED_CE_TOKENS)
+        # Liger-style fused linear cross-entropy: chunks of tokens/ceil(vocab/hidden), grads computed in-chunk
+        chunk = max(1, -(-tokens // -(-fam.vocab(c) // fam.hidden(c))))
         loss_total = int(chunk * fam.vocab(c) * 12 + tokens * fam.hidden(c) * 4)
-        loss_formula = f"chunked: {chunk:,} tokens x {fam.vocab(c):,} vocab x 12 B + fp32 hidden grads"
+        loss_formula = f"chunked: {chunk:,}-token chunks x {fam.vocab(c):,} vocab x 12 B + fp32 hidden grads"
     else:
         loss_per_token, loss_formula = loss_bytes_per_token(fam, c, setting)
         loss_total = int(tokens * loss_per_token)

@@ -1,0 +1,186 @@
+"""The `aegis` command line: plan, compare, models, gpus, benchmark, and the run commands.
+
+    aegis plan "qlora llama-3.1-8b on 3090 with ./data/support.jsonl"
+    aegis plan --model llama-3.1-8b --method qlora --gpu 3090 --json
+    aegis compare "lora qwen2.5-7b, seq 2048"
+
+Start-up stays light: no JAX, torch, transformers or gradio unless a command needs them. Every
+`AegisError` is printed as one line (exit 2); no traceback reaches a user for bad input.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+
+from aegis.errors import AegisError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="aegis",
+    help="Plan a fine-tune before renting a GPU; train it under a self-healing supervisor.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+class Output(str, Enum):
+    text = "text"
+    markdown = "markdown"
+    json = "json"
+
+
+def _output(json_: bool, markdown: bool) -> Output:
+    if json_ and markdown:
+        raise typer.BadParameter("pick one of --json and --markdown")
+    return Output.json if json_ else Output.markdown if markdown else Output.text
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="Print Markdown (chat, Slack).")]
+
+
+@app.command()
+def plan(
+    request: Annotated[Optional[str], typer.Argument(help="Free text, e.g. 'qlora llama-3.1-8b on 3090 with ./data.jsonl'.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model alias, Hub id or config.json path.")] = None,
+    method: Annotated[Optional[str], typer.Option(help="full, lora or qlora.")] = None,
+    gpu: Annotated[Optional[str], typer.Option(help="GPU name, e.g. 3090, a100-80gb.")] = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", min=1, help="Number of GPUs.")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="JSONL/JSON/CSV/Parquet path or Hub dataset id.")] = None,
+    rank: Annotated[Optional[int], typer.Option(min=1, help="LoRA rank.")] = None,
+    batch: Annotated[Optional[int], typer.Option(min=1, help="Micro batch size (default: solved).")] = None,
+    effective_batch: Annotated[Optional[int], typer.Option(min=1, help="Target effective batch (default 16).")] = None,
+    seq: Annotated[Optional[int], typer.Option(min=1, help="Sequence length (default: dataset p95).")] = None,
+    epochs: Annotated[Optional[float], typer.Option(min=0.01, help="Epochs (default 3).")] = None,
+    optimizer: Annotated[Optional[str], typer.Option(help="adamw, adamw_8bit, paged_adamw_8bit, sgd, adafactor.")] = None,
+    checkpointing: Annotated[Optional[bool], typer.Option("--checkpointing/--no-checkpointing", help="Force gradient checkpointing.")] = None,
+    emit: Annotated[Optional[str], typer.Option(help="Also write a trainer config: axolotl, hf or unsloth.")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Where --emit writes (default: stdout).")] = None,
+    json_: JsonOpt = False,
+    markdown: MarkdownOpt = False,
+) -> None:
+    """Plan a fine-tune: memory breakdown, recommended / aggressive / fallback configs, time, cost, risks."""
+    from aegis.planner import plan as make_plan
+
+    fmt = _output(json_, markdown)
+    report = make_plan(
+        request, model=model, method=method, gpu=gpu, gpu_count=gpus, dataset=dataset, lora_rank=rank,
+        micro_batch_size=batch, effective_batch_size=effective_batch, seq_len=seq, epochs=epochs, optimizer=optimizer,
+        gradient_checkpointing=checkpointing, progress=fmt is Output.text and sys.stderr.isatty(),
+    )
+    _print_report(report, fmt)
+    if emit:
+        from aegis.report.emit import emit as emit_config
+
+        text = emit_config(report, emit)  # type: ignore[arg-type]
+        if out:
+            with open(out, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            typer.echo(f"wrote {emit} config to {out}", err=True)
+        else:
+            typer.echo(text)
+
+
+def _print_report(report, fmt: Output) -> None:
+    if fmt is Output.json:
+        from aegis.report.json import render_json
+
+        typer.echo(render_json(report))
+    elif fmt is Output.markdown:
+        from aegis.report.markdown import render_markdown
+
+        typer.echo(render_markdown(report))
+    else:
+        from aegis.report.text import render_text
+
+        typer.echo(render_text(report))
+
+
+@app.command()
+def compare(
+    request: Annotated[Optional[str], typer.Argument(help="The job, e.g. 'lora qwen2.5-7b seq 2048' (no GPU needed).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model alias, Hub id or config.json path.")] = None,
+    method: Annotated[Optional[str], typer.Option(help="full, lora or qlora.")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="Dataset path or Hub id (for time and cost).")] = None,
+    seq: Annotated[Optional[int], typer.Option(min=1, help="Sequence length.")] = None,
+    json_: JsonOpt = False,
+    markdown: MarkdownOpt = False,
+) -> None:
+    """Which catalog GPUs fit this job, cheapest first."""
+    from aegis.compare import compare_gpus, render_comparison
+
+    rows = compare_gpus(request, model=model, method=method, dataset=dataset, seq_len=seq)
+    typer.echo(render_comparison(rows, _output(json_, markdown).value))
+
+
+@app.command()
+def models(json_: JsonOpt = False, markdown: MarkdownOpt = False) -> None:
+    """The bundled models (offline) with their computed parameter counts."""
+    from aegis.compare import render_models
+
+    typer.echo(render_models(_output(json_, markdown).value))
+
+
+@app.command()
+def gpus(json_: JsonOpt = False, markdown: MarkdownOpt = False) -> None:
+    """The GPU catalog: memory, bf16 TFLOPS, framework overhead, cheapest price."""
+    from aegis.compare import render_gpus
+
+    typer.echo(render_gpus(_output(json_, markdown).value))
+
+
+@app.command()
+def benchmark(
+    model: Annotated[str, typer.Argument(help="Model alias, Hub id or config.json path.")],
+    method: Annotated[str, typer.Option(help="full, lora or qlora.")] = "lora",
+    batch: Annotated[int, typer.Option(min=1, help="Micro batch size.")] = 1,
+    seq: Annotated[int, typer.Option(min=2, help="Sequence length.")] = 512,
+    steps: Annotated[int, typer.Option(min=1, help="Measured steps after warm-up.")] = 10,
+    gpu: Annotated[Optional[str], typer.Option(help="Catalog GPU id to file the result under (default: detected).")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Run real training steps on this machine and store tokens/s and peak memory for `aegis plan`."""
+    from aegis.train.benchmark import run_benchmark
+
+    result = run_benchmark(model, method=method, micro_batch_size=batch, seq_len=seq, steps=steps, gpu_id=gpu)
+    typer.echo(result.model_dump_json(indent=2) if json_ else _benchmark_text(result))
+
+
+def _benchmark_text(result) -> str:
+    rec = getattr(result, "record", result)
+    return (f"{rec.model_id} {rec.method} on {rec.device}: {rec.tokens_per_s:,.0f} tokens/s, "
+            f"peak {rec.peak_memory_bytes / 1e9:.2f} GB -- stored for GPU '{rec.gpu_id}'")
+
+
+def _mount_run_commands() -> None:
+    """The supervisor's commands (run, resume, status, interrupt, command) live in aegis.supervise.cli."""
+    try:
+        from aegis.supervise.cli import register
+    except ImportError:  # the supervisor's CLI module is optional in a planner-only install
+        return
+    register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: one-line errors, exit code 2, never a traceback for AegisError."""
+    _mount_run_commands()
+    try:
+        app(args=argv, standalone_mode=False)
+    except AegisError as err:
+        typer.secho(f"error: {err}", err=True, fg="red")
+        raise SystemExit(2) from None
+    except typer.Abort:
+        raise SystemExit(130) from None
+    except Exception as err:  # click usage errors
+        import click
+
+        if isinstance(err, click.ClickException):
+            err.show()
+            raise SystemExit(err.exit_code) from None
+        raise

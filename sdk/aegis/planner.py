@@ -1,0 +1,202 @@
+"""`plan`: a request in, a `PlanReport` out — model, dataset, GPU, memory, tiers, time, cost, risks.
+
+    from aegis import plan
+    report = plan("qlora llama-3.1-8b on 3090")
+    report = plan(model="llama-3.1-8b", method="qlora", gpu="3090", dataset="./data/support.jsonl")
+"""
+
+from __future__ import annotations
+
+import math
+
+from aegis import hardware
+from aegis.errors import NothingFitsError, RequestParseError
+from aegis.hub import resolve_model
+from aegis.memory.estimate import estimate
+from aegis.sanity import risks_and_notes
+from aegis.schema import (
+    GPU,
+    DatasetProfile,
+    LoRAConfig,
+    ModelProfile,
+    ModelSummary,
+    MultiGPU,
+    PlanReport,
+    PlanRequest,
+    Throughput,
+    Tier,
+)
+from aegis.solver import Solution, solve
+from aegis.throughput import costs, tokens_per_s_range
+
+__all__ = ["plan", "plan_request", "DEFAULT_SEQ_LEN", "DEFAULT_EFFECTIVE_BATCH", "DEFAULT_EPOCHS", "DEFAULT_LORA_RANK"]
+
+DEFAULT_SEQ_LEN = 1024
+"""Sequence length without a dataset (TRL's SFT default)."""
+DEFAULT_EFFECTIVE_BATCH = 16
+DEFAULT_EPOCHS = 3.0
+DEFAULT_LORA_RANK = 16
+_DDP_EFFICIENCY = (0.85, 0.95)
+_FSDP_EFFICIENCY = (0.70, 0.90)
+_PADDING_OVERHEAD = 1.25
+"""Dynamic padding: a batch is padded to its longest row; tokens processed <= 1.25 x real tokens."""
+
+
+def plan(request: str | PlanRequest | None = None, *, sample_rows: int = 1000, progress: bool = False, **fields) -> PlanReport:
+    """Plan a fine-tune from free text and/or fields of `PlanRequest` (fields win over the text)."""
+    from aegis.parse import parse_request
+
+    parsed = parse_request(request) if isinstance(request, str) else (request or PlanRequest())
+    try:
+        override = PlanRequest(**{k: v for k, v in fields.items() if v is not None})
+    except ValueError as err:
+        raise RequestParseError(f"bad plan argument: {err.errors()[0]['loc'][0]}: {err.errors()[0]['msg']}") from None
+    return plan_request(parsed.merged(override), sample_rows=sample_rows, progress=progress)
+
+
+def plan_request(req: PlanRequest, *, sample_rows: int = 1000, progress: bool = False) -> PlanReport:
+    if not req.model:
+        raise RequestParseError("no model named: say which, e.g. 'qlora llama-3.1-8b on 3090'; `aegis models` lists them")
+    if not req.gpu:
+        raise RequestParseError("no GPU named: say which, e.g. '... on 3090' or '... on 2x a100 80gb'; `aegis gpus` lists them")
+    profile = resolve_model(req.model)
+    gpu = hardware.find_gpu(req.gpu)
+    method = req.method or "lora"
+    gpu_count = req.gpu_count or 1
+    notes: list[str] = []
+    if req.method is None:
+        notes.append("method not given: planned LoRA (say 'qlora' or 'full' for the others)")
+    dataset: DatasetProfile | None = None
+    if req.dataset:
+        from aegis.datasets import analyze_dataset
+
+        dataset = analyze_dataset(req.dataset, model=profile, seq_len=req.seq_len, sample_rows=sample_rows, progress=progress)
+    if req.seq_len:
+        seq_len, seq_reason = req.seq_len, "as requested"
+    elif dataset is not None:
+        seq_len, seq_reason = dataset.seq_len, dataset.seq_len_reason
+    else:
+        seq_len = min(DEFAULT_SEQ_LEN, profile.max_position_embeddings)
+        seq_reason = f"no dataset: assumed {seq_len:,} (TRL's default); pass a dataset or 'seq N' to size it"
+    if seq_len > profile.max_position_embeddings:
+        notes.append(f"seq {seq_len:,} exceeds the model's {profile.max_position_embeddings:,} positions")
+    notes.append(f"Seq len {seq_len:,}: {seq_reason}")
+    lora = LoRAConfig(rank=req.lora_rank or DEFAULT_LORA_RANK, alpha=2.0 * (req.lora_rank or DEFAULT_LORA_RANK)) \
+        if method != "full" else None
+    eff = req.effective_batch_size or max(DEFAULT_EFFECTIVE_BATCH, (req.micro_batch_size or 1) * gpu_count)
+    epochs = req.epochs or DEFAULT_EPOCHS
+    eval_seq = dataset.tokens.max if dataset is not None else seq_len
+    kwargs = dict(method=method, seq_len=seq_len, effective_batch_size=eff, lora=lora,
+                  optimizer=req.optimizer or "adamw", precision=req.precision or "bf16",
+                  micro_batch_size=req.micro_batch_size, gradient_checkpointing=req.gradient_checkpointing,
+                  gpu_count=gpu_count, eval_seq_len=eval_seq)
+    solution = solve(profile, gpu, **kwargs)
+    multi = None
+    if gpu_count > 1:
+        solution, multi = _multi_gpu(profile, gpu, gpu_count, solution, kwargs)
+    rec = solution.recommended
+    nothing = None if rec is not None else _nothing_fits(profile, gpu, gpu_count, solution, kwargs)
+    throughput, cost_list = None, []
+    steps_per_epoch = None
+    if dataset is not None:
+        steps_per_epoch = math.ceil(dataset.num_rows / eff)
+    if rec is not None:
+        efficiency = (1.0, 1.0) if gpu_count == 1 else (_FSDP_EFFICIENCY if multi and multi.assumed == "fsdp" else _DDP_EFFICIENCY)
+        lo, hi, basis, source = tokens_per_s_range(profile, rec.config, gpu, gpu_count=gpu_count, efficiency=efficiency)
+        if dataset is not None:
+            mean_tokens = min(dataset.tokens.mean, seq_len)
+            epoch_tokens = (dataset.num_rows * mean_tokens, dataset.num_rows * mean_tokens * _PADDING_OVERHEAD)
+            ep = (epoch_tokens[0] / hi / 3600, epoch_tokens[1] / lo / 3600)
+            throughput = Throughput(tokens_per_s_low=lo, tokens_per_s_high=hi, source=source, basis=basis,
+                                    epoch_hours_low=ep[0], epoch_hours_high=ep[1],
+                                    total_hours_low=ep[0] * epochs, total_hours_high=ep[1] * epochs)
+            cost_list = costs(gpu, gpu_count, (throughput.total_hours_low, throughput.total_hours_high))
+            if gpu.local:
+                cost_list += _counterfactual(profile, rec, gpu, epoch_tokens, epochs, kwargs)
+        else:
+            throughput = Throughput(tokens_per_s_low=lo, tokens_per_s_high=hi, source=source, basis=basis,
+                                    epoch_hours_low=0, epoch_hours_high=0, total_hours_low=0, total_hours_high=0)
+            notes.append("no dataset: time and cost need its size; add 'with ./data.jsonl'")
+    report = PlanReport(
+        request=req,
+        model=ModelSummary(model_id=profile.model_id, architecture=profile.architecture,
+                           family_description=profile.family_description, total_params=profile.total_params,
+                           active_params_per_token=profile.active_params_per_token, vocab_size=profile.vocab_size,
+                           num_layers=profile.num_layers, hidden_size=profile.hidden_size, num_experts=profile.num_experts,
+                           num_experts_per_tok=profile.num_experts_per_tok, source=profile.source),
+        dataset=dataset, gpu=gpu, gpu_count=gpu_count, usable_bytes=gpu.usable_bytes, method=method, lora=lora,
+        trainable_params=profile.trainable_params(method, lora), epochs=epochs,
+        num_rows=dataset.num_rows if dataset else None, steps_per_epoch=steps_per_epoch,
+        recommended=rec, aggressive=solution.aggressive, fallbacks=tuple(solution.fallbacks), multi_gpu=multi,
+        throughput=throughput, costs=tuple(cost_list), notes=tuple(notes + solution.notes), nothing_fits=nothing,
+    )
+    risks, more_notes = risks_and_notes(report, profile)
+    return report.model_copy(update={"risks": tuple(risks), "notes": report.notes + tuple(more_notes)})
+
+
+def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: dict) -> tuple[Solution, MultiGPU]:
+    fsdp = solve(profile, gpu, fsdp_shards=n, **kwargs)
+    ref = (ddp.recommended or fsdp.recommended or ddp.smallest).config
+    ddp_bytes = estimate(profile, ref, gpu=gpu).total_bytes
+    fsdp_bytes = estimate(profile, ref, gpu=gpu, fsdp_shards=n).total_bytes
+    use_ddp = ddp.recommended is not None and ddp.recommended.config.micro_batch_size >= (
+        fsdp.recommended.config.micro_batch_size if fsdp.recommended else 0)
+    chosen = ddp if use_ddp else fsdp
+    reason = ("DDP fits with comfortable headroom and needs no weight gathering" if use_ddp else
+              "FSDP FULL_SHARD: sharding weights, grads and optimizer states over the GPUs is what makes it fit"
+              if ddp.recommended is None else "FSDP allows a larger micro batch than DDP")
+    eff = _DDP_EFFICIENCY if use_ddp else _FSDP_EFFICIENCY
+    return chosen, MultiGPU(gpu_count=n, ddp_bytes=ddp_bytes, fsdp_bytes=fsdp_bytes, assumed="ddp" if use_ddp else "fsdp",
+                            reason=reason, efficiency_low=eff[0], efficiency_high=eff[1])
+
+
+def _nothing_fits(profile: ModelProfile, gpu: GPU, gpu_count: int, solution: Solution, kwargs: dict) -> str:
+    small = solution.smallest
+    parts = [f"even the smallest configuration (micro batch 1, checkpointing, paged 8-bit AdamW, chunked CE) needs "
+             f"{small.memory.high_bytes / 1e9:.1f} GB on a {gpu.memory_bytes / 1e9:.1f} GB {gpu.name}"]
+    if kwargs["method"] != "qlora":
+        q = solve(profile, gpu, **{**kwargs, "method": "qlora", "lora": kwargs["lora"] or LoRAConfig()})
+        if q.recommended or q.fallbacks:
+            parts.append("QLoRA fits on this GPU")
+    for other in hardware.list_gpus():
+        if other.memory_bytes <= gpu.memory_bytes:
+            continue
+        s = solve(profile, other, **kwargs)
+        if s.recommended or s.fallbacks:
+            parts.append(f"the same job fits a {other.name} ({other.memory_bytes / 1e9:.0f} GB)")
+            break
+    for n in (2, 4, 8):
+        if n <= gpu_count:
+            continue
+        s = solve(profile, gpu, fsdp_shards=n, **{**kwargs, "gpu_count": n})
+        if s.recommended or s.fallbacks:
+            parts.append(f"{n}x {gpu.name} with FSDP")
+            break
+    if len(parts) == 1:
+        parts.append("no catalog GPU or GPU count up to 8 fits it")
+    return parts[0] + ". What would fit: " + "; ".join(parts[1:]) + "."
+
+
+def _counterfactual(profile, rec: Tier, gpu: GPU, epoch_tokens, epochs: float, kwargs: dict) -> list:
+    """For a local GPU: what the run would cost on the cheapest cloud GPUs that fit it."""
+    out = []
+    candidates = sorted((g for g in hardware.list_gpus() if not g.local and g.prices),
+                        key=lambda g: g.prices[0].usd_per_hour)
+    picked = 0
+    for other in candidates:
+        if estimate(profile, rec.config, gpu=other).high_bytes > other.memory_bytes:
+            continue
+        lo, hi, _, _ = tokens_per_s_range(profile, rec.config, other)
+        hours = (epoch_tokens[0] / hi / 3600 * epochs, epoch_tokens[1] / lo / 3600 * epochs)
+        out += [c.model_copy(update={"counterfactual": True}) for c in costs(other, 1, hours)[:1]]
+        picked += 1
+        if picked == 2:
+            break
+    return out
+
+
+def require_fit(report: PlanReport) -> PlanReport:
+    """The report, or NothingFitsError with its explanation."""
+    if report.recommended is None:
+        raise NothingFitsError(report.nothing_fits or "nothing fits")
+    return report

@@ -1,0 +1,75 @@
+"""Sanity checks on a plan: memory headroom, eval spikes, training dynamics, large vocabularies, MoE.
+
+    risks, notes = risks_and_notes(report, profile)
+"""
+
+from __future__ import annotations
+
+from aegis.schema import ModelProfile, PlanReport, Risk
+from aegis.solver import comfort_bytes
+
+__all__ = ["risks_and_notes"]
+
+GB = 1e9
+
+
+def risks_and_notes(report: PlanReport, profile: ModelProfile) -> tuple[list[Risk], list[str]]:
+    risks: list[Risk] = []
+    notes: list[str] = []
+    rec, gpu = report.recommended, report.gpu
+    if rec is None:
+        risks.append(Risk(level="danger", title="VRAM", detail="nothing fits this GPU: see below for what would"))
+    else:
+        room = rec.headroom_bytes
+        if room >= comfort_bytes(gpu):
+            risks.append(Risk(level="ok", title="VRAM", detail=f"{room / GB:.1f} GB headroom at the predicted high end -- no OOM expected"))
+        else:
+            risks.append(Risk(level="warn", title="VRAM", detail=f"only {room / GB:.1f} GB headroom: use a fallback if it OOMs"))
+        eval_peak = rec.memory.eval_peak_bytes
+        eval_len = report.dataset.tokens.max if report.dataset else rec.config.seq_len
+        if eval_peak > gpu.memory_bytes:
+            risks.append(Risk(level="warn", title="Eval spike", detail=(
+                f"eval at max length ({eval_len:,}) with micro batch {rec.config.micro_batch_size} -> ~{eval_peak / GB:.1f} GB "
+                f"(KV cache + logits) > {gpu.memory_bytes / GB:.1f} GB: set per_device_eval_batch_size=1, "
+                "eval_accumulation_steps=4, or cap eval length")))
+        else:
+            risks.append(Risk(level="ok", title="Eval spike", detail=f"eval at {eval_len:,} tokens peaks at ~{eval_peak / GB:.1f} GB -- fits"))
+        logits = next((c for c in rec.memory.components if c.key == "logits"), None)
+        if logits is not None and logits.bytes > 0.25 * rec.memory.tensor_bytes and not rec.config.chunked_cross_entropy:
+            risks.append(Risk(level="warn", title="Logits buffer", detail=(
+                f"{logits.bytes / GB:.1f} GB ({logits.bytes / rec.memory.tensor_bytes:.0%} of the peak) for the "
+                f"{profile.vocab_size:,}-token vocabulary: chunked cross-entropy (Liger, Unsloth) removes most of it")))
+    ds = report.dataset
+    eff = rec.config.effective_batch_size * report.gpu_count if rec else None
+    if ds is not None and eff:
+        steps = report.steps_per_epoch or 0
+        if ds.num_rows < 1000 and report.epochs >= 3:
+            risks.append(Risk(level="warn", title="Overfitting", detail=(
+                f"{ds.num_rows:,} rows x {report.epochs:g} epochs: each sample seen {report.epochs:g} times on a small set; "
+                "watch eval loss, consider 1-2 epochs")))
+        elif steps < 20:
+            risks.append(Risk(level="warn", title="Training dynamics", detail=(
+                f"only {steps} optimizer steps per epoch at effective batch {eff}: lower the batch or add data")))
+        else:
+            risks.append(Risk(level="ok", title="Training dynamics", detail=(
+                f"effective batch {eff} gives {steps:,} steps/epoch over {ds.num_rows:,} rows -- reasonable")))
+        if ds.truncated_share > 0.05:
+            risks.append(Risk(level="warn", title="Truncation", detail=(
+                f"{ds.truncated_share:.0%} of rows exceed seq {ds.seq_len:,} and will be cut: raise seq or filter them")))
+        if not ds.tokenizer_exact:
+            notes.append(f"token counts from {ds.tokenizer} -- an approximation of the model's own tokenizer")
+    if profile.is_moe:
+        notes.append(
+            f"MoE: all {profile.total_params / 1e9:.1f}B parameters ({profile.num_experts} experts/layer) are held in memory, "
+            f"but each token uses only {profile.active_params_per_token / 1e9:.1f}B (top-{profile.num_experts_per_tok}); "
+            "compute follows the active count, memory the total"
+        )
+        if report.method != "full":
+            notes.append("transformers 5 stores experts as fused 3-D tensors: LoRA target names reach attention (and shared "
+                         "experts), not the routed experts, which stay unquantized under QLoRA")
+    if report.method == "qlora":
+        notes.append("QLoRA as HF runs it: prepare_model_for_kbit_training upcasts embeddings, head and norms to fp32, so "
+                     "the residual stream and logits are fp32")
+    share = report.trainable_params / profile.total_params
+    notes.append(f"Trainable: {report.trainable_params:,} of {profile.total_params:,} parameters ({share:.2%})")
+    return risks, notes

@@ -1,0 +1,202 @@
+"""The config solver: from a GPU's memory and a job, the recommended, aggressive and fallback configs.
+
+Every candidate is sized by the memory engine; "fits" means the predicted high end (tensor peak +
+framework overhead + dynamic margin) is within the GPU's memory. The recommended tier keeps
+comfortable headroom and maximises throughput; the aggressive one maximises throughput with under
+1 GB of headroom; the fallback chain — ordered by expected training quality, each entry smaller than
+the one before — is what the supervisor switches to on an OOM.
+
+    from aegis.solver import solve
+    solution = solve(profile, gpu, method="qlora", seq_len=1024)
+    solution.recommended.config.micro_batch_size
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aegis.memory.estimate import estimate
+from aegis.schema import GPU, LoRAConfig, MemoryEstimate, Method, ModelProfile, Optimizer, Precision, Tier, TrainConfig
+
+__all__ = ["Solution", "solve", "fits", "headroom_bytes", "comfort_bytes", "relative_speed", "AGGRESSIVE_HEADROOM_BYTES"]
+
+GB = 10**9
+AGGRESSIVE_HEADROOM_BYTES = 1 * GB
+"""The aggressive tier runs with less than this much headroom."""
+_CKPT_SPEED = 0.75
+"""Throughput with gradient checkpointing relative to without (one extra forward: ~4/3 the compute)."""
+
+
+def comfort_bytes(gpu: GPU) -> int:
+    """Headroom the recommended tier keeps: 10% of the card, at least 1.5 GB."""
+    return max(int(0.10 * gpu.memory_bytes), int(1.5 * GB))
+
+
+def headroom_bytes(est: MemoryEstimate, gpu: GPU) -> int:
+    return gpu.memory_bytes - est.high_bytes
+
+
+def fits(est: MemoryEstimate, gpu: GPU) -> bool:
+    return headroom_bytes(est, gpu) >= 0
+
+
+def relative_speed(cfg: TrainConfig) -> float:
+    """Expected throughput of a config, relative units: GPUs saturate with more tokens per micro step;
+    checkpointing recomputes the forward; 8-bit/paged optimizers and chunked CE cost a little."""
+    tokens = cfg.micro_batch_size * cfg.seq_len
+    speed = tokens / (tokens + 1024)
+    if cfg.gradient_checkpointing:
+        speed *= _CKPT_SPEED
+    if cfg.optimizer == "paged_adamw_8bit":
+        speed *= 0.97
+    if cfg.chunked_cross_entropy:
+        speed *= 0.97
+    return speed
+
+
+@dataclass
+class Solution:
+    """Solver output: tiers plus what was tried."""
+
+    recommended: Tier | None
+    aggressive: Tier | None
+    fallbacks: list[Tier]
+    smallest: Tier
+    """The smallest configuration tried (shown when nothing fits)."""
+    notes: list[str] = field(default_factory=list)
+
+
+def _tier(profile: ModelProfile, gpu: GPU, cfg: TrainConfig, name: str, summary: str, fsdp: int, eval_seq: int | None) -> Tier:
+    est = estimate(profile, cfg, gpu=gpu, fsdp_shards=fsdp, eval_seq_len=eval_seq)
+    room = headroom_bytes(est, gpu)
+    return Tier(name=name, config=cfg, memory=est, headroom_bytes=room, fits=room >= 0, summary=summary,
+                relative_speed=relative_speed(cfg))
+
+
+def _powers(limit: int) -> list[int]:
+    out, x = [], 1
+    while x <= limit:
+        out.append(x)
+        x *= 2
+    return out
+
+
+def solve(
+    profile: ModelProfile,
+    gpu: GPU,
+    *,
+    method: Method = "lora",
+    seq_len: int = 1024,
+    effective_batch_size: int = 16,
+    lora: LoRAConfig | None = None,
+    optimizer: Optimizer = "adamw",
+    precision: Precision = "bf16",
+    micro_batch_size: int | None = None,
+    gradient_checkpointing: bool | None = None,
+    fsdp_shards: int = 1,
+    gpu_count: int = 1,
+    eval_seq_len: int | None = None,
+) -> Solution:
+    """Search micro batch (binary search over powers of two), checkpointing, optimizer, chunked CE, rank."""
+    lora = lora if method != "full" else None
+    if method != "full" and lora is None:
+        lora = LoRAConfig()
+    per_gpu_batch = max(1, effective_batch_size // max(1, gpu_count))
+    base = TrainConfig(method=method, seq_len=seq_len, precision=precision, optimizer=optimizer, lora=lora,
+                       micro_batch_size=1, gradient_accumulation_steps=per_gpu_batch)
+    comfort = comfort_bytes(gpu)
+
+    def make(mb: int, ckpt: bool, **extra) -> TrainConfig:
+        accum = max(1, -(-per_gpu_batch // mb))
+        return base.model_copy(update={"micro_batch_size": mb, "gradient_accumulation_steps": accum,
+                                       "gradient_checkpointing": ckpt, **extra})
+
+    cache: dict[TrainConfig, Tier] = {}
+
+    def tier(cfg: TrainConfig, name: str = "", summary: str = "") -> Tier:
+        if cfg not in cache:
+            cache[cfg] = _tier(profile, gpu, cfg, name, summary, fsdp_shards, eval_seq_len)
+        return cache[cfg].model_copy(update={"name": name, "summary": summary})
+
+    def largest(ckpt: bool, room: int, **extra) -> int | None:
+        """Largest power-of-two micro batch with at least `room` headroom (binary search)."""
+        options = [micro_batch_size] if micro_batch_size else _powers(max(1, per_gpu_batch))
+        lo, hi, best = 0, len(options) - 1, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if tier(make(options[mid], ckpt, **extra)).headroom_bytes >= room:
+                best, lo = options[mid], mid + 1
+            else:
+                hi = mid - 1
+        return best
+
+    ckpt_options = [gradient_checkpointing] if gradient_checkpointing is not None else [False, True]
+    notes: list[str] = []
+
+    def best_for(room: int) -> TrainConfig | None:
+        candidates = []
+        for ckpt in ckpt_options:
+            mb = largest(ckpt, room)
+            if mb:
+                candidates.append(make(mb, ckpt))
+        return max(candidates, key=relative_speed) if candidates else None
+
+    rec_cfg = best_for(comfort)
+    recommended = None
+    if rec_cfg is not None:
+        why = "checkpointing ON: without it even micro batch 1 leaves too little headroom" if rec_cfg.gradient_checkpointing \
+            else "checkpointing OFF: not needed at this headroom"
+        recommended = tier(rec_cfg, "recommended", f"fastest config with >= {comfort / GB:.1f} GB headroom; {why}")
+    agg_cfg = best_for(0)
+    aggressive = None
+    if agg_cfg is not None and (rec_cfg is None or relative_speed(agg_cfg) > relative_speed(rec_cfg) * 1.01):
+        aggressive = tier(agg_cfg, "aggressive", "max throughput, little headroom: expect occasional OOM on long batches; "
+                                                 "fine where a restart is cheap")
+    elif agg_cfg is not None and rec_cfg is not None:
+        notes.append("aggressive tier omitted: nothing faster than the recommended config fits")
+
+    start = rec_cfg or make(1, False)
+    fallbacks = _fallback_chain(start, tier, make, method, lora, gpu)
+    smallest = _smallest(make, method, lora, tier)
+    return Solution(recommended=recommended, aggressive=aggressive, fallbacks=fallbacks, smallest=smallest, notes=notes)
+
+
+def _fallback_chain(start: TrainConfig, tier, make, method: Method, lora: LoRAConfig | None, gpu: GPU) -> list[Tier]:
+    """Cumulative steps, each cutting memory at the least cost to quality; kept when it fits and is smaller."""
+    steps: list[tuple[str, dict]] = []
+    mb = start.micro_batch_size
+    while mb > 1:
+        mb //= 2
+        accum = max(1, -(-start.effective_batch_size // mb))
+        steps.append((f"micro batch {mb}, grad accum {accum}: same effective batch, same quality",
+                      {"micro_batch_size": mb}))
+    if not start.gradient_checkpointing:
+        steps.append(("gradient checkpointing ON: ~25% slower, same quality", {"gradient_checkpointing": True}))
+    if start.optimizer == "adamw":
+        steps.append(("paged 8-bit AdamW: near-identical quality", {"optimizer": "paged_adamw_8bit"}))
+    if not start.chunked_cross_entropy:
+        steps.append(("chunked cross-entropy (e.g. Liger/Unsloth kernels): same quality", {"chunked_cross_entropy": True}))
+    if lora is not None and lora.rank > 8:
+        steps.append((f"LoRA rank {max(8, lora.rank // 2)}: fewer adapter parameters, slightly lower capacity",
+                      {"lora": lora.model_copy(update={"rank": max(8, lora.rank // 2)})}))
+    chain: list[Tier] = []
+    current = start
+    previous_bytes = tier(start).memory.total_bytes
+    for summary, change in steps:
+        update = dict(change)
+        if "micro_batch_size" in update:
+            new_mb = update["micro_batch_size"]
+            update["gradient_accumulation_steps"] = max(1, -(-start.effective_batch_size // new_mb))
+        current = current.model_copy(update=update)
+        t = tier(current)
+        if t.fits and t.memory.total_bytes < previous_bytes:
+            chain.append(t.model_copy(update={"name": f"fallback {len(chain) + 1}", "summary": summary}))
+            previous_bytes = t.memory.total_bytes
+    return chain
+
+
+def _smallest(make, method: Method, lora: LoRAConfig | None, tier) -> Tier:
+    extra: dict = {"optimizer": "paged_adamw_8bit", "chunked_cross_entropy": True}
+    if lora is not None:
+        extra["lora"] = lora.model_copy(update={"rank": min(lora.rank, 8)})
+    return tier(make(1, True, **extra), "smallest", "micro batch 1, checkpointing, paged 8-bit AdamW, chunked CE")

@@ -1,0 +1,65 @@
+"""Time and cost: tokens/s from FLOPs per token over the GPU's bf16 rate at an MFU range, or from a
+stored measurement (`aegis benchmark`); epoch and total time; cost at catalog prices.
+
+    from aegis.throughput import flops_per_token, tokens_per_s_range
+    low, high, basis, source = tokens_per_s_range(profile, cfg, gpu)
+"""
+
+from __future__ import annotations
+
+from aegis.calibration import CalibrationStore
+from aegis.schema import GPU, Cost, ModelProfile, TrainConfig
+
+__all__ = ["MFU_RANGE", "flops_per_token", "tokens_per_s_range", "costs"]
+
+MFU_RANGE = {"full": (0.30, 0.45), "lora": (0.28, 0.42), "qlora": (0.18, 0.30)}
+"""Model-FLOPs utilisation assumed per method (QLoRA dequantises every weight on the fly)."""
+MEASURED_SPREAD = 0.10
+"""A stored measurement is shown as +/- this share."""
+
+
+def flops_per_token(profile: ModelProfile, cfg: TrainConfig) -> tuple[float, str]:
+    """Training FLOPs per token: matmul params x (6 full | 4 LoRA) + causal attention; +1 forward with checkpointing."""
+    matmul = profile.active_params_per_token - profile.embedding_params
+    if profile.tie_word_embeddings:
+        matmul += profile.embedding_params  # the tied head still multiplies
+    attn_fwd = 2 * profile.num_layers * profile.num_attention_heads * profile.head_dim * cfg.seq_len
+    fwd = 2 * matmul + attn_fwd
+    passes = 3.0 if cfg.method == "full" else 2.0  # frozen weights need no weight gradients
+    total = passes * 2 * matmul + 3 * attn_fwd
+    text = f"{'6' if cfg.method == 'full' else '4'} x {matmul / 1e9:.2f}B matmul params + causal attention"
+    if cfg.gradient_checkpointing:
+        total += fwd
+        text += " + recomputed forward"
+    return total, text
+
+
+def tokens_per_s_range(
+    profile: ModelProfile, cfg: TrainConfig, gpu: GPU, *, gpu_count: int = 1, efficiency: tuple[float, float] = (1.0, 1.0),
+    store: CalibrationStore | None = None,
+) -> tuple[float, float, str, str]:
+    """(low, high, basis, 'estimated' | 'measured') for the whole job across `gpu_count` GPUs."""
+    store = store if store is not None else CalibrationStore()
+    record = store.lookup(gpu.id, profile.model_id, cfg.method)
+    if record is not None:
+        rate = record.tokens_per_s * gpu_count
+        basis = (f"measured {record.tokens_per_s:,.0f} tok/s on {record.device} "
+                 f"(mb {record.micro_batch_size}, seq {record.seq_len}, {record.measured_at[:10]})")
+        return rate * (1 - MEASURED_SPREAD) * efficiency[0], rate * (1 + MEASURED_SPREAD) * efficiency[1], basis, "measured"
+    flops, text = flops_per_token(profile, cfg)
+    lo, hi = MFU_RANGE[cfg.method]
+    peak = gpu.bf16_tflops * 1e12
+    basis = f"{text} = {flops / 1e9:.1f} GFLOP/token at {lo:.0%}-{hi:.0%} MFU of {gpu.bf16_tflops:g} TFLOPS"
+    if gpu_count > 1:
+        basis += f" x {gpu_count} GPUs at {efficiency[0]:.0%}-{efficiency[1]:.0%} scaling"
+    return (peak * lo / flops * gpu_count * efficiency[0], peak * hi / flops * gpu_count * efficiency[1], basis, "estimated")
+
+
+def costs(gpu: GPU, gpu_count: int, hours: tuple[float, float]) -> list[Cost]:
+    """Cost at each listed price of this GPU."""
+    return [
+        Cost(gpu_id=gpu.id, provider=p.provider, usd_low=hours[0] * p.usd_per_hour * gpu_count,
+             usd_high=hours[1] * p.usd_per_hour * gpu_count, usd_per_hour=p.usd_per_hour * gpu_count, as_of=p.as_of,
+             counterfactual=gpu.local)
+        for p in gpu.prices
+    ]
