@@ -1,0 +1,73 @@
+"""Solver and planner: tiers fit, fallbacks shrink and fit, nothing-fits explains, multi-GPU."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import aegis
+from aegis.memory.estimate import estimate
+from aegis.solver import AGGRESSIVE_HEADROOM_BYTES, comfort_bytes, solve
+
+GPUS = ["rtx-3060-12gb", "rtx-3090", "rtx-4090", "l4", "a100-40gb", "a100-80gb", "h100-sxm"]
+MODELS = ["llama-3.2-1b", "qwen2.5-0.5b", "llama-3.1-8b", "gemma-2-2b", "mistral-7b", "qwen1.5-moe-a2.7b", "phi-3-mini"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    model=st.sampled_from(MODELS),
+    gpu=st.sampled_from(GPUS),
+    method=st.sampled_from(["full", "lora", "qlora"]),
+    seq=st.sampled_from([256, 512, 1024, 2048, 4096]),
+    eff=st.sampled_from([8, 16, 32]),
+)
+def test_every_tier_fits_its_budget(model, gpu, method, seq, eff):
+    profile, card = aegis.resolve_model(model), aegis.find_gpu(gpu)
+    sol = solve(profile, card, method=method, seq_len=seq, effective_batch_size=eff)
+    previous = None
+    for tier in sol.fallbacks:
+        again = estimate(profile, tier.config, gpu=card)  # re-checked independently of the solver's cache
+        assert again.high_bytes <= card.memory_bytes
+        assert tier.config.effective_batch_size >= eff
+        if previous is not None:
+            assert again.total_bytes < previous
+        previous = again.total_bytes
+    if sol.recommended:
+        assert sol.recommended.headroom_bytes >= comfort_bytes(card)
+        assert sol.recommended.config.effective_batch_size >= eff
+    if sol.aggressive:
+        assert 0 <= sol.aggressive.headroom_bytes
+        assert sol.aggressive.relative_speed > sol.recommended.relative_speed if sol.recommended else True
+
+
+def test_seed_request_plans_with_fallbacks():
+    report = aegis.plan("qlora llama-3.1-8b on 3090")
+    assert report.recommended is not None and report.recommended.fits
+    assert report.method == "qlora" and report.gpu.id == "rtx-3090"
+    assert report.fallbacks and all(t.fits for t in report.fallbacks)
+    assert {r.title for r in report.risks} >= {"VRAM", "Eval spike"}
+
+
+def test_flags_win_over_text():
+    report = aegis.plan("qlora llama-3.1-8b on 3090", gpu="a100-80gb", lora_rank=32)
+    assert report.gpu.id == "a100-80gb" and report.lora.rank == 32
+
+
+def test_nothing_fits_says_what_would():
+    report = aegis.plan("full finetune llama-3.1-8b on 3060")
+    assert report.recommended is None
+    assert "What would fit" in report.nothing_fits and "QLoRA" in report.nothing_fits
+    assert any(r.level == "danger" for r in report.risks)
+
+
+def test_multi_gpu_reports_ddp_and_fsdp():
+    report = aegis.plan("full finetune qwen2.5-7b on 2x a100 80gb, seq 4096")
+    mg = report.multi_gpu
+    assert mg is not None and mg.gpu_count == 2
+    assert mg.fsdp_bytes < mg.ddp_bytes
+    assert mg.assumed == "fsdp"  # weights + grads + AdamW states of 7.6B do not fit replicated
+    assert report.recommended is not None
+
+
+def test_plan_missing_gpu_is_a_clear_error():
+    with pytest.raises(aegis.RequestParseError, match="no GPU named"):
+        aegis.plan("lora llama-3.1-8b")
