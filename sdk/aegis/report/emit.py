@@ -1,0 +1,165 @@
+"""Trainer configs for a plan's recommended tier: an axolotl YAML, a Hugging Face script, an Unsloth script.
+
+The templates live in ``aegis/report/templates/*.j2`` (jinja2, imported only here and only when
+called); hyper-parameters a plan does not decide (learning rate, scheduler, warm-up, optimizer
+names per trainer) come from ``templates/defaults.json``. What the plan decided — micro batch,
+grad accumulation, seq len, checkpointing, optimizer, LoRA settings, precision, attention —
+is written as the plan says, with the plan's predicted memory in the header comment.
+
+    from aegis.report import emit
+    Path("axolotl.yaml").write_text(emit(report, "axolotl"))
+    Path("train_hf.py").write_text(emit(report, "hf"))
+    Path("train_unsloth.py").write_text(emit(report, "unsloth"))
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from pathlib import PurePosixPath
+from typing import Any, Literal, get_args
+
+from aegis.errors import InvalidConfigError, NothingFitsError
+from aegis.report.format import config_diff, format_bytes, format_bytes_range, format_int
+from aegis.schema import PlanReport
+
+__all__ = ["EmitKind", "EMIT_KINDS", "emit", "emit_filename", "emit_defaults"]
+
+EmitKind = Literal["axolotl", "hf", "unsloth"]
+EMIT_KINDS: tuple[str, ...] = get_args(EmitKind)
+_TEMPLATES = {"axolotl": "axolotl.yaml.j2", "hf": "hf_train.py.j2", "unsloth": "unsloth_train.py.j2"}
+_FILENAMES = {"axolotl": "axolotl.yaml", "hf": "train_hf.py", "unsloth": "train_unsloth.py"}
+_DS_TYPES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+@lru_cache(maxsize=1)
+def emit_defaults() -> dict[str, Any]:
+    """The hyper-parameter defaults the emitters use (``templates/defaults.json``)."""
+    text = resources.files("aegis.report").joinpath("templates", "defaults.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def emit_filename(kind: EmitKind) -> str:
+    """The file name the CLI writes an emitted config to."""
+    return _FILENAMES[kind]
+
+
+@lru_cache(maxsize=1)
+def _environment() -> Any:
+    import jinja2
+
+    def load(name: str) -> str:
+        return resources.files("aegis.report").joinpath("templates", name).read_text(encoding="utf-8")
+
+    env = jinja2.Environment(
+        loader=jinja2.FunctionLoader(load),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["py"] = repr
+    env.filters["js"] = lambda v: json.dumps(v, ensure_ascii=False)
+    return env
+
+
+def _dataset_context(report: PlanReport) -> dict[str, Any] | None:
+    source = (report.dataset.source if report.dataset else None) or report.request.dataset
+    if not source:
+        return None
+    suffix = PurePosixPath(source).suffix.lower()
+    return {
+        "path": source,
+        "format": report.dataset.format if report.dataset else "messages",
+        "format_known": report.dataset is not None,
+        "ds_type": _DS_TYPES.get(suffix),
+    }
+
+
+def _precision(precision: str) -> dict[str, Any]:
+    return {
+        "bf16": precision in ("bf16", "bf16_mixed"),
+        "fp16": precision == "fp16_mixed",
+        "load_dtype": {"bf16": "bfloat16", "bf16_mixed": "float32", "fp16_mixed": "float32", "fp32": "float32"}[precision],
+        "compute_dtype": {"bf16": "bfloat16", "bf16_mixed": "bfloat16", "fp16_mixed": "float16", "fp32": "float32"}[precision],
+    }
+
+
+def _packing(report: PlanReport) -> tuple[bool, str]:
+    ds = report.dataset
+    if ds is None:
+        return False, "no dataset profile: padding each batch to its longest row"
+    if ds.packing_efficiency > 1 - ds.padding_waste:
+        return True, (
+            f"packing keeps {ds.packing_efficiency:.0%} of tokens real vs {1 - ds.padding_waste:.0%} when padding to "
+            f"{format_int(ds.seq_len)}; same tokens per micro batch, so the same memory"
+        )
+    return False, f"padding wastes only {ds.padding_waste:.0%} of tokens at {format_int(ds.seq_len)}"
+
+
+def _one_line(text: str) -> str:
+    """Text safe in a YAML comment and a Python docstring: one line, no backslashes or triple quotes."""
+    return " ".join(text.split()).replace("\\", "/").replace('"' * 3, "'" * 3)
+
+
+def _context(report: PlanReport) -> dict[str, Any]:
+    tier = report.recommended
+    if tier is None:
+        raise NothingFitsError(
+            "nothing to emit: no configuration of this plan fits. "
+            + (report.nothing_fits or "Try QLoRA, a shorter seq len, a larger GPU or more GPUs.")
+        )
+    cfg, mem = tier.config, tier.memory
+    defaults = emit_defaults()
+    lora = cfg.lora_config if cfg.method != "full" else None
+    packing, packing_reason = _packing(report)
+    model_name = report.model.model_id.rstrip("/").split("/")[-1]
+    multi = report.multi_gpu if report.gpu_count > 1 else None
+    fallbacks = [
+        f"{i}. {config_diff(cfg, t.config)} -> {format_bytes(t.memory.total_bytes, 1)} ({t.summary})"
+        for i, t in enumerate(report.fallbacks, 1)
+    ]
+    return {
+        "model_id": report.model.model_id,
+        "architecture": report.model.architecture,
+        "decoder_layer_cls": report.model.architecture.replace("ForCausalLM", "DecoderLayer"),
+        "method": cfg.method,
+        "cfg": cfg,
+        "lora": lora,
+        "target_modules": list(lora.target_modules) if lora else [],
+        "dataset": _dataset_context(report),
+        "epochs": report.epochs,
+        "learning_rate": defaults["learning_rate"][cfg.method],
+        "lr_scheduler": defaults["lr_scheduler"],
+        "warmup_ratio": defaults["warmup_ratio"],
+        "max_grad_norm": defaults["max_grad_norm"],
+        "logging_steps": defaults["logging_steps"],
+        "seed": defaults["seed"],
+        "optimizer_name": defaults["optimizer_names"][cfg.optimizer],
+        "attn_implementation": defaults["attn_implementation"][cfg.attention],
+        "output_dir": f"{defaults['output_root']}/{model_name}-{cfg.method}",
+        "packing": packing,
+        "packing_reason": _one_line(packing_reason),
+        "gpu_name": report.gpu.name,
+        "gpu_count": report.gpu_count,
+        "multi_gpu": multi,
+        "predicted": f"{format_bytes(mem.total_bytes)} ({format_bytes_range(mem.low_bytes, mem.high_bytes)})",
+        "headroom": format_bytes(tier.headroom_bytes, 1),
+        "summary": _one_line(tier.summary),
+        "fallbacks": [_one_line(f) for f in fallbacks],
+        **_precision(cfg.precision),
+    }
+
+
+def emit(report: PlanReport, kind: EmitKind) -> str:
+    """A ready-to-run config or script (``kind``: axolotl, hf, unsloth) for the recommended tier.
+
+    Raises NothingFitsError when the plan has no recommended tier, InvalidConfigError for an
+    unknown kind.
+    """
+    if kind not in _TEMPLATES:
+        raise InvalidConfigError(f"unknown emitter {kind!r}: choose one of {', '.join(EMIT_KINDS)}")
+    context = _context(report)
+    return _environment().get_template(_TEMPLATES[kind]).render(**context)

@@ -1,0 +1,137 @@
+"""The terminal report: every section of the seed's example, every figure with its reason, plain and coloured."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+from rich.console import Console
+
+from aegis.report import print_report, render_text
+from aegis.report._sections import Line, build_sections
+from aegis.schema import Risk
+
+EXAMPLE_TEXT = Path(__file__).with_name("report-example.txt")
+"""The seed design's example report (a copy of shared/report-example.txt)."""
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _example_titles() -> list[str]:
+    """Section titles of the seed example: its unindented lines, up to the first ':' or '('."""
+    titles = []
+    for line in EXAMPLE_TEXT.read_text().splitlines():
+        if line and not line[0].isspace() and not line.startswith("$"):
+            titles.append(re.split(r"[:(]", line)[0].strip())
+    return titles
+
+
+def test_example_titles_are_read():
+    titles = _example_titles()
+    assert titles[:4] == ["Model", "Dataset", "Hardware", "What you're training"]
+    assert {"VRAM Breakdown", "Recommended Config", "Aggressive Config", "Estimates", "Risks", "Fallbacks"} <= set(titles)
+
+
+def test_every_section_of_the_example(example_report):
+    out = render_text(example_report)
+    heads = [line for line in out.splitlines() if line and not line[0].isspace()]
+    for title in _example_titles():
+        assert any(h.startswith(title) for h in heads), f"section {title!r} missing; heads: {heads}"
+    # same order as the example
+    order = [next(i for i, h in enumerate(heads) if h.startswith(t)) for t in _example_titles()]
+    assert order == sorted(order)
+
+
+def test_every_figure_has_its_reason(example_report):
+    out = _flat(render_text(example_report))
+    r = example_report
+    rec = r.recommended
+    for c in rec.memory.components:
+        assert _flat(c.formula) in out, c.key
+        if c.note:
+            assert _flat(c.note) in out
+    assert _flat(r.dataset.seq_len_reason) in out
+    assert r.dataset.tokenizer in out
+    assert ("approximate" in out) != r.dataset.tokenizer_exact
+    assert _flat(rec.summary) in out
+    assert _flat(r.aggressive.summary) in out
+    assert _flat(r.throughput.basis) in out and "(estimated)" in out and "aegis benchmark" in out
+    for risk in r.risks:
+        assert _flat(risk.detail) in out
+    for tier in r.fallbacks:
+        assert _flat(tier.summary) in out
+    for marker, level in (("[ok]", "ok"), ("[!!]", "warn"), ("[XX]", "danger")):
+        assert (marker in out) == any(x.level == level for x in r.risks)
+    assert "Cost: $0.00 (local)" in out and "Cloud equivalent" in out  # the 3090 is a local card
+    assert f"Grad checkpointing: {'ON' if rec.config.gradient_checkpointing else 'OFF'}" in out
+
+
+def test_numeric_lines_carry_a_reason(example_report, multi_gpu_report, full_report):
+    """Any line with a number in it says why, except risks (their detail is the reason) and notes."""
+    for report in (example_report, multi_gpu_report, full_report):
+        for section in build_sections(report):
+            if section.key in {"risks", "notes"}:
+                continue
+            for item in section.items:
+                if isinstance(item, Line) and item.label not in {"Method", "Note", "Why"} and re.search(r"\d", item.value):
+                    assert item.reason, f"{section.key}/{item.label}: {item.value!r} has no reason"
+
+
+def test_numbers_match_the_report(example_report):
+    out = render_text(example_report)
+    cfg = example_report.recommended.config
+    assert (
+        f"Micro batch: {cfg.micro_batch_size} | Grad accum: {cfg.gradient_accumulation_steps} | "
+        f"Effective: {cfg.effective_batch_size}" in out
+    )
+    assert f"{example_report.recommended.memory.total_bytes / 1e9:.2f} GB" in out
+    assert f"{example_report.dataset.num_rows:,} rows" in out
+    assert f"{example_report.steps_per_epoch:,} optimizer steps per epoch" in out
+
+
+def test_plain_text_has_no_ansi_and_colour_has(example_report):
+    assert "\x1b[" not in render_text(example_report)
+    assert "\x1b[" in render_text(example_report, color=True)
+
+
+def test_width_is_respected(example_report):
+    for width in (80, 120):
+        assert max(len(line) for line in render_text(example_report, width=width).splitlines()) <= width
+
+
+def test_nothing_fits(nothing_fits_report):
+    r = nothing_fits_report
+    assert r.recommended is None
+    out = render_text(r)
+    assert "Nothing fits:" in out
+    assert _flat(r.nothing_fits) in _flat(out)
+    assert "Recommended Config" not in out and "[XX]" in out
+
+
+def test_multi_gpu_section(multi_gpu_report, example_report):
+    out = render_text(multi_gpu_report)
+    mg = multi_gpu_report.multi_gpu
+    assert "Multi-GPU" in out and "<- assumed" in out
+    assert f"{mg.ddp_bytes / 1e9:.2f} GB per GPU" in out and f"{mg.fsdp_bytes / 1e9:.2f} GB per GPU" in out
+    assert _flat(mg.reason) in _flat(out)
+    assert "Multi-GPU" not in render_text(example_report)
+
+
+def test_full_fine_tune_has_no_lora_line(full_report):
+    out = render_text(full_report)
+    assert "Full fine-tuning" in out and "LoRA:" not in out
+
+
+def test_user_text_is_not_rich_markup(example_report):
+    report = example_report.model_copy(update={"risks": (Risk(level="warn", title="[bold]odd[/bold]", detail="see [red]this[/red]"),)})
+    out = render_text(report)
+    assert "[bold]odd[/bold]" in out and "see [red]this[/red]" in out
+
+
+def test_print_report_writes_to_the_console(example_report):
+    buffer = io.StringIO()
+    print_report(example_report, Console(file=buffer, width=100, no_color=True, force_terminal=False))
+    assert "Recommended Config:" in buffer.getvalue()
