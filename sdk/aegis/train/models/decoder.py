@@ -101,24 +101,31 @@ class Model:
 
     def init(self, rng: jax.Array) -> dict[str, Any]:
         """Random parameters as transformers initialises them: normal(0, initializer_range) weights,
-        zero biases, RMSNorm weights 1 (0 for Gemma's (1 + w) norm)."""
+        zero biases, RMSNorm weights 1 (0 for Gemma's (1 + w) norm). Compiled as one XLA program."""
+        return jax.jit(self._init)(rng)
+
+    def _init(self, rng: jax.Array) -> dict[str, Any]:
         shapes = self.param_shapes()
-        leaves, treedef = jax.tree_util.tree_flatten(shapes, is_leaf=lambda x: isinstance(x, tuple))
-        paths = [
-            tuple(getattr(k, "key", k) for k in path)
-            for path, _ in jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))[0]
-        ]
-        keys = jax.random.split(rng, len(leaves))
-        out = []
-        for key, shape, path in zip(keys, leaves, paths, strict=True):
-            name = path[-2] if path[-1] in ("weight", "bias") else path[-1]
-            if path[-1] == "bias":
+        is_shape = lambda x: isinstance(x, tuple)  # noqa: E731
+        flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=is_shape)
+        kinds = []
+        for path, _ in flat:
+            names = [getattr(k, "key", k) for k in path]
+            module = names[-2] if names[-1] in ("weight", "bias") else names[-1]
+            kinds.append("bias" if names[-1] == "bias" else "norm" if module.endswith("norm") else "weight")
+        # One RNG draw for all weights (sliced per leaf): many small draws make XLA compile for seconds.
+        total = sum(int(np.prod(shape)) for (_, shape), kind in zip(flat, kinds, strict=True) if kind == "weight")
+        noise = jax.random.normal(rng, (total,), jnp.float32) * self.spec.initializer_range
+        out, offset = [], 0
+        for (_, shape), kind in zip(flat, kinds, strict=True):
+            if kind == "bias":
                 arr = jnp.zeros(shape, self.param_dtype)
-            elif name.endswith("norm"):
+            elif kind == "norm":
                 arr = jnp.full(shape, 0.0 if self.spec.gemma_norm else 1.0, self.param_dtype)
             else:
-                std = self.spec.initializer_range
-                arr = (jax.random.normal(key, shape, jnp.float32) * std).astype(self.param_dtype)
+                size = int(np.prod(shape))
+                arr = noise[offset : offset + size].reshape(shape).astype(self.param_dtype)
+                offset += size
             out.append(arr)
         return jax.tree_util.tree_unflatten(treedef, out)
 

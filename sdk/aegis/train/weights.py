@@ -1,0 +1,385 @@
+"""Hugging Face safetensors checkpoints <-> the JAX params pytree, and LoRA adapters in PEFT's format.
+
+Checkpoints are read lazily (memory-mapped, one tensor at a time) from a folder holding
+``model.safetensors`` or ``model.safetensors.index.json`` + shards, or from a single file.
+Tensor names are transformers' on-disk names (per-expert MoE weights, Mixtral's
+``block_sparse_moe``); each family's :class:`~aegis.train.models.Recipe` maps them to the
+in-memory tree. Saving writes the same on-disk names, so ``from_pretrained`` reads the result.
+
+    params = load_checkpoint(model, "ckpt/")                 # dtype: model.param_dtype
+    save_checkpoint(model, params, "out/", max_shard_bytes=2**30)
+    save_lora_adapter(model, lora, "adapter/")              # PeftModel.from_pretrained(hf_model, "adapter/")
+    lora = load_lora_adapter(model, "adapter/")
+
+Bad input raises :class:`~aegis.errors.CheckpointError` with a one-line message naming the
+tensor and the expected shape, the missing shard, or the unsupported dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from aegis.errors import CheckpointError
+from aegis.train.lora import LoRAWeights
+from aegis.train.models import Model, get_family
+from aegis.train.nf4 import NF4Tensor, dequantize
+
+__all__ = [
+    "SAFETENSORS_DTYPES",
+    "read_header",
+    "CheckpointReader",
+    "load_checkpoint",
+    "save_checkpoint",
+    "to_hf_state_dict",
+    "save_lora_adapter",
+    "load_lora_adapter",
+]
+
+SAFETENSORS_DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+}
+"""Floating dtypes a checkpoint may use (quantised or integer weights are refused)."""
+_DTYPE_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+ADAPTER_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+PEFT_PREFIX = "base_model.model."
+
+
+# ----- raw safetensors ---------------------------------------------------------------------------------
+
+
+def read_header(path: Path) -> tuple[dict[str, Any], int]:
+    """The JSON header of a safetensors file and the byte offset where tensor data starts."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                raise CheckpointError(f"{path} is not a safetensors file (shorter than 8 bytes); re-download it.")
+            (n,) = struct.unpack("<Q", raw)
+            header = json.loads(f.read(n))
+    except FileNotFoundError as err:
+        raise CheckpointError(f"checkpoint file {path} does not exist; check the path.") from err
+    except (json.JSONDecodeError, UnicodeDecodeError, MemoryError, OverflowError) as err:
+        raise CheckpointError(f"{path} has a corrupt safetensors header; re-download it.") from err
+    return header, 8 + n
+
+
+def _write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
+    header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
+    offset = 0
+    order = sorted(tensors)
+    for name in order:
+        arr = tensors[name]
+        if arr.dtype not in _DTYPE_NAMES:
+            raise CheckpointError(f"cannot save tensor {name!r} with dtype {arr.dtype}; use float32, float16 or bfloat16.")
+        header[name] = {"dtype": _DTYPE_NAMES[arr.dtype], "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
+        offset += arr.nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for name in order:
+            f.write(np.ascontiguousarray(tensors[name]).tobytes())
+
+
+class CheckpointReader:
+    """Lazy access to the tensors of a checkpoint folder or file, by name."""
+
+    def __init__(self, path: str | Path):
+        path = Path(path)
+        self.root = path if path.is_dir() else path.parent
+        if path.is_dir():
+            if (path / INDEX_FILE).exists():
+                files = self._from_index(path / INDEX_FILE)
+            elif (path / SINGLE_FILE).exists():
+                files = [path / SINGLE_FILE]
+            else:
+                singles = sorted(path.glob("*.safetensors"))
+                if not singles:
+                    raise CheckpointError(f"{path} holds no {SINGLE_FILE} or {INDEX_FILE}; point at a Hugging Face checkpoint folder.")
+                files = singles
+        elif path.name.endswith(".index.json"):
+            files = self._from_index(path)
+        elif path.exists():
+            files = [path]
+        else:
+            raise CheckpointError(f"checkpoint {path} does not exist; check the path.")
+        self._where: dict[str, tuple[Path, dict[str, Any], int]] = {}
+        for f in files:
+            header, start = read_header(f)
+            for name, info in header.items():
+                if name != "__metadata__":
+                    self._where[name] = (f, info, start)
+        self._maps: dict[Path, np.memmap] = {}
+
+    def _from_index(self, index: Path) -> list[Path]:
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as err:
+            raise CheckpointError(f"{index} is not a valid safetensors index (no weight_map); re-download it.") from err
+        files = []
+        for shard in sorted(set(weight_map.values())):
+            f = index.parent / shard
+            if not f.exists():
+                raise CheckpointError(f"shard {shard!r} listed in {index.name} is missing from {index.parent}; download it.")
+            files.append(f)
+        return files
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def names(self) -> list[str]:
+        return sorted(self._where)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._where[name][1]["shape"])
+
+    def get(self, name: str) -> np.ndarray:
+        """The tensor as a numpy array in its stored dtype (a view into the memory-mapped file)."""
+        f, info, start = self._where[name]
+        dtype = SAFETENSORS_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise CheckpointError(
+                f"tensor {name!r} has unsupported dtype {info['dtype']}; supported: "
+                f"{', '.join(SAFETENSORS_DTYPES)} (dequantise the checkpoint first)."
+            )
+        if f not in self._maps:
+            self._maps[f] = np.memmap(f, dtype=np.uint8, mode="r")
+        begin, end = info["data_offsets"]
+        return self._maps[f][start + begin : start + end].view(dtype).reshape(info["shape"])
+
+
+# ----- params <-> names -----------------------------------------------------------------------------------
+
+
+def _memory_names(model: Model) -> list[tuple[tuple[str, ...], str | None, tuple[int, ...]]]:
+    """(tree path, in-memory name template with ``{i}`` for stacked layers, per-layer shape)."""
+    out = []
+
+    def visit(node: Any, path: tuple[str, ...]) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                visit(v, path + (k,))
+            return
+        if path[:2] == ("model", "layers"):
+            out.append((path, "model.layers.{i}." + ".".join(path[2:]), tuple(node[1:])))
+        else:
+            out.append((path, ".".join(path), tuple(node)))
+
+    visit(model.param_shapes(), ())
+    return out
+
+
+def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for part in path[:-1]:
+        tree = tree.setdefault(part, {})
+    tree[path[-1]] = value
+
+
+def _get(tree: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for part in path:
+        tree = tree[part]
+    return tree
+
+
+def load_checkpoint(model: Model, path: str | Path, *, dtype: Any = None) -> dict[str, Any]:
+    """Read a safetensors checkpoint into the params tree (cast to ``dtype``, default ``model.param_dtype``)."""
+    reader = CheckpointReader(path)
+    recipe = get_family(model.config.get("model_type")).recipe
+    target = jnp.dtype(dtype or model.param_dtype)
+    np_target = np.dtype(ml_dtypes.bfloat16) if target == jnp.bfloat16 else np.dtype(target)
+    n_layers = model.spec.num_layers
+    params: dict[str, Any] = {}
+    for path_, template, shape in _memory_names(model):
+        layer_ids = range(n_layers) if "{i}" in template else [None]
+        slices = []
+        for i in layer_ids:
+            name = template.format(i=i) if i is not None else template
+            r = recipe(name, model.spec)
+            parts = []
+            for key in r.keys:
+                if key not in reader:
+                    raise CheckpointError(
+                        f"checkpoint lacks tensor {key!r} (expected for {model.family} with this config.json); "
+                        "check that the checkpoint and config.json belong to the same model."
+                    )
+                parts.append(reader.get(key))
+            joined = r.join(parts)
+            if tuple(joined.shape) != shape:
+                bad = r.keys[0] if len(r.keys) == 1 else name
+                raise CheckpointError(
+                    f"tensor {bad!r} has shape {tuple(joined.shape)}, expected {shape} from config.json; "
+                    "the checkpoint and config.json belong to different models."
+                )
+            slices.append(np.asarray(joined).astype(np_target, copy=False))
+        arr = np.stack(slices) if layer_ids != [None] else slices[0]
+        _set(params, path_, jnp.asarray(arr))
+    return params
+
+
+def to_hf_state_dict(model: Model, params: dict[str, Any], *, dtype: Any = None) -> dict[str, np.ndarray]:
+    """The on-disk tensors (transformers' checkpoint names) for ``params``; NF4 weights are dequantised."""
+    recipe = get_family(model.config.get("model_type")).recipe
+    out: dict[str, np.ndarray] = {}
+    for path_, template, _ in _memory_names(model):
+        leaf = _get(params, path_)
+        if isinstance(leaf, NF4Tensor):
+            leaf = dequantize(leaf)
+        arr = np.asarray(jax.device_get(leaf))
+        if dtype is not None:
+            arr = arr.astype(np.dtype(ml_dtypes.bfloat16) if jnp.dtype(dtype) == jnp.bfloat16 else jnp.dtype(dtype))
+        stacked = "{i}" in template
+        for i in range(model.spec.num_layers) if stacked else [None]:
+            name = template.format(i=i) if stacked else template
+            r = recipe(name, model.spec)
+            for key, part in zip(r.keys, r.split(arr[i] if stacked else arr), strict=True):
+                out[key] = np.ascontiguousarray(part)
+    return out
+
+
+def save_checkpoint(
+    model: Model,
+    params: dict[str, Any],
+    path: str | Path,
+    *,
+    dtype: Any = None,
+    max_shard_bytes: int | None = None,
+    write_config: bool = True,
+) -> Path:
+    """Write ``params`` as a Hugging Face checkpoint folder (sharded with an index when it exceeds ``max_shard_bytes``)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = to_hf_state_dict(model, params, dtype=dtype)
+    if write_config:
+        (path / "config.json").write_text(json.dumps(model.config, indent=2, default=str))
+    total = sum(a.nbytes for a in tensors.values())
+    if max_shard_bytes is None or total <= max_shard_bytes:
+        _write_safetensors(path / SINGLE_FILE, tensors)
+        return path
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name in sorted(tensors):
+        if shards[-1] and size + tensors[name].nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensors[name]
+        size += tensors[name].nbytes
+    weight_map = {}
+    for k, shard in enumerate(shards, start=1):
+        fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        _write_safetensors(path / fname, shard)
+        weight_map.update({name: fname for name in shard})
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (path / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    return path
+
+
+# ----- LoRA adapters (PEFT format) ------------------------------------------------------------------------
+
+
+def _lora_modules(tree: dict[str, Any], path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
+    if "lora_A" in tree:
+        return [(path, tree)]
+    out = []
+    for k, v in tree.items():
+        out += _lora_modules(v, path + (k,))
+    return out
+
+
+def save_lora_adapter(
+    model: Model,
+    lora: LoRAWeights,
+    path: str | Path,
+    *,
+    base_model_name_or_path: str | None = None,
+    dtype: Any = None,
+) -> Path:
+    """Write ``adapter_config.json`` + ``adapter_model.safetensors`` as PEFT's ``save_pretrained`` does."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, np.ndarray] = {}
+    names: set[str] = set()
+    for mod_path, mod in _lora_modules(lora.tree["model"]["layers"]):
+        names.add(mod_path[-1])
+        for part in ("lora_A", "lora_B"):
+            arr = np.asarray(jax.device_get(mod[part]["weight"]))
+            if dtype is not None:
+                arr = arr.astype(np.dtype(ml_dtypes.bfloat16) if jnp.dtype(dtype) == jnp.bfloat16 else jnp.dtype(dtype))
+            for i in range(model.spec.num_layers):
+                key = f"{PEFT_PREFIX}model.layers.{i}.{'.'.join(mod_path)}.{part}.weight"
+                tensors[key] = np.ascontiguousarray(arr[i])
+    targets = sorted(names) if "all-linear" not in lora.target_modules else ["all-linear"]
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model_name_or_path,
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": targets,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "layers_to_transform": None,
+        "layers_pattern": None,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+    }
+    (path / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
+    _write_safetensors(path / ADAPTER_FILE, tensors)
+    return path
+
+
+def load_lora_adapter(model: Model, path: str | Path, *, dtype: Any = jnp.float32) -> LoRAWeights:
+    """Read a PEFT LoRA adapter folder (as written by PEFT or :func:`save_lora_adapter`)."""
+    path = Path(path)
+    cfg_file = path / ADAPTER_CONFIG
+    if not cfg_file.exists():
+        raise CheckpointError(f"{path} has no {ADAPTER_CONFIG}; point at a PEFT adapter folder.")
+    cfg = json.loads(cfg_file.read_text())
+    if cfg.get("peft_type", "LORA") != "LORA" or cfg.get("use_dora") or cfg.get("use_rslora"):
+        raise CheckpointError(f"{path} is not a plain LoRA adapter (peft_type/use_dora/use_rslora); only LoRA is supported.")
+    reader = CheckpointReader(path / ADAPTER_FILE)
+    grouped: dict[tuple[str, ...], dict[str, dict[int, np.ndarray]]] = {}
+    for key in reader.names():
+        if not key.startswith(PEFT_PREFIX + "model.layers."):
+            raise CheckpointError(f"adapter tensor {key!r} is outside the decoder layers; only layer adapters are supported.")
+        parts = key[len(PEFT_PREFIX + "model.layers.") :].split(".")
+        if len(parts) < 4 or parts[-2] not in ("lora_A", "lora_B"):
+            raise CheckpointError(f"adapter tensor {key!r} is not a lora_A/lora_B weight.")
+        layer, mod_path, which = int(parts[0]), tuple(parts[1:-2]), parts[-2]
+        grouped.setdefault(mod_path, {}).setdefault(which, {})[layer] = reader.get(key)
+    n = model.spec.num_layers
+    tree: dict[str, Any] = {}
+    for mod_path, parts in grouped.items():
+        for which, by_layer in parts.items():
+            if sorted(by_layer) != list(range(n)):
+                raise CheckpointError(
+                    f"adapter for {'.'.join(mod_path)}.{which} covers layers {sorted(by_layer)}, expected 0..{n - 1}."
+                )
+            arr = np.stack([by_layer[i].astype(np.float32) for i in range(n)])
+            _set(tree, mod_path + (which, "weight"), jnp.asarray(arr, dtype))
+    rank = int(cfg["r"])
+    targets = cfg.get("target_modules") or sorted({p[-1] for p in grouped})
+    targets = (targets,) if isinstance(targets, str) else tuple(targets)
+    return LoRAWeights({"model": {"layers": tree}}, rank, float(cfg["lora_alpha"]), float(cfg.get("lora_dropout", 0.0)), targets)

@@ -1,0 +1,160 @@
+"""Tiny config.json dicts for every JAX family, and a factory for random transformers checkpoints.
+
+``TINY_CONFIGS[name]`` is a config.json-style dict (2 layers, hidden 64, vocab 256, GQA) in the
+layout a Hub checkpoint uses; the ``hf_checkpoint`` fixture builds the transformers model from it
+with random fp32 weights (larger than the default init, so logits are far from zero) and saves it
+with ``save_pretrained`` into a temporary folder.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_COMMON: dict[str, Any] = {
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+}
+
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": {**_COMMON, "model_type": "llama", "hidden_act": "silu", "rope_theta": 10000.0},
+    "llama3": {
+        **_COMMON,
+        "model_type": "llama",
+        "rope_theta": 500000.0,
+        "attention_bias": True,
+        "mlp_bias": True,
+        "tie_word_embeddings": True,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    },
+    "qwen2": {
+        **_COMMON,
+        "model_type": "qwen2",
+        "rope_theta": 1000000.0,
+        "use_sliding_window": True,
+        "sliding_window": 8,
+        "max_window_layers": 1,
+    },
+    "qwen3": {**_COMMON, "model_type": "qwen3", "head_dim": 32, "rope_theta": 1000000.0, "tie_word_embeddings": True},
+    "mistral": {**_COMMON, "model_type": "mistral", "sliding_window": 8, "head_dim": 16},
+    "phi3": {
+        **_COMMON,
+        "model_type": "phi3",
+        "partial_rotary_factor": 0.5,
+        "sliding_window": None,
+        "original_max_position_embeddings": 256,
+    },
+    "gemma2": {
+        **_COMMON,
+        "model_type": "gemma2",
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "sliding_window": 8,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "final_logit_softcapping": 5.0,
+        "attn_logit_softcapping": 2.0,
+        "tie_word_embeddings": True,
+    },
+    "gemma3": {
+        **_COMMON,
+        "model_type": "gemma3_text",
+        "head_dim": 16,
+        "query_pre_attn_scalar": 24,
+        "sliding_window": 8,
+        "sliding_window_pattern": 2,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        "hidden_activation": "gelu_pytorch_tanh",
+        "tie_word_embeddings": True,
+    },
+    "mixtral": {
+        **_COMMON,
+        "model_type": "mixtral",
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": None,
+        "rope_theta": 1000000.0,
+    },
+    "qwen2_moe": {
+        **_COMMON,
+        "model_type": "qwen2_moe",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 96,
+        "norm_topk_prob": False,
+    },
+    "qwen3_moe": {
+        **_COMMON,
+        "model_type": "qwen3_moe",
+        "head_dim": 16,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+    },
+}
+
+
+def tiny_config(name: str) -> dict[str, Any]:
+    """A fresh copy of ``TINY_CONFIGS[name]``."""
+    return copy.deepcopy(TINY_CONFIGS[name])
+
+
+@pytest.fixture(scope="session")
+def tiny_configs() -> dict[str, dict[str, Any]]:
+    return copy.deepcopy(TINY_CONFIGS)
+
+
+def build_hf_model(config: dict[str, Any], seed: int = 0, std: float = 0.15) -> Any:
+    """A transformers model for ``config`` (eager attention, fp32, eval mode) with N(0, std) weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(config)
+    hf_config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    hf_config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p) if "gemma" not in config["model_type"] else 0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, std)
+    return model
+
+
+@pytest.fixture
+def hf_checkpoint(tmp_path: Path) -> Callable[..., tuple[Any, Path]]:
+    """``make(name_or_config) -> (hf_model, folder)``: a random transformers model saved with save_pretrained."""
+
+    def make(config: str | dict[str, Any], seed: int = 0, **save_kwargs: Any) -> tuple[Any, Path]:
+        cfg = tiny_config(config) if isinstance(config, str) else config
+        model = build_hf_model(cfg, seed=seed)
+        folder = tmp_path / f"hf-{cfg['model_type']}-{seed}"
+        model.save_pretrained(folder, **save_kwargs)
+        return model, folder
+
+    return make
