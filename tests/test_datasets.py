@@ -263,28 +263,56 @@ def test_family_by_profile_and_every_rule_names_a_template() -> None:
         assert chat_template(rule.template).name == rule.template
 
 
-@pytest.mark.slow
-def test_model_own_tokenizer_through_transformers(tmp_path: Path) -> None:
-    """A model folder with tokenizer files: AutoTokenizer and its own jinja template are used."""
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model folder holding a small BPE tokenizer (trained here) with a ChatML jinja template
+    that, like many real templates, raises when the first turn is not from the user."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    corpus = [line for line in example_dataset().read_text().splitlines()[:200]]
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]))
+    corpus = example_dataset().read_text().splitlines()[:200]
+    specials = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=600, special_tokens=specials))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    fast.chat_template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
-                          "{% endfor %}")
-    fast.save_pretrained(tmp_path / "tiny-model")
+    fast.chat_template = (
+        "{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('the first turn must be the user') }}{% endif %}"
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+    )
+    folder = tmp_path_factory.mktemp("models") / "tiny-model"
+    fast.save_pretrained(folder)
+    return folder
 
-    profile = analyze_dataset(str(DATA / "messages.jsonl"), model=str(tmp_path / "tiny-model"))
+
+@pytest.mark.slow
+def test_model_own_tokenizer_through_transformers(tiny_model: Path) -> None:
+    """A model folder with tokenizer files: AutoTokenizer and its own jinja template are used."""
+    from transformers import AutoTokenizer
+
+    profile = analyze_dataset(str(DATA / "messages.jsonl"), model=str(tiny_model))
     assert profile.tokenizer_exact and "transformers" in profile.tokenizer
-    ref = AutoTokenizer.from_pretrained(tmp_path / "tiny-model")
+    ref = AutoTokenizer.from_pretrained(tiny_model)
     rows = [json.loads(line)["messages"] for line in (DATA / "messages.jsonl").read_text().splitlines()]
     lengths = [len(ref.apply_chat_template(r, tokenize=True, return_dict=True)["input_ids"]) for r in rows]
+    contents = [sum(len(ref(m["content"], add_special_tokens=False)["input_ids"]) for m in r) for r in rows]
     assert (profile.tokens.min, profile.tokens.max) == (min(lengths), max(lengths))
     assert profile.tokens.mean == pytest.approx(sum(lengths) / len(lengths))
+    assert profile.template_overhead_tokens == pytest.approx((sum(lengths) - sum(contents)) / len(rows))
+
+
+@pytest.mark.slow
+def test_rows_a_template_rejects_are_counted_and_noted(tiny_model: Path, tmp_path: Path) -> None:
+    rows = [{"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]},
+            {"messages": [{"role": "assistant", "content": "I speak first"}, {"role": "user", "content": "ok"}]}]
+    path = tmp_path / "odd.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    profile = analyze_dataset(str(path), model=str(tiny_model))
+    assert profile.sampled_rows == 2
+    assert any("1 rows were not accepted by the chat template" in n and "first turn must be the user" in n
+               for n in profile.notes)
+    mistral = analyze_dataset(str(path), model=MISTRAL_V1)  # mistral-common's validator: last turn must be assistant
+    assert mistral.sampled_rows == 2 and any("not accepted by the chat template" in n for n in mistral.notes)
 
 
 # -------------------------------------------------------------------------------------- bad input

@@ -267,7 +267,7 @@ class MistralCounter(TokenCounter):
             request = ChatCompletionRequest(messages=[kinds[r](content=c) for r, c in merged])
             return len(self.tokenizer.encode_chat_completion(request).tokens)
         except Exception as err:  # mistral-common raises several exception types for invalid chats
-            self.rejected.append(f"{type(err).__name__}: {err}")
+            self.rejected.append(_one_line(err))
             text = "".join(f"[INST] {c} [/INST]" if r != "assistant" else f" {c}</s>" for r, c in merged)
             return len(self.raw.encode(text, bos=True, eos=False))
 
@@ -293,6 +293,7 @@ class HFCounter(TokenCounter):
 
     def __init__(self, tokenizer: Any, fallback: ChatTemplate, *, name: str, notes: tuple[str, ...] = ()):
         self.tokenizer, self.fallback, self.name, self.exact = tokenizer, fallback, name, True
+        self.rejected: list[str] = []
         self.own_template = bool(getattr(tokenizer, "chat_template", None))
         self.template_name = "the model's own chat template" if self.own_template else fallback.name
         self.notes = notes if self.own_template else (
@@ -303,18 +304,35 @@ class HFCounter(TokenCounter):
             return []
         return [len(ids) for ids in self.tokenizer(list(texts), add_special_tokens=special)["input_ids"]]
 
+    def _render(self, conversations: Sequence[Conversation]) -> list[str]:
+        if not self.own_template:
+            return [self.fallback.render(c) for c in conversations]
+        chats = [[{"role": r, "content": c} for r, c in conv] for conv in conversations]
+        try:
+            return list(self.tokenizer.apply_chat_template(chats, tokenize=False))
+        except Exception:  # a template may raise_exception() on some rows (e.g. roles not alternating)
+            texts = []
+            for chat, conv in zip(chats, conversations):
+                try:
+                    texts.append(self.tokenizer.apply_chat_template(chat, tokenize=False))
+                except Exception as err:  # jinja TemplateError or whatever the template raises
+                    self.rejected.append(_one_line(err))
+                    texts.append(self.fallback.render(conv))
+            return texts
+
     def count_conversations(self, conversations: Sequence[Conversation]) -> tuple[list[int], list[int]]:
-        if self.own_template:
-            chats = [[{"role": r, "content": c} for r, c in conv] for conv in conversations]
-            texts = self.tokenizer.apply_chat_template(chats, tokenize=False)
-        else:
-            texts = [self.fallback.render(c) for c in conversations]
+        texts = self._render(conversations)
         flat = self._lengths([content for conv in conversations for _, content in conv], special=False)
         return self._lengths(texts, special=False), _regroup(flat, conversations)
 
     def count_texts(self, texts: Sequence[str]) -> tuple[list[int], list[int]]:
         eos = 1 if getattr(self.tokenizer, "eos_token_id", None) is not None else 0
         return [n + eos for n in self._lengths(texts, special=True)], self._lengths(texts, special=False)
+
+
+def _one_line(err: Exception) -> str:
+    text = (str(err).strip().splitlines() or [""])[0]
+    return f"{type(err).__name__}: {text[:160]}"
 
 
 def _parallel_lengths(encode: Any, texts: list[str], chunk: int = 256) -> list[int]:

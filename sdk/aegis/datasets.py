@@ -184,8 +184,10 @@ def _read_with_datasets(source: str, k: int, seed: int) -> Rows:
             f"{' (HF_HUB_OFFLINE=1)' if offline else ''}: run once with network access to cache it, "
             "or pass a local .jsonl/.json/.csv/.parquet file"
         ) from err
-    except (FileNotFoundError, ValueError) as err:  # DatasetNotFoundError subclasses FileNotFoundError
-        raise DatasetError(f"cannot load dataset {source!r} ({err}); check the Hub id or pass a local file") from err
+    except Exception as err:  # DatasetNotFoundError, DatasetGenerationError, ValueError …: one message
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DatasetError(f"cannot load dataset {source!r} ({first}); check the Hub id or folder, "
+                           "or pass a local .jsonl/.json/.csv/.parquet file") from err
     if isinstance(loaded, datasets.DatasetDict):
         split = "train" if "train" in loaded else next(iter(loaded))
         ds = loaded[split]
@@ -496,8 +498,8 @@ def analyze_dataset(
     notes.extend(counter.notes)
     rejected = getattr(counter, "rejected", [])
     if rejected:
-        notes.append(f"{len(rejected)} rows were not accepted by mistral-common's chat validator "
-                     f"(first: {rejected[0]}); counted as plain [INST] text")
+        notes.append(f"{len(rejected)} rows were not accepted by the chat template ({rejected[0]}); "
+                     "they were counted with a plain rendering of the same turns")
     return DatasetProfile(
         source=str(source),
         format=fmt,
