@@ -1,0 +1,202 @@
+"""Trainer-config emitters: each output loads back with the plan's values under names the trainer documents."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import runpy
+
+import peft
+import pytest
+import transformers
+import yaml
+from transformers.training_args import OptimizerNames
+
+from aegis.errors import InvalidConfigError, NothingFitsError
+from aegis.report import EMIT_KINDS, emit
+
+# Top-level keys of axolotl's config reference (https://docs.axolotl.ai/docs/config-reference.html).
+AXOLOTL_KEYS = {
+    "base_model", "load_in_4bit", "load_in_8bit", "adapter", "lora_r", "lora_alpha", "lora_dropout",
+    "lora_target_modules", "datasets", "chat_template", "val_set_size", "output_dir", "sequence_len",
+    "sample_packing", "pad_to_sequence_len", "micro_batch_size", "gradient_accumulation_steps", "num_epochs",
+    "optimizer", "lr_scheduler", "learning_rate", "warmup_ratio", "max_grad_norm", "bf16", "fp16", "tf32",
+    "gradient_checkpointing", "gradient_checkpointing_kwargs", "flash_attention", "sdp_attention",
+    "chunked_cross_entropy", "fsdp_version", "fsdp_config", "logging_steps", "saves_per_epoch", "seed",
+}
+AXOLOTL_DATASET_KEYS = {"path", "ds_type", "type", "field_messages", "message_property_mappings", "roles"}
+
+
+def _calls(source: str, name: str) -> list[ast.Call]:
+    tree = ast.parse(source)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+            if called == name:
+                out.append(node)
+    return out
+
+
+def _literal_kwargs(call: ast.Call) -> dict:
+    out = {}
+    for kw in call.keywords:
+        try:
+            out[kw.arg] = ast.literal_eval(kw.value)
+        except ValueError:
+            out[kw.arg] = ast.unparse(kw.value)
+    return out
+
+
+def test_axolotl_yaml(example_report):
+    cfg = example_report.recommended.config
+    data = yaml.safe_load(emit(example_report, "axolotl"))
+    assert set(data) <= AXOLOTL_KEYS
+    assert data["base_model"] == example_report.model.model_id
+    assert data["adapter"] == "qlora" and data["load_in_4bit"] is True
+    assert data["lora_r"] == cfg.lora_config.rank and data["lora_alpha"] == cfg.lora_config.alpha
+    assert data["lora_dropout"] == cfg.lora_config.dropout
+    assert data["lora_target_modules"] == list(cfg.lora_config.target_modules)
+    assert data["sequence_len"] == cfg.seq_len
+    assert data["micro_batch_size"] == cfg.micro_batch_size
+    assert data["gradient_accumulation_steps"] == cfg.gradient_accumulation_steps
+    assert data["num_epochs"] == example_report.epochs
+    assert data["gradient_checkpointing"] is cfg.gradient_checkpointing
+    assert data["sdp_attention"] is (cfg.attention == "sdpa") and data["flash_attention"] is (cfg.attention == "flash")
+    assert data["optimizer"] in {o.value for o in OptimizerNames}
+    [ds] = data["datasets"]
+    assert set(ds) <= AXOLOTL_DATASET_KEYS
+    assert ds["path"] == example_report.dataset.source and ds["ds_type"] == "json"
+    # the example dataset is ShareGPT: axolotl's chat_template loader with from/value mappings
+    assert ds["type"] == "chat_template" and ds["field_messages"] == "conversations"
+    assert ds["message_property_mappings"] == {"role": "from", "content": "value"}
+
+
+def test_axolotl_full_and_multi_gpu(full_report, multi_gpu_report):
+    full = yaml.safe_load(emit(full_report, "axolotl"))
+    assert "adapter" not in full and "lora_r" not in full and full["load_in_4bit"] is False
+    assert "datasets" not in full  # no dataset given: left as a comment to fill in
+    lora = yaml.safe_load(emit(multi_gpu_report, "axolotl"))
+    assert lora["adapter"] == "lora" and lora["load_in_4bit"] is False
+    assert ("fsdp_config" in lora) == (multi_gpu_report.multi_gpu.assumed == "fsdp")
+
+
+def _field_names(cls) -> set[str]:
+    """Keyword names ``cls(...)`` accepts by name (a catch-all ``**kwargs`` does not count)."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
+
+
+def test_hf_script_compiles_with_real_argument_names(example_report, multi_gpu_report, full_report):
+    for report in (example_report, multi_gpu_report, full_report):
+        source = emit(report, "hf")
+        compile(source, "train_hf.py", "exec")
+        cfg = report.recommended.config
+        [args] = _calls(source, "TrainingArguments")
+        kwargs = _literal_kwargs(args)
+        assert set(kwargs) <= _field_names(transformers.TrainingArguments)
+        assert kwargs["per_device_train_batch_size"] == cfg.micro_batch_size
+        assert kwargs["gradient_accumulation_steps"] == cfg.gradient_accumulation_steps
+        assert kwargs["num_train_epochs"] == report.epochs
+        assert kwargs["gradient_checkpointing"] is cfg.gradient_checkpointing
+        assert kwargs["optim"] in {o.value for o in OptimizerNames}
+        lora_calls = _calls(source, "LoraConfig")
+        bnb_calls = _calls(source, "BitsAndBytesConfig")
+        if report.method == "full":
+            assert not lora_calls and not bnb_calls
+            continue
+        lora = _literal_kwargs(lora_calls[0])
+        assert set(lora) <= _field_names(peft.LoraConfig)
+        assert lora["r"] == cfg.lora_config.rank and lora["target_modules"] == list(cfg.lora_config.target_modules)
+        if report.method == "qlora":
+            bnb = _literal_kwargs(bnb_calls[0])
+            assert set(bnb) <= _field_names(transformers.BitsAndBytesConfig)
+            assert bnb["load_in_4bit"] is True and bnb["bnb_4bit_quant_type"] == "nf4"
+        else:
+            assert not bnb_calls
+
+
+def test_hf_script_data_helpers(example_report, tmp_path):
+    """The generated script's own helpers turn every dataset format into chat messages and pad batches."""
+    path = tmp_path / "train_hf.py"
+    path.write_text(emit(example_report, "hf"))
+    ns = runpy.run_path(str(path), run_name="aegis_emitted")
+    to_messages, collate = ns["to_messages"], ns["collate"]
+    user_asst = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    assert to_messages({"instruction": "q", "input": "", "output": "a"}, "alpaca") == user_asst
+    assert to_messages({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}, "sharegpt") == user_asst
+    assert to_messages({"messages": user_asst}, "messages") == user_asst
+    assert to_messages({"prompt": "q", "completion": "a"}, "prompt_completion") == user_asst
+    assert to_messages({"text": "t"}, "text") is None
+    batch = collate([{"input_ids": [5, 6, 7]}, {"input_ids": [8]}], pad_id=0)
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["labels"].tolist() == [[5, 6, 7], [8, -100, -100]]
+    assert ns["SEQ_LEN"] == example_report.recommended.config.seq_len
+
+
+def test_unsloth_script(example_report, full_report):
+    source = emit(example_report, "unsloth")
+    compile(source, "train_unsloth.py", "exec")
+    cfg = example_report.recommended.config
+    load = _literal_kwargs(_calls(source, "from_pretrained")[0])
+    assert load["max_seq_length"] == "SEQ_LEN" and load["load_in_4bit"] is True
+    assert f"SEQ_LEN = {cfg.seq_len}" in source
+    peft_kwargs = _literal_kwargs(_calls(source, "get_peft_model")[0])
+    assert peft_kwargs["r"] == cfg.lora_config.rank
+    assert peft_kwargs["target_modules"] == list(cfg.lora_config.target_modules)
+    assert peft_kwargs["use_gradient_checkpointing"] == ("unsloth" if cfg.gradient_checkpointing else False)
+    full = emit(full_report, "unsloth")
+    compile(full, "train_unsloth.py", "exec")
+    assert "full_finetuning=True" in full and "get_peft_model" not in full
+
+
+def test_emit_errors(example_report, nothing_fits_report):
+    with pytest.raises(NothingFitsError, match="nothing to emit"):
+        emit(nothing_fits_report, "axolotl")
+    with pytest.raises(InvalidConfigError, match="axolotl, hf, unsloth"):
+        emit(example_report, "deepspeed")  # type: ignore[arg-type]
+    assert EMIT_KINDS == ("axolotl", "hf", "unsloth")
+
+
+def _tiny_model_folder(folder, texts):
+    """A 2-layer Llama with a BPE tokenizer trained on ``texts`` and a chat template, saved like a hub model."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<pad>", "<s>", "</s>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=specials))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    fast.chat_template = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+    fast.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         pad_token_id=fast.pad_token_id, bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(folder)
+
+
+@pytest.mark.slow
+def test_hf_script_trains_a_tiny_model(multi_gpu_report, tmp_path):
+    """The emitted LoRA script runs end to end on CPU: tokenizes, trains two steps, saves the adapter."""
+    import json
+
+    rows = [{"messages": [{"role": "user", "content": f"what is {i} plus {i}?"},
+                          {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]} for i in range(24)]
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    model_dir = tmp_path / "tiny"
+    _tiny_model_folder(model_dir, [m["content"] for r in rows for m in r["messages"]])
+    script = tmp_path / "train_hf.py"
+    script.write_text(emit(multi_gpu_report, "hf"))
+    ns = runpy.run_path(str(script), run_name="aegis_emitted")
+    out = tmp_path / "out"
+    ns["main"](["--model", str(model_dir), "--data", str(data), "--output-dir", str(out), "--max-steps", "2", "--cpu"])
+    assert (out / "adapter_config.json").exists() and (out / "adapter_model.safetensors").exists()
+    saved = json.loads((out / "adapter_config.json").read_text())
+    cfg = multi_gpu_report.recommended.config.lora_config
+    assert saved["r"] == cfg.rank and set(saved["target_modules"]) == set(cfg.target_modules)
