@@ -167,20 +167,29 @@ def _mount_run_commands() -> None:
     register(app)
 
 
+_PLANNER_COMMANDS = frozenset({"plan", "compare", "models", "gpus", "benchmark"})
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: one-line errors, exit code 2, never a traceback for AegisError."""
-    _mount_run_commands()
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] not in _PLANNER_COMMANDS:
+        _mount_run_commands()  # keeps `aegis plan` from importing the supervisor
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=args, standalone_mode=False)
     except AegisError as err:
         typer.secho(f"error: {err}", err=True, fg="red")
         raise SystemExit(2) from None
     except typer.Abort:
         raise SystemExit(130) from None
-    except Exception as err:  # click usage errors
-        import click
+    except typer.Exit as err:
+        raise SystemExit(err.exit_code) from None
+    except typer.TyperException as err:  # usage errors: bad option values, unknown options
+        show = getattr(err, "show", None)
+        if show is None:
+            raise
+        show()
+        raise SystemExit(getattr(err, "exit_code", 2)) from None
 
-        if isinstance(err, click.ClickException):
-            err.show()
-            raise SystemExit(err.exit_code) from None
-        raise
+if __name__ == "__main__":
+    main()

@@ -158,3 +158,9 @@ class Family:
     # -- activation-model knobs ----------------------------------------------------------------------
     def logit_softcap(self, c: dict[str, Any]) -> float | None:
         return None
+
+    def attention_softcap(self, c: dict[str, Any]) -> float | None:
+        return None
+
+    sdpa_supported: ClassVar[bool] = True
+    """False where transformers refuses attn_implementation='sdpa' (it runs eager)."""

@@ -27,13 +27,19 @@ class Gemma2Family(Family):
             return c.get("sliding_window") if types[layer] == "sliding_attention" else None
         return c.get("sliding_window") if layer % 2 == 0 else None
 
+    sdpa_supported = False  # transformers 5: Gemma2 runs eager (soft-capped attention scores)
+
     def logit_softcap(self, c: dict[str, Any]) -> float | None:
         return c.get("final_logit_softcapping")
+
+    def attention_softcap(self, c: dict[str, Any]) -> float | None:
+        return c.get("attn_logit_softcapping")
 
 
 class Gemma3Family(Gemma2Family):
     name = "gemma3"
     model_types = ("gemma3_text", "gemma3")
+    sdpa_supported = True
 
     def layer_norm_params(self, c: dict[str, Any]) -> int:
         return 4 * self.hidden(c) + 2 * self.head_dim(c)

@@ -40,6 +40,7 @@ class Setting:
     lora_rank: int
     adapter_bytes: int
     eager: bool
+    flash: bool
     seq_len: int
     expert_weight_bytes: int
     lm_head_bytes: int
@@ -64,17 +65,21 @@ def _norm(acc: _Acc, s: Setting, x_bytes: int, width: int, *, gemma: bool, label
     return x_bytes if gemma else max(x_bytes, s.norm_weight_bytes)
 
 
-def _linears(acc: _Acc, s: Setting, x_bytes: int, in_w: int, modules: list[tuple[tuple[str, ...], int]], label: str) -> int:
-    """Projections sharing one input; returns the output element size."""
+def _linears(acc: _Acc, s: Setting, x_bytes: int, in_w: int, modules: list[tuple[tuple[str, ...], int]], label: str,
+             *, input_saved: bool = False) -> int:
+    """Projections sharing one input; returns the output element size. `input_saved`: the input tensor
+    itself is already saved by another op (counted once)."""
+    own = 0 if input_saved else x_bytes * in_w
     if s.base_trainable:
         if s.autocast and x_bytes != 2:
             acc.add(label, 2 * in_w * len(modules))  # each autocast cast is a new bf16 copy
         else:
-            acc.add(label, x_bytes * in_w)
+            acc.add(label, own)
     wrapped = [out for names, out in modules if set(names) & s.lora_targets]
     if wrapped:
         if x_bytes == s.adapter_bytes:
-            acc.add(label + " (LoRA)", x_bytes * in_w)
+            if not s.base_trainable:
+                acc.add(label + " (LoRA)", own)
         else:
             acc.add(label + " (LoRA)", s.adapter_bytes * in_w * len(wrapped))
         acc.add(label + " (LoRA)", s.adapter_bytes * s.lora_rank * len(wrapped))
@@ -109,12 +114,20 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
         d_q = _norm(acc, s, d, q_w, gemma=gemma, label="q/k norms")
         _norm(acc, s, d, kv_w, gemma=gemma, label="q/k norms")
         d = d_q
-    masked = bool(layer.sliding_window and layer.sliding_window < s.seq_len) or s.eager
+    masked = bool(layer.sliding_window and layer.sliding_window < s.seq_len and not s.flash) or s.eager
     k_w = q_w if masked else kv_w  # repeat_kv materialises GQA keys/values when a mask is present
-    acc.add("attention (q, k, v, out)", d * (q_w + 2 * k_w) + d * q_w + 4 * heads)
     if s.eager:
-        acc.add("attention scores (eager)", (4 + d) * heads * s.seq_len)
-    d_o = _linears(acc, s, d, q_w, [(lin_names("o_proj"), h)], "attention projections")
+        # matmuls keep q and the repeated k, v; softmax keeps its fp32 output, the second matmul its cast
+        acc.add("attention (q, k, v, out)", d * 3 * q_w)
+        scores = 4 + (0 if d == 4 else d)
+        if fam.attention_softcap(c):
+            scores += d  # tanh output of the score soft-capping
+        acc.add("attention scores (eager)", scores * heads * s.seq_len)
+    else:
+        acc.add("attention (q, k, v, out)", d * (q_w + 2 * k_w) + d * q_w + 4 * heads)  # + log-sum-exp
+    # SDPA kernels write their output in [b, s, heads, d] layout: the transpose + contiguous before o_proj
+    # is free, so o_proj's input is the very tensor SDPA saved. Eager attention makes a copy.
+    d_o = _linears(acc, s, d, q_w, [(lin_names("o_proj"), h)], "attention projections", input_saved=not s.eager)
     if gemma:
         _norm(acc, s, d_o, h, gemma=True, label="norms")
     # MLP block

@@ -112,6 +112,7 @@ def estimate(
     tokens = b * s
     n = fsdp_shards
 
+    eager = cfg.attention == "eager" or not fam.sdpa_supported
     setting = Setting(
         stream_bytes=place.stream_bytes,
         base_trainable=place.base_trainable,
@@ -120,7 +121,8 @@ def estimate(
         lora_targets=frozenset(lora.target_modules) if cfg.method != "full" else frozenset(),
         lora_rank=lora.rank,
         adapter_bytes=place.adapter_bytes or 4,
-        eager=cfg.attention == "eager",
+        eager=eager,
+        flash=cfg.attention == "flash",
         seq_len=s,
         expert_weight_bytes=place.unquantized_bytes if cfg.method == "qlora" else place.base_bytes,
         lm_head_bytes=place.unquantized_bytes if cfg.method == "qlora" else place.base_bytes,
@@ -140,9 +142,9 @@ def estimate(
         loss_formula = f"{tokens:,} tokens x {int(loss_per_token):,} B: " + loss_formula
 
     masks = 0
-    if cfg.attention == "eager":
+    if eager:
         masks += b * s * s * place.stream_bytes
-    elif any(layer.sliding_window and layer.sliding_window < s for layer in layers):
+    elif cfg.attention == "sdpa" and any(layer.sliding_window and layer.sliding_window < s for layer in layers):
         masks += b * s * s  # bool sliding-window mask shared by the sliding layers
 
     hidden = fam.hidden(c)
@@ -224,7 +226,7 @@ def estimate(
                         f"micro batch {b} x seq {s:,}; grows linearly with both"),
         "logits": ("Logits + loss buffers" + (" (chunked CE)" if cfg.chunked_cross_entropy else ""), loss_formula,
                    f"{fam.vocab(c):,}-token vocabulary; chunked cross-entropy removes most of it"),
-        "masks": ("Attention mask", f"{b} x {s:,}^2 x {place.stream_bytes if cfg.attention == 'eager' else 1} B",
+        "masks": ("Attention mask", f"{b} x {s:,}^2 x {place.stream_bytes if eager else 1} B",
                   "materialised for eager attention or sliding-window layers"),
         "backward temporaries": ("Backward temporaries", f"{tokens:,} tokens x {transient_per_token:,} B",
                                  "gradients of the widest intermediate while a layer runs backward"),
@@ -244,6 +246,8 @@ def estimate(
     eval_peak = _eval_peak(profile, fam, cfg, place, static=weights + adapters + states,
                            seq=eval_seq_len or s, batch=eval_batch_size or b, width=width) + overhead
     notes = (f"peak at the {peak.name}",)
+    if eager and cfg.attention != "eager":
+        notes += (f"{profile.architecture} runs eager attention in transformers (no SDPA): scores are materialised",)
     return MemoryEstimate(
         model_id=profile.model_id, config=cfg, components=components, tensor_bytes=tensor,
         overhead_bytes=overhead, dynamic_margin_bytes=dynamic, total_bytes=total,

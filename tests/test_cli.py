@@ -1,0 +1,80 @@
+"""The `aegis` CLI: --help for every command, one-line errors (exit 2, no traceback), output formats."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from aegis.cli import _mount_run_commands, app, main
+
+runner = CliRunner()
+_mount_run_commands()
+COMMANDS = sorted(c.name or c.callback.__name__ for c in app.registered_commands)
+
+
+def test_the_planner_commands_exist():
+    assert {"plan", "compare", "models", "gpus", "benchmark"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help(command):
+    result = runner.invoke(app, [command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage" in result.output
+
+
+def test_plan_text_has_the_report_sections():
+    result = runner.invoke(app, ["plan", "qlora llama-3.1-8b on 3090"])
+    assert result.exit_code == 0, result.output
+    for section in ("Model", "Hardware", "Recommended", "Fallbacks", "Risks"):
+        assert section in result.output
+
+
+def test_plan_json_round_trips():
+    import aegis
+
+    result = runner.invoke(app, ["plan", "qlora llama-3.1-8b on 3090", "--json"])
+    assert result.exit_code == 0, result.output
+    report = aegis.PlanReport.model_validate_json(result.output)
+    assert report.gpu.id == "rtx-3090" and report.recommended is not None
+
+
+def test_gpus_and_models_json():
+    gpus = json.loads(runner.invoke(app, ["gpus", "--json"]).output)
+    assert {"rtx-3090", "h100-sxm", "mi300x"} <= {g["id"] for g in gpus}
+    models = json.loads(runner.invoke(app, ["models", "--json"]).output)
+    assert any(m["id"] == "meta-llama/Llama-3.1-8B" and m["params"] == 8_030_261_248 for m in models)
+
+
+def test_compare_lists_fitting_gpus_cheapest_first():
+    rows = json.loads(runner.invoke(app, ["compare", "qlora llama-3.1-8b", "--json"]).output)
+    fitting = [r for r in rows if r["fits"]]
+    assert fitting and not any(r["fits"] for r in rows[len(fitting):])
+    priced = [r["usd_per_hour"] for r in fitting if r["usd_per_hour"]]
+    assert priced == sorted(priced)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["plan", "qlora llama-3.1-8b on 3900"], "unknown GPU '3900'"),
+        (["plan", "--model", "lama-3.1-8b", "--gpu", "3090"], "unknown model"),
+        (["plan", "--model", "./nope/config.json", "--gpu", "3090"], "no config.json"),
+        (["plan", "lora llama-3.1-8b"], "no GPU named"),
+        (["plan", "qlora llama-3.1-8b on 3090 with ./missing.jsonl"], "missing.jsonl"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_zero_batch_is_a_usage_error_not_a_traceback():
+    proc = subprocess.run([sys.executable, "-m", "aegis.cli", "plan", "--model", "llama-3.1-8b", "--gpu", "3090", "--batch", "0"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "batch" in proc.stderr
