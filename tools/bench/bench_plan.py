@@ -1,0 +1,69 @@
+"""Planner speed: cold CLI, cold import + estimate, warm in-process plan — measured side by side.
+
+    python -m tools.bench.bench_plan [--runs 7]
+
+Prints one table: median and best wall time of each, its goal, and median / goal (<= 1.00 meets it).
+Subprocesses run with bytecode caching on (as an installed package has it; the first, unmeasured run
+writes the .pyc files), whatever PYTHONDONTWRITEBYTECODE says in this shell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import os
+import time
+
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+REQUEST = "qlora llama-3.1-8b on 3090"
+IMPORT_ESTIMATE = (
+    "import time; t=time.perf_counter(); import aegis; "
+    "aegis.estimate_memory('llama-3.1-8b', method='qlora', micro_batch_size=4, seq_len=1024); "
+    "print(time.perf_counter()-t)"
+)
+
+
+def _cold_cli() -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "aegis.cli", "plan", REQUEST], check=True, capture_output=True, env=ENV)
+    return time.perf_counter() - start
+
+
+def _cold_import_estimate() -> float:
+    out = subprocess.run([sys.executable, "-c", IMPORT_ESTIMATE], check=True, capture_output=True, text=True, env=ENV).stdout
+    return float(out)
+
+
+def _warm_plan() -> float:
+    import aegis
+
+    start = time.perf_counter()
+    aegis.plan(REQUEST)
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=7)
+    args = parser.parse_args(argv)
+    import aegis
+
+    aegis.plan(REQUEST)  # warm caches for the in-process row
+    cases = [
+        (f"cold CLI: aegis plan \"{REQUEST}\"", _cold_cli, 1.0),
+        ("cold: import aegis + estimate_memory", _cold_import_estimate, 0.3),
+        (f"warm in-process: aegis.plan(\"{REQUEST}\")", _warm_plan, 0.050),
+    ]
+    print(f"{'case':<58} {'median s':>9} {'best s':>8} {'goal s':>7} {'median/goal':>12}")
+    for name, fn, goal in cases:
+        fn()  # warm-up: writes bytecode caches, fills the OS page cache
+        times = [fn() for _ in range(args.runs)]
+        med = statistics.median(times)
+        print(f"{name:<58} {med:>9.3f} {min(times):>8.3f} {goal:>7.3f} {med / goal:>12.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,83 @@
+"""Compare the planner's memory engine with the traced truth table, row by row.
+
+    python -m tools.memory_table                 # every row, then median / worst |error|
+    python -m tools.memory_table --model gemma   # rows whose model id contains this
+
+Truth: tests/data/memory_truth.json (peak live tensor bytes of real HF training steps, traced by
+tools/truth). Prediction: `aegis.memory.estimate` for the same configuration, `tensor_bytes` (the
+tensor-level peak — CUDA context and allocator overhead are added on top only for device totals).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from aegis.hub import resolve_model
+from aegis.memory import estimate
+from aegis.schema import LoRAConfig, TrainConfig
+
+TABLE = Path(__file__).resolve().parents[1] / "tests" / "data" / "memory_truth.json"
+
+
+def load_rows(path: Path = TABLE) -> list[dict[str, Any]]:
+    return json.loads(path.read_text(encoding="utf-8"))["rows"]
+
+
+def config_of(row: dict[str, Any]) -> TrainConfig:
+    """The TrainConfig a truth row traced."""
+    lora = None
+    if row["method"] != "full":
+        lora = LoRAConfig(rank=row["lora_rank"], alpha=row["lora_alpha"], target_modules=tuple(row["lora_targets"]))
+    return TrainConfig(
+        method=row["method"], micro_batch_size=row["micro_batch_size"], seq_len=row["seq_len"],
+        gradient_checkpointing=row["gradient_checkpointing"], attention=row["attention"],
+        precision=row["precision"], optimizer="adamw", lora=lora,
+    )
+
+
+def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        est = estimate(resolve_model(row["model_id"]), config_of(row))
+        truth = row["peak_bytes"]
+        out.append({
+            "model": row["model_id"].split("/")[-1], "method": row["method"], "precision": row["precision"],
+            "b": row["micro_batch_size"], "s": row["seq_len"], "ckpt": row["gradient_checkpointing"],
+            "attn": row["attention"], "truth": truth, "predicted": est.tensor_bytes,
+            "error": (est.tensor_bytes - truth) / truth, "truth_phase": row["peak_phase"], "phase": est.peak_phase,
+        })
+    return out
+
+
+def render(results: list[dict[str, Any]]) -> str:
+    head = f"{'model':<20} {'method':<6} {'prec':<10} {'b':>2} {'seq':>5} {'ckpt':<4} {'attn':<5} {'truth GiB':>10} {'pred GiB':>9} {'error':>7}  peak (truth / engine)"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        lines.append(
+            f"{r['model']:<20} {r['method']:<6} {r['precision']:<10} {r['b']:>2} {r['s']:>5} {'on' if r['ckpt'] else 'off':<4} "
+            f"{r['attn']:<5} {r['truth'] / 2**30:>10.2f} {r['predicted'] / 2**30:>9.2f} {r['error']:>+7.2%}  "
+            f"{r['truth_phase']} / {r['phase']}"
+        )
+    errors = [abs(r["error"]) for r in results]
+    if errors:
+        lines.append("-" * len(head))
+        lines.append(f"rows {len(errors)} | median |error| {statistics.median(errors):.2%} | worst {max(errors):.2%} "
+                     f"| models {len({r['model'] for r in results})}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.memory_table", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="", help="only rows whose model id contains this")
+    args = parser.parse_args(argv)
+    rows = [r for r in load_rows() if args.model.lower() in r["model_id"].lower()]
+    print(render(compare(rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
