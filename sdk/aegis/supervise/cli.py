@@ -1,0 +1,256 @@
+"""CLI of supervised runs: ``aegis run``, ``resume``, ``status``, ``interrupt``, ``command``.
+
+Mount on the main app with ``register(app)`` (adds the five commands at top level), or use
+``app`` here directly (tests drive it with typer's ``CliRunner``). Errors Aegis raises on purpose
+print one line and exit 2; a run paused for a human exits 3.
+
+    aegis run --demo
+    aegis run --config run.yaml [--plan plan.json]
+    aegis status --run-id demo-...
+    aegis command demo-... "set_lr 1e-5"
+    aegis resume --run-id demo-...
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from aegis.errors import AegisError
+
+__all__ = ["app", "register", "main"]
+
+RUNS_DIR_ENV = "AEGIS_RUNS_DIR"
+
+_RunsDir = typer.Option("runs", "--runs-dir", envvar=RUNS_DIR_ENV, help="Folder holding the run folders.")
+_RunId = typer.Option(..., "--run-id", help="Id of the run (its folder name under --runs-dir).")
+
+
+def _fail(err: AegisError) -> None:
+    typer.echo(f"error: {err}", err=True)
+    raise typer.Exit(2)
+
+
+def _enable_compile_cache() -> None:
+    """Reuse compiled XLA programs across processes (resume after a crash starts in seconds)."""
+    import jax
+
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "aegis" / "jax"
+        jax.config.update("jax_compilation_cache_dir", str(cache))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def _describe(kind: str, step: int | None, data: dict[str, Any]) -> str | None:
+    at = f"step {step}" if step is not None else ""
+    if kind == "anomaly":
+        return f"[red]anomaly[/] {at}: {data.get('detail')}"
+    if kind == "diagnosis":
+        ids = data.get("suspected_samples") or []
+        who = f"suspects {', '.join(ids)}" if ids else "no sample to blame"
+        return (
+            f"[yellow]diagnosis[/] {at}: {data.get('verdict')} — {who} (median grad norm "
+            f"{data.get('median_grad_norm', float('nan')):.3g}, max {data.get('max_grad_norm', float('nan')):.3g})"
+        )
+    if kind == "repair":
+        return f"[green]repair[/] {at}: {data.get('strategy')} — {data.get('reason')}"
+    if kind == "rollback":
+        return f"[cyan]rollback[/] to checkpoint {step}"
+    if kind == "fault_injected":
+        return f"[magenta]fault injected[/] {at}: {data.get('fault')}"
+    if kind == "curriculum" and data.get("degraded"):
+        return f"[blue]curriculum[/] {at}: raised weight of {', '.join(data['degraded'])}"
+    if kind in ("checkpoint_corrupt", "notify_failed", "command_applied", "command_skipped", "escalated", "stopped"):
+        detail = data.get("reason") or data.get("command") or data.get("error") or ""
+        return f"[bold]{kind.replace('_', ' ')}[/] {at}: {detail}"
+    return None
+
+
+class _Live:
+    """Progress bar per window plus one line per notable event."""
+
+    def __init__(self, quiet: bool) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = Console()
+        self.quiet = quiet
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
+            TextColumn("loss {task.fields[loss]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            disable=quiet,
+        )
+        self.task: Any = None
+        self.offset = 0
+
+    def callbacks(self) -> Any:
+        from aegis.supervise.context import RunCallbacks
+
+        return RunCallbacks(on_window=self.on_window, on_step=self.on_step, on_event=self.on_event)
+
+    def on_window(self, start: int, target: int) -> None:
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+        self.offset = start
+        self.task = self.progress.add_task(f"window {start}→{target}", total=target, completed=start, loss="-")
+
+    def on_step(self, m: Any) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, completed=m.step, loss=f"{m.loss:.4g}")
+
+    def on_event(self, kind: str, step: int | None, data: dict[str, Any]) -> None:
+        line = _describe(kind, step, data)
+        if line and not self.quiet:
+            self.progress.console.print(line)
+
+
+def _report(outcome: Any, console: Any) -> None:
+    if outcome.status == "paused":
+        console.print(f"[bold yellow]paused[/] at step {outcome.step}: {outcome.paused_reason}")
+        for action in outcome.suggested_actions:
+            console.print(f"  aegis command {outcome.run_id} \"{action}\"")
+        console.print(f"then: aegis resume --run-id {outcome.run_id}")
+        raise typer.Exit(3)
+    console.print(
+        f"[bold]{outcome.status}[/] run {outcome.run_id} at step {outcome.step} "
+        f"(lr {outcome.lr:.3g}, tier {outcome.fallback_tier}, blacklist: {', '.join(outcome.blacklist) or '-'})"
+    )
+    console.print(f"folder: {outcome.run_dir}")
+
+
+def run(
+    config: Path = typer.Option(None, "--config", "-c", help="YAML run config (spec §10.3 keys)."),
+    plan: Path = typer.Option(None, "--plan", help="Plan JSON: its recommended config and fallback chain."),
+    demo: bool = typer.Option(False, "--demo", help="Tiny model on bundled data with a toxic sample and a spike."),
+    run_id: str = typer.Option(None, "--run-id", help="Name of the run folder (default: generated)."),
+    runs_dir: str = _RunsDir,
+    wait: float = typer.Option(None, "--wait", help="When paused, wait this many seconds for commands."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or event lines."),
+) -> None:
+    """Train under the self-healing supervisor."""
+    from aegis.supervise.config import load_run_config, parse_run_config, run_config_from_plan
+
+    try:
+        if demo:
+            from aegis.supervise.demo import demo_config
+
+            cfg = demo_config()
+            run_id = run_id or time.strftime("demo-%Y%m%d-%H%M%S")
+        elif plan is not None:
+            overrides = load_run_config(config).model_dump(mode="json", by_alias=True) if config else {}
+            overrides.pop("train_config", None)
+            overrides.pop("fallbacks", None)
+            cfg = run_config_from_plan(plan, overrides)
+        elif config is not None:
+            cfg = load_run_config(config)
+        else:
+            raise typer.BadParameter("pass --config run.yaml, --plan plan.json or --demo")
+        if run_id is not None:
+            cfg = parse_run_config({**cfg.model_dump(mode="json", by_alias=True), "run_id": run_id})
+        from aegis.supervise.runner import Supervisor
+
+        _enable_compile_cache()
+        live = _Live(quiet)
+        with live.progress:
+            outcome = Supervisor(runs_dir).start(cfg, callbacks=live.callbacks(), wait_for_commands_s=wait)
+    except AegisError as err:
+        _fail(err)
+    _report(outcome, live.console)
+
+
+def resume(
+    run_id: str = _RunId,
+    runs_dir: str = _RunsDir,
+    wait: float = typer.Option(None, "--wait", help="When paused, wait this many seconds for commands."),
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+) -> None:
+    """Continue a run from its last checkpoint (after a crash, or after a human review)."""
+    from aegis.supervise.runner import Supervisor
+
+    try:
+        sup = Supervisor(runs_dir)
+        sup.status(run_id)  # unknown run id -> one-line error before anything heavy
+        _enable_compile_cache()
+        live = _Live(quiet)
+        with live.progress:
+            outcome = sup.resume(run_id, callbacks=live.callbacks(), wait_for_commands_s=wait)
+    except AegisError as err:
+        _fail(err)
+    _report(outcome, live.console)
+
+
+def status(run_id: str = _RunId, runs_dir: str = _RunsDir) -> None:
+    """Show a run: state, loss sparkline, blacklist, checkpoints, what it waits for."""
+    from rich.console import Console
+
+    from aegis.supervise.runner import Supervisor
+    from aegis.supervise.status import render_status
+
+    try:
+        report = Supervisor(runs_dir).status(run_id)
+    except AegisError as err:
+        _fail(err)
+    Console().print(render_status(report))
+
+
+def interrupt(run_id: str = _RunId, runs_dir: str = _RunsDir) -> None:
+    """Ask a run to pause for a human review at its next step."""
+    from aegis.supervise.runner import Supervisor
+
+    try:
+        receipt = Supervisor(runs_dir).interrupt(run_id)
+    except AegisError as err:
+        _fail(err)
+    where = "the live run pauses at its next step" if receipt.live else f"applies on `aegis resume --run-id {run_id}`"
+    typer.echo(f"interrupt queued for {run_id}: {where}")
+
+
+def command(
+    run_id: str = typer.Argument(..., help="Run id."),
+    text: str = typer.Argument(..., help='Command, e.g. "set_lr 1e-5" or "blacklist_samples id1 id2".'),
+    runs_dir: str = _RunsDir,
+) -> None:
+    """Send a command: resume | stop | set_lr <v> | skip_batch | blacklist_samples <ids…> | status | interrupt."""
+    from rich.console import Console
+
+    from aegis.supervise.runner import Supervisor
+    from aegis.supervise.status import render_status
+
+    try:
+        receipt = Supervisor(runs_dir).command(run_id, text)
+    except AegisError as err:
+        _fail(err)
+    if receipt.status is not None:
+        Console().print(render_status(receipt.status))
+        return
+    where = "the live run applies it next" if receipt.live else f"applies on `aegis resume --run-id {run_id}`"
+    typer.echo(f"queued '{receipt.command}' for {run_id}: {where}")
+
+
+_COMMANDS = {"run": run, "resume": resume, "status": status, "interrupt": interrupt, "command": command}
+
+
+def register(parent: typer.Typer) -> None:
+    """Add run / resume / status / interrupt / command to ``parent`` (the main `aegis` app)."""
+    for name, fn in _COMMANDS.items():
+        parent.command(name)(fn)
+
+
+app = typer.Typer(help="Supervised, self-healing training runs.", no_args_is_help=True, add_completion=False)
+register(app)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

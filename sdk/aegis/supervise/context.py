@@ -1,0 +1,149 @@
+"""Run context: what the graph's nodes share in process memory and never put in graph state.
+
+It holds the run config and folder, the event log, and — created lazily, so `aegis status` and
+`aegis command` never import JAX — the dataset, the checkpoint store and the engine of the
+active fallback tier. It also reads the command inbox and writes the per-step metrics log.
+
+    ctx = RunContext(cfg, paths, callbacks=RunCallbacks(on_step=print))
+    engine = ctx.engine_for(state)          # built (or rebuilt after a fallback) on first use
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aegis.supervise.config import RunConfig
+from aegis.supervise.events import EventLog, append_jsonl, read_jsonl
+from aegis.supervise.runs import RunPaths, write_json_atomic
+from aegis.supervise.state import RunState, StepMetrics
+
+__all__ = ["RunCallbacks", "RunContext"]
+
+
+@dataclass
+class RunCallbacks:
+    """Optional observers (the CLI's progress bar and live log)."""
+
+    on_window: Callable[[int, int], None] | None = None
+    on_step: Callable[[StepMetrics], None] | None = None
+    on_event: Callable[[str, int | None, dict[str, Any]], None] | None = None
+
+
+class RunContext:
+    """Per-process companion of a run's graph."""
+
+    def __init__(self, cfg: RunConfig, paths: RunPaths, callbacks: RunCallbacks | None = None) -> None:
+        self.cfg = cfg
+        self.paths = paths
+        self.callbacks = callbacks or RunCallbacks()
+        self.log = EventLog(paths.events)
+        self._store: Any = None
+        self._engine: Any = None
+        self._examples: list[Any] | None = None
+        self._model_config: dict[str, Any] | None = None
+        self._inbox_size = -1
+
+    # ------------------------------------------------------------------ events and logs
+
+    def event(self, kind: str, step: int | None = None, **data: Any) -> None:
+        self.log.append(kind, step, **data)
+        if self.callbacks.on_event is not None:
+            self.callbacks.on_event(kind, step, data)
+
+    def record_step(self, m: StepMetrics, peak_lr: float, tier: int) -> None:
+        rec = m.model_dump(mode="json", exclude={"sample_ids"})
+        rec.update(peak_lr=peak_lr, tier=tier, sample_ids=list(m.sample_ids))
+        append_jsonl(self.paths.metrics, rec)
+        if self.callbacks.on_step is not None:
+            self.callbacks.on_step(m)
+
+    def metrics_between(self, after: int, upto: int) -> list[StepMetrics]:
+        """Logged metrics of steps in (after, upto], the last record of each step winning."""
+        by_step: dict[int, dict[str, Any]] = {}
+        for rec in read_jsonl(self.paths.metrics):
+            s = rec.get("step")
+            if isinstance(s, int) and after < s <= upto:
+                by_step[s] = rec
+        fields = set(StepMetrics.model_fields)
+        return [StepMetrics.model_validate({k: v for k, v in by_step[s].items() if k in fields}) for s in sorted(by_step)]
+
+    def export_blacklist(self, state: RunState) -> None:
+        write_json_atomic(
+            self.paths.blacklist,
+            {"run_id": state.run_id, "step": state.step, "blacklist": list(state.blacklist), "skipped": list(state.skipped)},
+        )
+
+    # ------------------------------------------------------------------ inbox
+
+    def inbox(self) -> list[str]:
+        """Every command text of the inbox, in arrival order."""
+        return [str(r["text"]) for r in read_jsonl(self.paths.inbox) if "text" in r]
+
+    def urgent_command_waiting(self, offset: int) -> bool:
+        """A ``stop`` or ``interrupt`` arrived past ``offset`` (cheap: re-reads only when the file grew)."""
+        try:
+            size = self.paths.inbox.stat().st_size
+        except FileNotFoundError:
+            return False
+        if size == self._inbox_size:
+            return False
+        self._inbox_size = size
+        return any(t.split()[:1] in (["stop"], ["interrupt"]) for t in self.inbox()[offset:])
+
+    # ------------------------------------------------------------------ heavy members (lazy)
+
+    @property
+    def examples(self) -> list[Any]:
+        if self._examples is None:
+            from aegis.supervise.engine import load_examples
+
+            self._examples = load_examples(self.cfg.data)
+        return self._examples
+
+    @property
+    def model_config(self) -> dict[str, Any]:
+        if self._model_config is None:
+            from aegis.supervise.engine import resolve_model_config
+
+            self._model_config = resolve_model_config(self.cfg.model)
+        return self._model_config
+
+    @property
+    def store(self) -> Any:
+        if self._store is None:
+            from aegis.supervise.checkpoints import CheckpointStore
+
+            c = self.cfg.checkpoints
+            self._store = CheckpointStore(
+                self.paths.checkpoints, interval=c.interval, keep_last_n=c.keep_last_n, async_save=c.async_save
+            )
+        return self._store
+
+    def engine_for(self, state: RunState) -> Any:
+        """The engine of the state's fallback tier (a tier change builds a new one, to be restored)."""
+        if self._engine is None or self._engine.tier != state.fallback_tier:
+            from aegis.supervise.engine import Engine
+
+            self._engine = None  # free the old tier's arrays before building the next
+            self._engine = Engine.build(self.cfg, self.model_config, self.examples, state.fallback_tier)
+        return self._engine
+
+    def write_samples_manifest(self) -> None:
+        """samples.json: every sample id and its domain (commands validate ids against it)."""
+        write_json_atomic(
+            self.paths.samples, {"ids": [ex.sample_id for ex in self.examples], "domains": self.domains()}
+        )
+
+    def domains(self) -> list[str]:
+        return sorted({ex.domain for ex in self.examples})
+
+    def known_ids(self) -> set[str]:
+        return set(json.loads(self.paths.samples.read_text())["ids"])
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None

@@ -1,0 +1,32 @@
+"""The bundled demo run: a tiny llama on CPU, a planted toxic sample and an injected LR spike.
+
+Data and settings are files in ``aegis/data/demo/``: ``demo.jsonl`` (600 arithmetic rows plus
+the toxic row ``toxic-0001``, 62 random printable characters) and ``demo.yaml`` (the run config,
+commented). ``aegis run --demo`` trains it in about a minute and shows the detection, the
+diagnosis and both repairs (blacklist, then stabilise).
+
+    cfg = demo_config()                    # RunConfig with absolute data path
+    Supervisor("runs").start(cfg)
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from aegis.supervise.config import RunConfig, load_run_config
+
+__all__ = ["DEMO_TOXIC_IDS", "demo_dir", "demo_config"]
+
+DEMO_TOXIC_IDS: tuple[str, ...] = ("toxic-0001",)
+"""Ids of the planted toxic rows in demo.jsonl."""
+
+
+def demo_dir() -> Path:
+    """Folder of the bundled demo files."""
+    return Path(str(resources.files("aegis.data") / "demo"))
+
+
+def demo_config() -> RunConfig:
+    """The demo's RunConfig (data path resolved inside the installed package)."""
+    return load_run_config(demo_dir() / "demo.yaml")

@@ -1,0 +1,224 @@
+"""Supervisor: start, resume, steer and inspect supervised training runs (the Python API behind the CLI).
+
+    from aegis.supervise import Supervisor, load_run_config
+    sup = Supervisor("runs")
+    out = sup.start(load_run_config("run.yaml"))      # RunOutcome: completed, or paused for a human
+    sup.command(out.run_id, "set_lr 1e-5")            # validated, queued, logged (any process)
+    out = sup.resume(out.run_id)                      # continues from the last checkpoint
+    sup.status(out.run_id)                            # RunStatusReport
+
+A run is a folder (see :mod:`aegis.supervise.runs`). Everything needed to continue — graph
+state in SQLite, Orbax checkpoints, the command inbox and the event log — is on disk, so a run
+killed at any moment resumes with its blacklist, curriculum, LR and events.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from aegis.errors import InvalidConfigError, RunError
+from aegis.schema import Frozen
+from aegis.supervise.commands import parse_command, validate_command
+from aegis.supervise.config import RunConfig
+from aegis.supervise.context import RunCallbacks, RunContext
+from aegis.supervise.curriculum import initial_weights
+from aegis.supervise.events import EventLog, append_jsonl, read_jsonl
+from aegis.supervise.graph import open_graph, read_state, thread_config
+from aegis.supervise.nodes import dump
+from aegis.supervise.runs import RunPaths, is_live, open_run, run_lock, write_json_atomic
+from aegis.supervise.state import RunState
+from aegis.supervise.status import RunStatusReport, build_status
+
+__all__ = ["RunOutcome", "CommandReceipt", "Supervisor"]
+
+
+class RunOutcome(Frozen):
+    """Where a run stands when `start`/`resume` return."""
+
+    run_id: str
+    run_dir: str
+    status: str = Field(description="completed, stopped, or paused (waiting for a human).")
+    step: int
+    lr: float
+    grad_clip: float
+    fallback_tier: int
+    blacklist: tuple[str, ...]
+    paused_reason: str | None = None
+    suggested_actions: tuple[str, ...] = ()
+
+
+class CommandReceipt(Frozen):
+    """A command accepted for a run."""
+
+    run_id: str
+    command: str = Field(description="Canonical text of the command.")
+    queued: bool = Field(description="False for `status`, which changes nothing and is answered at once.")
+    live: bool = Field(description="A process is running the run and will apply it at the next step/window.")
+    status: RunStatusReport | None = None
+
+
+def _new_run_id() -> str:
+    return time.strftime("run-%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+
+
+class Supervisor:
+    """Runs live in ``runs_dir/<run_id>/``."""
+
+    def __init__(self, runs_dir: str | Path = "runs") -> None:
+        self.runs_dir = Path(runs_dir)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(
+        self,
+        cfg: RunConfig,
+        *,
+        callbacks: RunCallbacks | None = None,
+        wait_for_commands_s: float | None = None,
+    ) -> RunOutcome:
+        """Create the run folder and train until completion, a stop, or a human review."""
+        run_id = cfg.run_id or _new_run_id()
+        paths = RunPaths(self.runs_dir / run_id)
+        if paths.exists():
+            raise RunError(f"run '{run_id}' already exists in {self.runs_dir}; continue it with `aegis resume --run-id {run_id}`")
+        paths.root.mkdir(parents=True, exist_ok=True)
+        cfg = cfg.model_copy(update={"run_id": run_id})
+        ctx = RunContext(cfg, paths, callbacks)
+        counts = Counter(ex.domain for ex in ctx.examples)
+        unknown = sorted(set(cfg.curriculum.weights) - set(counts))
+        if unknown:
+            raise InvalidConfigError(f"curriculum.weights names unknown domain(s) {unknown}; the data has {sorted(counts)}")
+        write_json_atomic(paths.config, cfg.model_dump(mode="json", by_alias=True))
+        ctx.write_samples_manifest()
+        state = RunState.new(
+            run_id,
+            lr=cfg.training.lr,
+            grad_clip=cfg.training.grad_clip,
+            weights=initial_weights(dict(counts), cfg.curriculum),
+        )
+        ctx.event("run_started", 0, tiers=len(cfg.tiers), total_steps=cfg.training.total_steps, samples=len(ctx.examples))
+        return self._drive(ctx, dump(state), wait_for_commands_s)
+
+    def resume(
+        self,
+        run_id: str,
+        *,
+        callbacks: RunCallbacks | None = None,
+        wait_for_commands_s: float | None = None,
+    ) -> RunOutcome:
+        """Continue a run from its persisted state: after a crash, or after a human review (implies `resume`)."""
+        paths = open_run(self.runs_dir, run_id)
+        ctx = RunContext(self._config(paths), paths, callbacks)
+        raw = read_state(paths)
+        if raw is None:
+            raise RunError(f"run '{run_id}' never got past its start; start it again with `aegis run`")
+        ctx.event("process_resumed", raw.get("step"))
+        return self._drive(ctx, None, wait_for_commands_s, implicit_resume=True)
+
+    def _drive(
+        self, ctx: RunContext, initial: Any, wait_for_commands_s: float | None, implicit_resume: bool = False
+    ) -> RunOutcome:
+        from langgraph.types import Command
+
+        tc = thread_config(ctx.paths.run_id)
+        try:
+            with run_lock(ctx.paths), open_graph(ctx) as app:
+                snap = app.get_state(tc)
+                if initial is None and _interrupted(snap):
+                    app.invoke(Command(resume={"resume": implicit_resume}), tc)
+                elif initial is None and not snap.next:
+                    pass  # finished (completed or stopped): nothing to run
+                else:
+                    app.invoke(initial, tc)
+                while wait_for_commands_s is not None and _interrupted(app.get_state(tc)):
+                    offset = RunState.model_validate(app.get_state(tc).values["run"]).inbox_offset
+                    if not self._wait_inbox(ctx.paths, offset, wait_for_commands_s):
+                        break
+                    app.invoke(Command(resume={"resume": False}), tc)
+                state = RunState.model_validate(app.get_state(tc).values["run"])
+        finally:
+            ctx.close()
+        return _outcome(ctx.paths, state)
+
+    @staticmethod
+    def _wait_inbox(paths: RunPaths, offset: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if len(read_jsonl(paths.inbox)) > offset:
+                return True
+            time.sleep(0.2)
+        return False
+
+    # ------------------------------------------------------------------ steering
+
+    def command(self, run_id: str, text: str, *, source: str = "cli") -> CommandReceipt:
+        """Validate a command and queue it for the run (CommandError and no change if rejected)."""
+        paths = open_run(self.runs_dir, run_id)
+        cmd = parse_command(text)
+        raw = read_state(paths)
+        state = RunState.model_validate(raw) if raw is not None else None
+        known = set(json.loads(paths.samples.read_text())["ids"]) if paths.samples.exists() else None
+        validate_command(cmd, state, known)
+        live = is_live(paths)
+        step = state.step if state is not None else None
+        if cmd.name == "status":
+            EventLog(paths.events).append("command", step, command=cmd.text, source=source)
+            return CommandReceipt(run_id=run_id, command=cmd.text, queued=False, live=live, status=build_status(paths))
+        append_jsonl(paths.inbox, {"text": cmd.text, "time": time.time(), "source": source})
+        EventLog(paths.events).append("command", step, command=cmd.text, source=source)
+        return CommandReceipt(run_id=run_id, command=cmd.text, queued=True, live=live)
+
+    def interrupt(self, run_id: str, *, source: str = "cli") -> CommandReceipt:
+        """Ask the run to pause for a human review at its next step."""
+        return self.command(run_id, "interrupt", source=source)
+
+    # ------------------------------------------------------------------ reading
+
+    def status(self, run_id: str) -> RunStatusReport:
+        return build_status(open_run(self.runs_dir, run_id))
+
+    def state(self, run_id: str) -> RunState | None:
+        raw = read_state(open_run(self.runs_dir, run_id))
+        return RunState.model_validate(raw) if raw is not None else None
+
+    def events(self, run_id: str) -> list[Any]:
+        return EventLog(open_run(self.runs_dir, run_id).events).read()
+
+    @staticmethod
+    def _config(paths: RunPaths) -> RunConfig:
+        try:
+            return RunConfig.model_validate_json(paths.config.read_text())
+        except ValueError as err:
+            raise RunError(f"run '{paths.run_id}' has an unreadable config.json ({err}); start a new run") from err
+
+
+def _interrupted(snap: Any) -> bool:
+    return any(task.interrupts for task in snap.tasks)
+
+
+def _outcome(paths: RunPaths, state: RunState) -> RunOutcome:
+    if state.status not in ("completed", "stopped", "paused") and state.human.pending:
+        status = "paused"
+    else:
+        status = state.status
+    return RunOutcome(
+        run_id=state.run_id,
+        run_dir=str(paths.root),
+        status=status,
+        step=state.step,
+        lr=state.lr,
+        grad_clip=state.grad_clip,
+        fallback_tier=state.fallback_tier,
+        blacklist=state.blacklist,
+        paused_reason=state.human.reason if state.human.pending else None,
+        suggested_actions=state.human.suggested_actions if state.human.pending else (),
+    )
+
+

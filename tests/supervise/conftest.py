@@ -1,0 +1,71 @@
+"""Supervisor test fixtures: a persistent XLA compilation cache shared by workers, run helpers."""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _jax_compile_cache(request: pytest.FixtureRequest) -> None:
+    """Reuse compiled train/forensics programs across tests and xdist workers (a tiny model still
+    takes seconds to compile on 2 cores, and every run builds a fresh Trainer)."""
+    import jax
+
+    cache_provider = getattr(request.config, "cache", None)
+    if cache_provider is not None:
+        cache = Path(str(cache_provider.mkdir("aegis-jax-compile")))
+    else:
+        cache = Path(tempfile.gettempdir()) / "aegis-jax-compile"
+    jax.config.update("jax_compilation_cache_dir", str(cache))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def write_arith_dataset(path: Path, n_clean: int, n_toxic: int, seed: int = 0) -> tuple[list[str], list[str]]:
+    """A homogeneous arithmetic JSONL ("7 * 3 = 21") with planted toxic rows: 62 random printable
+    characters, which a model trained on the rest predicts badly (huge per-sample loss).
+    Returns (clean ids, toxic ids)."""
+    rng = random.Random(seed)
+    ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+    rows = []
+    for i in range(n_clean):
+        a, b, o = rng.randrange(20), rng.randrange(20), rng.choice("+-*")
+        rows.append({"id": f"clean-{i}", "domain": "mul" if o == "*" else "addsub", "text": f"{a} {o} {b} = {ops[o](a, b)}"})
+    toxic = []
+    for i in range(n_toxic):
+        text = "".join(chr(rng.randrange(33, 127)) for _ in range(62))
+        rows.append({"id": f"toxic-{i}", "domain": rng.choice(["addsub", "mul"]), "text": text})
+        toxic.append(f"toxic-{i}")
+    rng.shuffle(rows)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return [f"clean-{i}" for i in range(n_clean)], toxic
+
+
+BASE = {
+    "model": "tiny-llama",
+    "train_config": {"method": "full", "micro_batch_size": 8, "seq_len": 64, "precision": "fp32"},
+    "training": {"steps_per_window": 20, "total_steps": 60, "lr": 3e-3, "grad_clip": 1.0, "min_lr_ratio": 1.0},
+    "monitoring": {"history_size": 50, "min_history": 10, "warmup_steps": 30},
+    "checkpoints": {"interval": 20, "keep_last_n": 3},
+    "curriculum": {"eval_interval": 100000},
+}
+
+
+def run_config(tmp_path: Path, **sections: dict) -> dict:
+    """BASE with sections merged in (one level deep), data defaulting to a small arithmetic set."""
+    cfg = json.loads(json.dumps(BASE))
+    if "data" not in sections:
+        data = tmp_path / "arith.jsonl"
+        if not data.exists():
+            write_arith_dataset(data, 300, 0)
+        cfg["data"] = str(data)
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+            cfg[key] = {**cfg[key], **value}
+        else:
+            cfg[key] = value
+    return cfg

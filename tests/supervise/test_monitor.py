@@ -1,0 +1,47 @@
+"""Monitor rules against a direct numpy computation of mean + k*sigma."""
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aegis.supervise.config import MonitoringSection
+from aegis.supervise.monitor import Detector
+from aegis.supervise.state import MetricsWindow, StepMetrics
+
+
+def _m(step, loss, grad=1.0, nonfinite=False):
+    return StepMetrics(step=step, loss=loss, grad_norm=grad, nonfinite=nonfinite)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(0.5, 3.0), min_size=10, max_size=40), st.floats(0.0, 10.0))
+def test_spike_threshold_is_mean_plus_k_sigma(history, new):
+    cfg = MonitoringSection(spike_sigma=3.0, history_size=1000, min_history=5, min_std=0.0)
+    det = Detector(cfg, MetricsWindow(steps=tuple(range(len(history))), loss_history=tuple(history),
+                                      grad_norm_history=tuple([1.0] * len(history))))
+    bar = np.mean(history) + 3 * np.std(history)
+    anomaly = det.check(_m(len(history), new))
+    assert (anomaly is not None) == (new > bar)
+    if anomaly is not None:
+        assert anomaly.type == "loss_spike" and math.isclose(anomaly.threshold, bar, rel_tol=1e-9)
+
+
+def test_rules_nan_grad_explosion_warmup_and_history():
+    cfg = MonitoringSection(min_history=3, history_size=4, grad_norm_threshold=10.0, warmup_steps=2)
+    det = Detector(cfg)
+    assert det.observe(_m(1, 100.0)) is None  # warm-up: not judged, not recorded
+    assert det.observe(_m(2, 50.0)) is None
+    assert list(det.losses) == []
+    for s, loss in zip(range(3, 8), [1.0, 1.1, 0.9, 1.0, 1.05]):
+        assert det.observe(_m(s, loss)) is None
+    assert len(det.losses) == 4  # rolling window
+    assert det.observe(_m(8, float("nan"))).type == "nan"
+    assert det.observe(_m(9, 1.0, nonfinite=True)).type == "nan"
+    assert det.observe(_m(10, 1.0, grad=11.0)).type == "grad_explosion"
+    spike = det.observe(_m(11, 5.0))
+    assert spike.type == "loss_spike" and spike.step == 11
+    assert 5.0 not in det.losses  # anomalies never enter the history
+    first = Detector(cfg).first_anomaly([_m(3, 1.0), _m(4, float("inf")), _m(5, 1.0)])
+    assert first.step == 4
