@@ -302,6 +302,9 @@ class HFCounter(TokenCounter):
     def _lengths(self, texts: Sequence[str], special: bool) -> list[int]:
         if not texts:
             return []
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None and hasattr(backend, "encode_batch_fast"):  # Rust batch, no offsets
+            return [len(e.ids) for e in backend.encode_batch_fast(list(texts), add_special_tokens=special)]
         return [len(ids) for ids in self.tokenizer(list(texts), add_special_tokens=special)["input_ids"]]
 
     def _render(self, conversations: Sequence[Conversation]) -> list[str]:

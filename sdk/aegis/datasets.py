@@ -21,7 +21,7 @@ import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 from aegis.errors import DatasetError, OfflineError
 from aegis.schema import DatasetProfile, ModelProfile, TokenStats
@@ -37,6 +37,7 @@ __all__ = [
     "padding_waste",
     "packing_efficiency",
     "FORMATS",
+    "Rows",
     "example_dataset",
 ]
 
@@ -96,11 +97,16 @@ def _columns(rows: Iterable[dict[str, Any]]) -> tuple[str, ...]:
     return tuple(seen)
 
 
-def _read_jsonl(path: Path, k: int, seed: int) -> Rows:
+def _read_jsonl(path: Path, k: int, seed: int, on_bytes: Callable[[int], None] | None = None) -> Rows:
     rows: list[dict[str, Any]] = []
     bad: list[int] = []
+    done = 0
     with path.open("r", encoding="utf-8", errors="replace") as fh:
         for lineno, line in enumerate(fh, start=1):
+            if on_bytes is not None:
+                done += len(line)
+                if lineno % 8192 == 0:
+                    on_bytes(done)
             if not line.strip():
                 continue
             try:
@@ -199,8 +205,11 @@ def _read_with_datasets(source: str, k: int, seed: int) -> Rows:
     return Rows(len(ds), sample, tuple(ds.column_names), notes=notes)
 
 
-def read_rows(source: str, *, sample_rows: int = 1000, seed: int = 0) -> Rows:
-    """Count every row of a dataset and return a seeded sample of ``sample_rows`` of them."""
+def read_rows(source: str, *, sample_rows: int = 1000, seed: int = 0,
+              on_bytes: Callable[[int], None] | None = None) -> Rows:
+    """Count every row of a dataset and return a seeded sample of ``sample_rows`` of them.
+
+    ``on_bytes`` (JSON Lines only) is called now and then with the characters read so far."""
     path = Path(source).expanduser()
     if path.is_dir():
         return _read_with_datasets(str(path), sample_rows, seed)
@@ -217,7 +226,10 @@ def read_rows(source: str, *, sample_rows: int = 1000, seed: int = 0) -> Rows:
     if suffix not in readers:
         raise DatasetError(f"{source}: unsupported file type {suffix or '(none)'}; "
                            "use .jsonl, .json, .csv or .parquet")
-    rows = readers[suffix](path, sample_rows, seed)
+    if readers[suffix] is _read_jsonl:
+        rows = _read_jsonl(path, sample_rows, seed, on_bytes)
+    else:
+        rows = readers[suffix](path, sample_rows, seed)
     if rows.num_rows == 0:
         raise DatasetError(f"{source} has no rows: it needs at least one")
     return rows
@@ -417,9 +429,9 @@ def choose_seq_len(stats: TokenStats, lengths: Sequence[int], *, given: int | No
 def _progress(enabled: bool):
     if not enabled:
         return None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    return Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
                     transient=True)
 
 
@@ -447,8 +459,10 @@ def analyze_dataset(
         bar.start()
     try:
         if bar is not None:
-            reading = bar.add_task(f"Reading {source}", total=None)
-        rows = read_rows(str(source), sample_rows=sample_rows, seed=seed)
+            size = Path(source).stat().st_size if Path(source).is_file() else None
+            reading = bar.add_task(f"Reading {source}", total=size)
+        rows = read_rows(str(source), sample_rows=sample_rows, seed=seed,
+                         on_bytes=None if bar is None else (lambda n: bar.update(reading, completed=n)))
         if bar is not None:
             bar.update(reading, total=1, completed=1)
         fmt, column = detect_format(rows.columns, rows.sample)
@@ -494,7 +508,12 @@ def analyze_dataset(
         notes.append(f"{len(rows.bad_lines)} lines are not valid JSON objects and were skipped (lines {shown})")
     if malformed:
         notes.append(f"{malformed} sampled rows do not fit the {fmt} format ({FORMATS[fmt]}) and were skipped")
-    notes.append(f"rendered with {counter.template_name}" if fmt != "text" else "raw text with begin/end-of-text tokens")
+    if fmt == "text":
+        notes.append("raw text rows with begin/end-of-text tokens (no chat template)")
+    elif fmt in ("alpaca", "prompt_completion"):
+        notes.append(f"{fmt} rows rendered as a user turn and an assistant turn with {counter.template_name}")
+    else:
+        notes.append(f"rendered with {counter.template_name}")
     notes.extend(counter.notes)
     rejected = getattr(counter, "rejected", [])
     if rejected:
