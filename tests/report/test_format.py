@@ -1,0 +1,101 @@
+"""Number formatting and the package's import weight."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import aegis.report
+from aegis.report.format import (
+    config_diff,
+    format_bytes,
+    format_bytes_range,
+    format_hours,
+    format_hours_range,
+    format_int,
+    format_params,
+    format_rate,
+    format_share,
+    headroom_verdict,
+    targets_label,
+)
+from aegis.schema import LoRAConfig, TrainConfig
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(12_430_000_000, "12.43 GB"), (25_769_803_776, "25.77 GB"), (0, "0.00 GB"), (5_000_000, "5.0 MB"), (-2_500_000_000, "-2.50 GB")],
+)
+def test_format_bytes(value, text):
+    assert format_bytes(value) == text
+
+
+def test_format_bytes_range():
+    assert format_bytes_range(11_640_000_000, 13_210_000_000) == "11.6 - 13.2 GB"
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(8_030_261_248, "8.03B"), (70_553_706_496, "70.55B"), (41_943_040, "41.9M"), (9_437_184, "9.4M"), (512_000, "512K"), (900, "900")],
+)
+def test_format_params(n, text):
+    assert format_params(n) == text
+
+
+def test_counts_shares_rates():
+    assert format_int(10247) == "10,247"
+    assert format_share(0.0052) == "0.52%" and format_share(0.058) == "5.8%" and format_share(0.73) == "73%"
+    assert format_rate(1523.4) == "1,520" and format_rate(87.25) == "87" and format_rate(0.53) == "0.53"
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "text"),
+    [(35 / 60, 50 / 60, "35-50 min"), (0.5, 0.5, "30 min"), (1.5, 2.25, "1.5-2.2 h"), (30, 60, "1.2-2.5 days")],
+)
+def test_format_hours_range(low, high, text):
+    assert format_hours_range(low, high) == text
+
+
+def test_format_hours():
+    assert format_hours(0.6) == "36 min" and format_hours(2.5) == "2.5 h" and format_hours(60) == "2.5 days"
+
+
+def test_targets_and_verdicts():
+    assert targets_label(LoRAConfig().target_modules) == "q,k,v,o,gate,up,down (all attn + MLP)"
+    assert targets_label(("q_proj", "k_proj", "v_proj", "o_proj")) == "q,k,v,o (all attention)"
+    assert targets_label(("q_proj", "v_proj")) == "q,v"
+    assert headroom_verdict(-1) == "does not fit"
+    assert headroom_verdict(500_000_000) == "tight" and headroom_verdict(9_600_000_000) == "comfortable"
+
+
+def test_config_diff():
+    base = TrainConfig(method="qlora", micro_batch_size=4, gradient_accumulation_steps=4, lora=LoRAConfig(rank=16))
+    assert config_diff(base, base) == "same configuration"
+    assert config_diff(base, base.model_copy(update={"micro_batch_size": 2, "gradient_accumulation_steps": 8})) == "bs=2, grad_accum=8"
+    assert config_diff(base, base.model_copy(update={"gradient_checkpointing": True})) == "Enable grad checkpointing"
+    smaller = base.model_copy(update={"lora": LoRAConfig(rank=8), "gradient_checkpointing": True, "micro_batch_size": 1})
+    assert config_diff(base, smaller) == "Rank 8, grad ckpt, bs=1"
+    assert config_diff(None, base).startswith("bs=4, grad_accum=4, seq=1024, rank 16")
+
+
+def test_report_package_is_light_and_lazy():
+    code = (
+        "import sys, aegis; before = set(sys.modules);"
+        "import aegis.report.json, aegis.report.format;"
+        "new = set(sys.modules) - before;"
+        "heavy = [m for m in ('torch', 'transformers', 'jax', 'gradio', 'jinja2', 'rich') if m in new];"
+        "assert not heavy, heavy;"
+        "from aegis.report import render_text, render_blocks, render_markdown;"
+        "heavy = [m for m in ('torch', 'transformers', 'jax', 'gradio', 'jinja2') if m in sys.modules];"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_public_names_resolve():
+    for name in aegis.report.__all__:
+        assert callable(getattr(aegis.report, name)) or name == "EMIT_KINDS"
+    with pytest.raises(AttributeError):
+        aegis.report.nope  # noqa: B018
