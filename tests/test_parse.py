@@ -112,6 +112,9 @@ CORPUS = [
     ("lora mistral-7b-v0.3 on H200, grad accumulation 4, micro batch 8, use paged adamw 32bit",
      R(model=MISTRAL, method="lora", gpu="h200", micro_batch_size=8, effective_batch_size=32, optimizer="adamw")),
     ("4 a100s, llama-70b, qlora, ZeRO-3", R(model=LLAMA70, method="qlora", gpu="a100-80gb", gpu_count=4)),
+    ("lora llama-8b, mixed precision with fp16, grad ckpt = 1",
+     R(model=LLAMA8, method="lora", precision="fp16_mixed", gradient_checkpointing=True)),
+    ("gradient checkpointing 1 epochs on mi300 x2", R(gradient_checkpointing=True, epochs=1, gpu="mi300x", gpu_count=2)),
     ("fine tune deepseek-r1 on 4090", R(gpu="rtx-4090")),
     ("hello there", R()),
     ("", R()),
@@ -136,6 +139,9 @@ def test_corpus_is_large_and_distinct():
     [
         ("qlora llama-3.1-8b on 3900", "gpu", ["'3900'", "rtx-3090", "aegis gpus"]),
         ("lora on l40 with mixtral", "gpu", ["'l40'", "l40s"]),
+        ("lora llama 8b on 2x rtx 3080", "gpu", ["'rtx 3080'", "rtx-3090"]),
+        ("lora deepseek 7b on 4090", "model", ["'deepseek 7b'", "config.json"]),
+        ("lora llama-8b mixed precision fp32", "precision", ["fp32", "keep one"]),
         ("qlora lama-3.1-8b on 3090", "model", ["'lama-3.1-8b'", "llama", "aegis models"]),
         ("lora llama 13b on a100", "model", ["'llama 13b'", "aegis models"]),
         ("lora mixtral on 3090 or 4090", "gpu", ["rtx-3090", "rtx-4090", "keep one"]),
@@ -159,6 +165,11 @@ def test_unknown_or_ambiguous_parts_name_the_part_and_the_fix(text, part, says):
     assert "\n" not in message
     for fragment in says:
         assert fragment in message
+
+
+def test_a_count_before_an_unknown_gpu_is_not_a_second_unknown_gpu():
+    issues = parse_request_lenient("lora llama-8b on 2x 3900").issues
+    assert [(i.part, i.text) for i in issues] == [("gpu", "3900")]
 
 
 def test_unknown_gpu_message_comes_from_the_catalog_lookup():

@@ -130,7 +130,7 @@ class _Table:
     exact: dict[tuple[str, ...], frozenset[str]]
     prefixes: dict[tuple[str, ...], frozenset[str]]
     longest: int
-    names: dict[str, str] = field(default_factory=dict)  # display name (alias) → id, for suggestions
+    names: dict[str, str] = field(default_factory=dict)  # key without separators → id, for suggestions
 
     @classmethod
     def build(cls, entries: list[tuple[str, list[str]]]) -> "_Table":
@@ -143,7 +143,7 @@ class _Table:
                 if not key:
                     continue
                 exact.setdefault(key, set()).add(ident)
-                names.setdefault(_lower(alias), ident)
+                names.setdefault("".join(key), ident)
                 for n in range(1, len(key)):
                     prefixes.setdefault(key[:n], set()).add(ident)
         return cls(
@@ -154,7 +154,7 @@ class _Table:
         )
 
     def suggest(self, phrase: str, n: int = 3) -> tuple[str, ...]:
-        close = difflib.get_close_matches(_lower(phrase).strip(), list(self.names), n=8, cutoff=0.5)
+        close = difflib.get_close_matches("".join(_key(phrase)), list(self.names), n=8, cutoff=0.5)
         ids: list[str] = []
         for name in close:
             if self.names[name] not in ids:
@@ -241,10 +241,11 @@ _CKPT = r"(?:grad(?:ient)?|activation)" + _S + r"(?:ckpt|checkpointing|checkpoin
 _CHECKPOINTING: list[tuple[bool, re.Pattern[str]]] = [
     (False, _rx(
         _B + r"(?:no|not|without|disabled?|w/o|off)" + _S + r"(?:the" + _S + r")?(?:" + _CKPT + r"|checkpointing|ckpt)" + _E)),
-    (False, _rx(_B + r"(?:" + _CKPT + r"|checkpointing|ckpt)" + _SEP + r"(?:off|false|no|0|disabled?|none)" + _E)),
+    (False, _rx(_B + r"(?:" + _CKPT + r"|checkpointing|ckpt)(?:" + _S + r"(?:=|:)" + _S + r"(?:off|false|no|0|disabled?|none)"
+                r"|" + _S + r"(?:off|false|disabled))" + _E)),
     (True, _rx(
         _B + r"(?:(?:with|use|using|enable|enabled)" + _S + r")?(?:" + _CKPT + r"|checkpointing|gc" + _S + r"ckpt)"
-        r"(?:" + _SEP + r"(?:on|true|yes|1|enabled?))?" + _E)),
+        r"(?:" + _S + r"(?:=|:)" + _S + r"(?:on|true|yes|1|enabled?)|" + _S + r"(?:on|true|enabled)(?![\s_-]*(?:an?|the|\d)" + _E + r"))?" + _E)),
 ]
 
 _SETTINGS: list[tuple[str, re.Pattern[str]]] = [
@@ -311,6 +312,10 @@ _STOP = frozenset(
 )
 _UNITS = frozenset("samples sample rows row examples example steps step tokens token sequences gb mb tb params parameters".split())
 _BREAK = _STOP | _UNITS
+_COUNT_CUE = _rx(r"(?<![a-z0-9.])\d{1,4}\s*[x×*]\s*$")
+_GPU_BRANDS = frozenset({"rtx", "gtx", "tesla", "radeon", "instinct", "quadro"})
+_MAX_LOOKUPS = 4
+"""Unknown-name lookups per request (each computes close matches): enough for any real request."""
 _GPU_CUE = frozenset({"on", "gpu", "gpus", "x", "using", "rent", "renting"})
 
 
@@ -445,6 +450,8 @@ def _match_at(work: str, toks: list[tuple[str, int, int]], i: int, table: _Table
 def _adjacent(work: str, a: tuple[str, int, int], b: tuple[str, int, int], strict_letters: bool) -> bool:
     gap = work[a[2]:b[1]]
     starts_word = a[1] == 0 or not work[a[1] - 1].isalnum()
+    if strict_letters and b[0] == "x" and gap:  # 'mi300 x1': a count, not 'mi300x'
+        return False
     if strict_letters and len(a[0]) == 1 and a[0].isalpha() and starts_word and b[0][0].isdigit():  # 'a100', not 'a 100'
         return gap in ("", "-")
     return _GAP.fullmatch(gap) is not None
@@ -478,7 +485,7 @@ def _read_gpus(r: _Reader) -> None:
             i += 1
             continue
         hit = _match_at(r.work, toks, i, table, strict_letters=True)
-        if hit is None or (hit[0] == 1 and toks[i][0].isdigit() and not hit[1]):
+        if hit is None:
             i += 1
             continue
         n, ids = hit
@@ -548,8 +555,12 @@ def _assign_items(r: _Reader) -> None:
 
 
 def _canonical_model(name: str) -> str | None:
+    """The catalog id of a bundled model's id or alias, else None (our looser keys screen out misses cheaply)."""
     from aegis.hub import canonical_model_id
 
+    ids = _models().exact.get(_key(name)) or _models().exact.get(_key(name.split("/", 1)[-1]))
+    if not ids or len(ids) != 1:
+        return None
     try:
         return canonical_model_id(name)
     except AegisError:
@@ -568,19 +579,28 @@ def _read_leftovers(r: _Reader) -> list[str]:
     unparsed: list[str] = []
     families = _family_words()
     prev_word = ""
+    lookups = 0
     for run in runs:
         words = [t for t, _, _ in run]
         start, end = run[0][1], run[-1][2]
         said = r.text[start:end]
         sized = any(_SIZE.match(a) and b in ("b", "m") for a, b in zip(words, words[1:]))
         family = any(w in families for w in words)
-        gpu_like = any(c.isdigit() for c in said) and (prev_word in _GPU_CUE or re.match(r"^\d{1,3}\s*[x×*]\s*$", r.work[max(0, start - 6):start].strip(_MASK + " ") + " ") is not None)
-        vendor = words[0] in ("rtx", "gtx", "tesla", "radeon", "instinct", "quadro")
+        counted = _COUNT_CUE.search(r.work, max(0, start - 8), start) is not None
+        gpu_like = any(c.isdigit() for c in said) and (prev_word in _GPU_CUE or counted)
+        vendor = words[0] in _GPU_BRANDS
         nxt = r.work[end:end + 20].split()
         followed_by_unit = bool(nxt) and nxt[0].strip(",.;") in _UNITS
-        if (family or (sized and not r.values.get("model"))) and not followed_by_unit:
+        if len(words) == 1 and words[0].isdigit() and re.match(r"\s*[x×*]", r.work[end:end + 3]):
+            prev_word = "x"  # '2x <unknown>': the count of the GPU that follows
+            continue
+        if lookups >= _MAX_LOOKUPS or followed_by_unit:
+            unparsed.extend(w for w in words if w.isalpha() and w not in _STOP and len(w) > 1)
+        elif family or (sized and not r.values.get("model")):
+            lookups += 1
             _unknown_model(r, said)
-        elif (gpu_like or vendor) and not followed_by_unit and words[0] not in _STOP:
+        elif (gpu_like or vendor) and words[0] not in _STOP:
+            lookups += 1
             _unknown_gpu(r, said)
         else:
             unparsed.extend(w for w in words if w.isalpha() and w not in _STOP and len(w) > 1)
@@ -628,9 +648,11 @@ def _settle(r: _Reader) -> dict[str, Any]:
     for part, found in r.values.items():
         distinct = list(dict.fromkeys(v for v, _ in found))
         said = " / ".join(dict.fromkeys(s for _, s in found))
-        if part == "precision" and distinct == ["bf16_mixed?"]:
-            r.notes.append("'mixed precision' read as bf16_mixed (fp32 master weights, bf16 compute)")
-            distinct = ["bf16_mixed"]
+        if part == "precision" and "bf16_mixed?" in distinct:  # bare 'mixed precision': bf16 unless fp16 is said
+            rest = [v for v in distinct if v != "bf16_mixed?"]
+            if not rest:
+                r.notes.append("'mixed precision' read as bf16_mixed (fp32 master weights, bf16 compute)")
+            distinct = ["bf16_mixed"] if rest in ([], ["bf16"], ["bf16_mixed"]) else rest if rest == ["fp16_mixed"] else ["mixed precision", *rest]
         if len(distinct) > 1:
             label = _LABELS.get(part, _BOUNDS.get(part, (0, 0, part))[2] + " values")
             listed = ", ".join(str(v) for v in distinct)
