@@ -19,10 +19,10 @@ def _m(step, loss, grad=1.0, nonfinite=False):
 @given(st.lists(st.floats(0.5, 3.0), min_size=10, max_size=40), st.floats(0.0, 10.0))
 def test_spike_threshold_is_mean_plus_k_sigma(history, new):
     cfg = MonitoringSection(spike_sigma=3.0, history_size=1000, min_history=5, min_std=0.0)
-    det = Detector(cfg, MetricsWindow(steps=tuple(range(len(history))), loss_history=tuple(history),
+    det = Detector(cfg, MetricsWindow(steps=tuple(range(1, len(history) + 1)), loss_history=tuple(history),
                                       grad_norm_history=tuple([1.0] * len(history))))
     bar = np.mean(history) + 3 * np.std(history)
-    anomaly = det.check(_m(len(history), new))
+    anomaly = det.check(_m(len(history) + 1, new))
     assert (anomaly is not None) == (new > bar)
     if anomaly is not None:
         assert anomaly.type == "loss_spike" and math.isclose(anomaly.threshold, bar, rel_tol=1e-9)

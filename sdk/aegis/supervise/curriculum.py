@@ -38,12 +38,14 @@ def normalise(weights: dict[str, float], max_weight: float = 1.0) -> dict[str, f
         return {k: 1.0 / n for k in weights}
     w = {k: v / total for k, v in weights.items()}
     cap = max(max_weight, 1.0 / len(w))
+    capped: set[str] = set()
     for _ in range(len(w)):
         over = {k for k, v in w.items() if v > cap + 1e-12}
         if not over:
             break
         excess = sum(w[k] - cap for k in over)
-        free = {k: v for k, v in w.items() if k not in over}
+        capped |= over
+        free = {k: v for k, v in w.items() if k not in capped}
         free_total = sum(free.values())
         for k in over:
             w[k] = cap
