@@ -1,0 +1,377 @@
+"""The training loop: a :class:`Trainer` whose ``train(n)`` yields one typed :class:`StepInfo` per step.
+
+This is what the supervisor drives. It never reaches inside: it reads ``StepInfo`` (loss,
+grad norm, lr, tokens/s, NaN/Inf flags, the batch's sample ids), attaches hooks, changes the
+learning rate, clip norm, blacklist and domain weights between windows, evaluates, saves and
+restores (orbax: train state + sampler state), and asks for per-sample forensics of a batch.
+
+    from aegis.data import ByteTokenizer, tiny_llama_config, toy_dataset_path
+    from aegis.train.data import load_jsonl
+    trainer = Trainer(tiny_llama_config(), TrainConfig(method="lora", micro_batch_size=4, seq_len=128,
+                      precision="fp32"), load_jsonl(toy_dataset_path(), ByteTokenizer()))
+    trainer.add_hook(lambda info: print(info.step, info.loss), every=10)
+    for info in trainer.train(50):
+        if info.nan_or_inf: break
+    trainer.set_lr(1e-4); trainer.set_blacklist(trainer.analyze().outliers())
+    trainer.save("/tmp/run/ckpt-50")
+
+Data parallel: the batch is sharded over a 1-D ``data`` mesh of all local devices (or the
+``devices`` given), params and optimizer state are replicated; XLA all-reduces the gradients.
+``TrainConfig.micro_batch_size`` is per device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from pydantic import Field
+
+from aegis.errors import CheckpointError, DatasetError, InvalidConfigError
+from aegis.schema import Frozen, TrainConfig
+from aegis.train.data import Batch, BatchSampler, Example, iter_batches
+from aegis.train.forensics import BatchForensics, analyze_batch
+from aegis.train.step import (
+    OptimizerSettings,
+    TrainState,
+    init_state,
+    make_eval_step,
+    make_optimizer,
+    make_train_step,
+    precision_dtypes,
+)
+
+__all__ = ["StepInfo", "Trainer", "build_trainable"]
+
+
+class StepInfo(Frozen):
+    """What one optimizer step did (all host floats: cheap to log, send and keep in graph state)."""
+
+    step: int = Field(description="Optimizer steps taken after this one (1-based).")
+    loss: float = Field(description="Mean next-token NLL over the step's target tokens.")
+    grad_norm: float = Field(description="Global gradient norm before clipping.")
+    lr: float = Field(description="Learning rate used by this step.")
+    tokens: int = Field(description="Target tokens the loss was taken over.")
+    tokens_per_s: float = Field(description="Positions processed per second (batch x seq x accumulation / step time).")
+    step_time_s: float = Field(description="Wall time from dispatch to metrics on the host (first step: + compile).")
+    epoch: float = Field(description="Examples drawn so far / dataset size.")
+    loss_nonfinite: bool = Field(description="The loss was NaN or Inf.")
+    grads_nonfinite: bool = Field(description="The gradient norm was NaN or Inf.")
+    params_nonfinite: bool = Field(description="Some trainable parameter is NaN or Inf after the step.")
+    update_skipped: bool = Field(description="The update was not applied because loss or grads were not finite.")
+    sample_ids: tuple[str, ...] = Field(description="Ids of the examples in the step's batch.", repr=False)
+
+    @property
+    def nan_or_inf(self) -> bool:
+        return self.loss_nonfinite or self.grads_nonfinite or self.params_nonfinite
+
+
+def build_trainable(
+    model: Any, params: Any, train_config: TrainConfig, rng: jax.Array, lora_dtype: Any
+) -> tuple[Any, Any]:
+    """``(trainable, frozen)`` for a method: params / None, or LoRA adapters over a bf16 or NF4 base."""
+    if train_config.method == "full":
+        return params, None
+    from aegis.train.lora import init_lora
+
+    lc = train_config.lora_config
+    lora = init_lora(
+        model,
+        params,
+        rank=lc.rank,
+        alpha=lc.alpha,
+        target_modules=lc.target_modules,
+        rng=rng,
+        dtype=lora_dtype,
+        dropout=lc.dropout,
+    )
+    if train_config.method == "qlora":
+        from aegis.train.nf4 import quantize_params
+
+        return lora, quantize_params(model, params)
+    return lora, params
+
+
+class Trainer:
+    """A training run in progress: model, train state, sampler, jitted steps."""
+
+    def __init__(
+        self,
+        model_config: Mapping[str, Any],
+        train_config: TrainConfig,
+        examples: Sequence[Example],
+        *,
+        optimizer: OptimizerSettings | None = None,
+        eval_examples: Sequence[Example] | None = None,
+        params: Any = None,
+        seed: int = 0,
+        packing: bool = True,
+        domain_weights: Mapping[str, float] | None = None,
+        blacklist: Sequence[str] = (),
+        devices: Sequence[jax.Device] | None = None,
+    ) -> None:
+        from aegis.train.models import build_model
+
+        self.model_config = dict(model_config)
+        self.train_config = train_config
+        self.settings = optimizer or OptimizerSettings()
+        dtypes = precision_dtypes(train_config.precision)
+        self.model = build_model(
+            self.model_config, dtype=dtypes.compute, param_dtype=dtypes.params, remat=train_config.gradient_checkpointing
+        )
+        vocab = int(self.model_config.get("vocab_size", 0))
+        too_big = [ex.sample_id for ex in examples if vocab and int(ex.input_ids.max()) >= vocab]
+        if too_big:
+            raise DatasetError(
+                f"example {too_big[0]!r} has token ids >= the model's vocab_size {vocab}; "
+                "tokenize with the model's own tokenizer"
+            )
+
+        self.devices = list(devices or jax.devices())
+        self.mesh = Mesh(np.array(self.devices), ("data",))
+        self._replicated = NamedSharding(self.mesh, P())
+        self._batch_sharding = NamedSharding(self.mesh, P(None, "data"))
+        self._eval_sharding = NamedSharding(self.mesh, P("data"))
+        self.global_micro_batch = train_config.micro_batch_size * len(self.devices)
+        accum = train_config.gradient_accumulation_steps
+        self.sampler = BatchSampler(
+            examples,
+            self.global_micro_batch * accum,
+            train_config.seq_len,
+            seed=seed,
+            packing=packing,
+            domain_weights=domain_weights,
+            blacklist=blacklist,
+        )
+        self.eval_examples = list(eval_examples) if eval_examples is not None else list(examples)
+        self.packing = packing
+
+        rng = jax.random.PRNGKey(seed)
+        init_rng, lora_rng, state_rng = jax.random.split(rng, 3)
+        if params is None:
+            params = self.model.init(init_rng)
+        trainable, frozen = build_trainable(self.model, params, train_config, lora_rng, dtypes.lora)
+        self.tx = make_optimizer(train_config, self.settings)
+        state = init_state(trainable, self.tx, self.settings, state_rng)
+        self.state: TrainState = jax.device_put(state, self._replicated)
+        self.frozen = jax.device_put(frozen, self._replicated) if frozen is not None else None
+
+        step = make_train_step(
+            self.model, self.tx, self.settings, chunked_cross_entropy=train_config.chunked_cross_entropy
+        )
+        self._step = jax.jit(step, donate_argnums=0, out_shardings=(self._replicated, self._replicated))
+        self._eval = jax.jit(
+            make_eval_step(
+                self.model,
+                chunked_cross_entropy=train_config.chunked_cross_entropy,
+                chunk_tokens=self.settings.ce_chunk_tokens,
+            )
+        )
+        self._hooks: list[tuple[Callable[[StepInfo], Any], int]] = []
+        self._prefetched: tuple[dict, Batch] | None = None
+        self.last_batch: Batch | None = None
+
+    # ----------------------------------------------------------------- hooks and settings
+
+    def add_hook(self, fn: Callable[[StepInfo], Any], *, every: int = 1) -> None:
+        """Call ``fn(info)`` after every ``every``-th step (by step number)."""
+        if every < 1:
+            raise InvalidConfigError(f"hook interval must be >= 1, got {every}")
+        self._hooks.append((fn, every))
+
+    @property
+    def step(self) -> int:
+        return int(jax.device_get(self.state.step))
+
+    @property
+    def lr(self) -> float:
+        """The current peak learning rate (the schedule scales it)."""
+        return float(jax.device_get(self.state.peak_lr))
+
+    @property
+    def clip_norm(self) -> float:
+        return float(jax.device_get(self.state.clip_norm))
+
+    def set_lr(self, peak_lr: float) -> None:
+        """New peak learning rate; the warmup/cosine schedule keeps scaling it. No recompile."""
+        if not peak_lr > 0:
+            raise InvalidConfigError(f"learning rate must be > 0, got {peak_lr}")
+        value = jax.device_put(jnp.asarray(peak_lr, jnp.float32), self._replicated)
+        self.state = dataclasses.replace(self.state, peak_lr=value)
+
+    def set_clip(self, clip_norm: float) -> None:
+        """New global gradient-norm clip (0 disables clipping). No recompile."""
+        if not clip_norm >= 0:
+            raise InvalidConfigError(f"clip norm must be >= 0, got {clip_norm}")
+        value = jax.device_put(jnp.asarray(clip_norm, jnp.float32), self._replicated)
+        self.state = dataclasses.replace(self.state, clip_norm=value)
+
+    def set_blacklist(self, sample_ids: Sequence[str]) -> None:
+        """Exclude these sample ids from all batches built from now on (replaces the set)."""
+        self._rewind()
+        self.sampler.set_blacklist(sample_ids)
+
+    def set_domain_weights(self, weights: Mapping[str, float]) -> None:
+        """Domain mixing weights for the batches built from now on; shapes do not change."""
+        self._rewind()
+        self.sampler.set_domain_weights(weights)
+
+    # ----------------------------------------------------------------- training
+
+    def _rewind(self) -> None:
+        """Undo a prefetched batch so that setting changes and checkpoints see exact sampler state."""
+        if self._prefetched is not None:
+            self.sampler.load_state_dict(self._prefetched[0])
+            self._prefetched = None
+
+    def _take_batch(self) -> Batch:
+        if self._prefetched is not None:
+            batch = self._prefetched[1]
+            self._prefetched = None
+            return batch
+        return self.sampler.next_batch()
+
+    def _device_batch(self, batch: Batch) -> dict[str, jax.Array]:
+        accum = self.train_config.gradient_accumulation_steps
+        shaped = {k: v.reshape(accum, self.global_micro_batch, -1) for k, v in batch.arrays().items()}
+        return jax.device_put(shaped, self._batch_sharding)
+
+    def train(self, num_steps: int) -> Iterator[StepInfo]:
+        """Run ``num_steps`` optimizer steps, yielding a :class:`StepInfo` after each."""
+        positions = self.sampler.batch_size * self.sampler.seq_len
+        for i in range(num_steps):
+            batch = self._take_batch()
+            arrays = self._device_batch(batch)
+            t0 = time.perf_counter()
+            self.state, metrics = self._step(self.state, self.frozen, arrays)
+            if i + 1 < num_steps:  # build the next batch while the device computes
+                snapshot = self.sampler.state_dict()
+                self._prefetched = (snapshot, self.sampler.next_batch())
+            m = jax.device_get(metrics)
+            dt = time.perf_counter() - t0
+            self.last_batch = batch
+            info = StepInfo(
+                step=int(jax.device_get(self.state.step)),
+                loss=float(m["loss"]),
+                grad_norm=float(m["grad_norm"]),
+                lr=float(m["lr"]),
+                tokens=int(m["tokens"]),
+                tokens_per_s=positions / dt,
+                step_time_s=dt,
+                epoch=self.sampler.epoch,
+                loss_nonfinite=not bool(m["loss_finite"]),
+                grads_nonfinite=not bool(m["grads_finite"]),
+                params_nonfinite=not bool(m["params_finite"]),
+                update_skipped=bool(m["skipped"]),
+                sample_ids=batch.sample_ids,
+            )
+            for fn, every in self._hooks:
+                if info.step % every == 0:
+                    fn(info)
+            yield info
+        self._rewind()
+
+    def eval(self, domain: str | None = None, *, max_batches: int | None = None) -> float:
+        """Mean next-token NLL over the eval examples (of one domain), blacklisted ones excluded."""
+        examples = [
+            ex
+            for ex in self.eval_examples
+            if (domain is None or ex.domain == domain) and ex.sample_id not in self.sampler.blacklist
+        ]
+        if not examples:
+            domains = sorted({ex.domain for ex in self.eval_examples})
+            raise DatasetError(f"no eval examples for domain {domain!r}; eval domains: {domains}")
+        total, count = 0.0, 0.0
+        for k, batch in enumerate(iter_batches(examples, self.global_micro_batch, self.sampler.seq_len, packing=self.packing)):
+            if max_batches is not None and k >= max_batches:
+                break
+            arrays = jax.device_put(batch.arrays(), self._eval_sharding)
+            t, c = jax.device_get(self._eval(self.state.trainable, self.frozen, arrays))
+            total += float(t)
+            count += float(c)
+        return total / max(count, 1.0)
+
+    def analyze(
+        self, batch: Batch | None = None, *, sample_ids: Sequence[str] | None = None, chunk_size: int = 8
+    ) -> BatchForensics:
+        """Per-sample losses and gradient norms of a batch (default: the last trained batch)."""
+        if sample_ids is not None:
+            batch = self.sampler.batch_of(sample_ids)
+        batch = batch or self.last_batch
+        if batch is None:
+            raise DatasetError("no batch to analyze yet: train a step first or pass sample_ids")
+        return analyze_batch(
+            self.model,
+            self.state.trainable,
+            self.frozen,
+            batch,
+            chunk_size=chunk_size,
+            chunked_cross_entropy=self.train_config.chunked_cross_entropy,
+            chunk_tokens=self.settings.ce_chunk_tokens,
+        )
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def save(self, path: str | Path) -> Path:
+        """Write an orbax checkpoint (train state + sampler state + run metadata) to ``path``."""
+        import orbax.checkpoint as ocp
+
+        self._rewind()
+        path = Path(path).absolute()
+        meta = {
+            "method": self.train_config.method,
+            "train_config": self.train_config.model_dump(mode="json"),
+            "model_config": self.model_config,
+        }
+        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
+            ckptr.save(
+                path,
+                ocp.args.Composite(
+                    state=ocp.args.StandardSave(self.state),
+                    sampler=ocp.args.JsonSave(self.sampler.state_dict()),
+                    meta=ocp.args.JsonSave(meta),
+                ),
+                force=True,
+            )
+        return path
+
+    def restore(self, path: str | Path) -> None:
+        """Continue from a checkpoint written by :meth:`save` for the same model, method and dataset."""
+        import orbax.checkpoint as ocp
+
+        path = Path(path).absolute()
+        if not (path / "state").is_dir() or not (path / "sampler").exists():
+            raise CheckpointError(f"{path} is not an Aegis checkpoint (needs state/ and sampler/); pass a saved folder")
+        self._rewind()
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.state
+        )
+        try:
+            with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
+                meta = ckptr.restore(path, ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+                if meta["method"] != self.train_config.method or meta["model_config"] != json.loads(
+                    json.dumps(self.model_config)
+                ):
+                    raise CheckpointError(
+                        f"{path} was saved by a {meta['method']} run of a different model or method; "
+                        "restore it into a Trainer built with the same model config and method"
+                    )
+                out = ckptr.restore(
+                    path,
+                    ocp.args.Composite(state=ocp.args.StandardRestore(abstract), sampler=ocp.args.JsonRestore()),
+                )
+        except CheckpointError:
+            raise
+        except (ValueError, KeyError, FileNotFoundError) as err:
+            raise CheckpointError(f"cannot restore {path}: {err}; was it saved with the same settings?") from err
+        self.state = out["state"]
+        self.sampler.load_state_dict(out["sampler"])
