@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import jax
@@ -141,7 +141,7 @@ def _blockwise_absmax(flat: jax.Array, block: int) -> tuple[jax.Array, jax.Array
 def _nearest(scaled: jax.Array, code: np.ndarray) -> jax.Array:
     """Index of the nearest code value: bucketize against midpoints (ties go to the upper value, as torch does)."""
     bounds = jnp.asarray((code[:-1] + code[1:]) / 2)
-    return jnp.searchsorted(bounds, scaled, side="left").astype(jnp.uint8)
+    return jnp.searchsorted(bounds, scaled, side="left", method="compare_all").astype(jnp.uint8)
 
 
 def _quantize_one(w: jax.Array, block_size: int, double_quant: bool) -> tuple[jax.Array, ...]:
@@ -164,12 +164,17 @@ def _quantize_one(w: jax.Array, block_size: int, double_quant: bool) -> tuple[ja
     return packed, q_absmax, scale2, offset
 
 
-def quantize(w: jax.Array, block_size: int = 64, double_quant: bool = True, *, batch_dims: int = 0) -> NF4Tensor:
-    """Quantise ``w`` to NF4 (per slice over the first ``batch_dims`` axes)."""
+@partial(jax.jit, static_argnums=(1, 2, 3))
+def _quantize_batched(w: jax.Array, block_size: int, double_quant: bool, batch_dims: int) -> tuple[jax.Array, ...]:
     fn = lambda x: _quantize_one(x, block_size, double_quant)  # noqa: E731
     for _ in range(batch_dims):
         fn = jax.vmap(fn)
-    packed, absmax, scale, offset = fn(jnp.asarray(w))
+    return fn(w)
+
+
+def quantize(w: jax.Array, block_size: int = 64, double_quant: bool = True, *, batch_dims: int = 0) -> NF4Tensor:
+    """Quantise ``w`` to NF4 (per slice over the first ``batch_dims`` axes)."""
+    packed, absmax, scale, offset = _quantize_batched(jnp.asarray(w), block_size, double_quant, batch_dims)
     return NF4Tensor(
         packed=packed,
         absmax=absmax,
@@ -192,6 +197,11 @@ def _absmax_values(q: NF4Tensor) -> jax.Array:
 
 def dequantize(q: NF4Tensor, dtype: Any = None) -> jax.Array:
     """Reconstruct the weight (in ``dtype``, default the original dtype); any leading batch axes are kept."""
+    return _dequantize(q, jnp.dtype(dtype or q.dtype))
+
+
+@partial(jax.jit, static_argnums=(1,))
+def _dequantize(q: NF4Tensor, dtype: Any) -> jax.Array:
     batch = q.packed.shape[:-1]
     n = math.prod(q.shape)
     hi = (q.packed >> 4).astype(jnp.int32)
@@ -202,7 +212,7 @@ def dequantize(q: NF4Tensor, dtype: Any = None) -> jax.Array:
     nb = absmax.shape[-1]
     vals = jnp.pad(vals, [(0, 0)] * len(batch) + [(0, nb * q.block_size - n)])
     out = (vals.reshape(*batch, nb, q.block_size) * absmax[..., None]).reshape(*batch, -1)[..., :n]
-    return out.reshape(*batch, *q.shape).astype(dtype or q.dtype)
+    return out.reshape(*batch, *q.shape).astype(dtype)
 
 
 def maybe_dequantize(w: Any, dtype: Any) -> jax.Array:

@@ -324,7 +324,7 @@ def save_lora_adapter(
             for i in range(model.spec.num_layers):
                 key = f"{PEFT_PREFIX}model.layers.{i}.{'.'.join(mod_path)}.{part}.weight"
                 tensors[key] = np.ascontiguousarray(arr[i])
-    targets = sorted(names) if "all-linear" not in lora.target_modules else ["all-linear"]
+    targets = sorted(names)  # explicit module names: PEFT targets exactly the modules that have weights here
     config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",

@@ -184,6 +184,8 @@ def moe_block(
 
     if "shared_expert" in p:
         shared = mlp_block(spec, p["shared_expert"], xf, ctx, _sub(lora, "shared_expert"), prefix="shared_expert.")
-        gate_val = jax.nn.sigmoid(jnp.einsum("td,od->to", xf, p["shared_expert_gate"]["weight"].astype(ctx.dtype)))
+        gate_val = jax.nn.sigmoid(
+            linear(p["shared_expert_gate"], xf, ctx, _sub(lora, "shared_expert_gate"), "shared_expert_gate")
+        )
         y = y + gate_val * shared
     return y.reshape(b, s, d)
