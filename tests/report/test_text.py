@@ -98,7 +98,7 @@ def test_plain_text_has_no_ansi_and_colour_has(example_report):
 
 
 def test_width_is_respected(example_report):
-    for width in (80, 120):
+    for width in (40, 80, 120):
         assert max(len(line) for line in render_text(example_report, width=width).splitlines()) <= width
 
 
@@ -109,6 +109,7 @@ def test_nothing_fits(nothing_fits_report):
     assert "Nothing fits:" in out
     assert _flat(r.nothing_fits) in _flat(out)
     assert "Recommended Config" not in out and "[XX]" in out
+    assert "Cost:" not in out  # no cost for a job that cannot run
 
 
 def test_multi_gpu_section(multi_gpu_report, example_report):

@@ -514,6 +514,8 @@ def _estimates(report: PlanReport) -> Section:
             )
         else:
             items.append(Line("Time", "n/a", "needs a dataset: time scales with its rows and lengths"))
+    if report.recommended is None:
+        return Section("estimates", "Estimates", "", tuple(items))
     own = [c for c in report.costs if not c.counterfactual]
     cloud = [c for c in report.costs if c.counterfactual]
     if report.gpu.local and not own:
