@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import re
 import subprocess
@@ -299,6 +300,26 @@ def test_model_own_tokenizer_through_transformers(tiny_model: Path) -> None:
     assert (profile.tokens.min, profile.tokens.max) == (min(lengths), max(lengths))
     assert profile.tokens.mean == pytest.approx(sum(lengths) / len(lengths))
     assert profile.template_overhead_tokens == pytest.approx((sum(lengths) - sum(contents)) / len(rows))
+
+
+@pytest.mark.slow
+def test_model_tokenizer_from_the_hub_cache(tiny_model: Path, tmp_path: Path) -> None:
+    """A hub id whose tokenizer sits in the Hugging Face cache is served offline by AutoTokenizer."""
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--aegis-test--tiny-chat"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for f in tiny_model.iterdir():
+        (snapshot / f.name).write_bytes(f.read_bytes())
+    code = ("from aegis.datasets import analyze_dataset; "
+            f"p = analyze_dataset({str(DATA / 'messages.jsonl')!r}, model='aegis-test/tiny-chat'); "
+            "print(p.tokenizer, p.tokenizer_exact, p.tokens.max)")
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    direct = analyze_dataset(str(DATA / "messages.jsonl"), model=str(tiny_model))
+    assert out.split() == ["aegis-test/tiny-chat", "(transformers", "AutoTokenizer)", "True", str(direct.tokens.max)]
 
 
 @pytest.mark.slow

@@ -375,7 +375,8 @@ def _model_id(model: ModelProfile | str | None) -> str | None:
 
 
 def _hf_tokenizer_source(model_id: str) -> str | None:
-    """A local folder or cached hub id that AutoTokenizer can load without the network, or None."""
+    """A folder with tokenizer files AutoTokenizer can load without the network: the model folder
+    itself, or the cached snapshot of a hub id. None when there is none."""
     path = Path(model_id).expanduser()
     if path.is_file() and path.name == "config.json":
         path = path.parent
@@ -387,7 +388,8 @@ def _hf_tokenizer_source(model_id: str) -> str | None:
     from huggingface_hub import try_to_load_from_cache
 
     found = try_to_load_from_cache(model_id, "tokenizer_config.json")
-    return model_id if isinstance(found, str) else None
+    # the snapshot folder, not the id: AutoTokenizer then needs no config.json and no Hub call
+    return str(Path(found).parent) if isinstance(found, str) else None
 
 
 @lru_cache(maxsize=8)
@@ -512,7 +514,7 @@ def load_tokenizer(model: ModelProfile | str | None) -> TokenCounter:
         source = _hf_tokenizer_source(model_id)
         tok = _hf_tokenizer(source) if source is not None else None
         if tok is not None:
-            return HFCounter(tok, template, name=f"{source} (transformers AutoTokenizer)")
+            return HFCounter(tok, template, name=f"{model_id} (transformers AutoTokenizer)")
     spec = rule.tokenizer
     if spec.kind == "qwen":
         return _load_qwen(spec, template)
