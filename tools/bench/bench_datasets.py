@@ -102,7 +102,7 @@ def main() -> None:
         print(json.dumps(run_one(args.one[0], args.one[1], args.repeat)))
         return
 
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         data = make_chat_file(args.rows, folder)
