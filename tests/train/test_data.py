@@ -196,3 +196,12 @@ def test_pack_examples_conserves_tokens(lengths, batch, seq, packing):
     assert placed | {int(e.sample_id) for e in rest} == set(range(len(exs)))
     assert (b.segment_ids > 0).sum() == sum(min(lengths[i], seq) for i in placed)
     assert b.loss_mask.sum() == sum(min(lengths[i], seq) - 1 for i in placed)
+
+
+def test_the_data_layer_does_not_import_jax():
+    import subprocess
+    import sys
+
+    code = "import sys, aegis.train.data, aegis.data; print('jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -228,3 +228,10 @@ def test_precision_modes_map_to_dtypes():
     assert precision_dtypes("bf16").lora == jnp.bfloat16
     with pytest.raises(InvalidConfigError, match="bf16_mixed"):
         precision_dtypes("fp16_mixed")
+
+
+def test_every_public_name_of_the_engine_imports():
+    import aegis.train
+
+    for name in aegis.train.__all__:
+        assert getattr(aegis.train, name) is not None, name

@@ -1,0 +1,319 @@
+"""Measure the JAX engine: real steps for throughput and peak memory, XLA's compiled memory analysis.
+
+:func:`run_benchmark` builds the model, compiles the train step, runs warmup steps, times
+``steps`` more on synthetic full-length batches (throughput does not depend on token values),
+reads the device's allocator peak (``device.memory_stats()``; XLA:CPU has none, so the compiled
+memory analysis stands in) and stores the result in the calibration store, keyed by GPU id,
+model id and method, for the planner to use.
+
+:func:`jax_step_memory` compiles the train step for a configuration from shapes only (no
+parameter is allocated, so an 8B model costs nothing but compile time) and returns XLA's
+memory analysis: arguments + outputs - aliased (donated state) + temporaries.
+
+    res = run_benchmark("meta-llama/Llama-3.2-1B", "lora", micro_batch_size=4, seq_len=2048)
+    print(res.record.tokens_per_s, res.record.peak_memory_bytes, res.record.mfu)
+    mem = jax_step_memory(config_dict, TrainConfig(method="qlora", micro_batch_size=1, seq_len=1024))
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from pydantic import Field
+
+from aegis.calibration import CalibrationRecord, CalibrationStore
+from aegis.errors import InvalidConfigError, UnknownModelError
+from aegis.schema import Frozen, LoRAConfig, Method, ModelProfile, Optimizer, Precision, TrainConfig
+from aegis.train.loop import build_trainable
+from aegis.train.step import OptimizerSettings, init_state, make_optimizer, make_train_step, precision_dtypes
+
+__all__ = [
+    "BenchmarkResult",
+    "run_benchmark",
+    "jax_step_memory",
+    "detect_gpu_id",
+    "resolve_config",
+    "synthetic_batch",
+    "model_flops_per_token",
+]
+
+
+class BenchmarkResult(Frozen):
+    """A benchmark run: the stored record plus what was measured along the way."""
+
+    record: CalibrationRecord
+    compile_s: float = Field(description="Wall time of the first (compiling) step.")
+    losses: tuple[float, ...] = Field(description="Loss of each timed step.")
+    compiled_memory: dict[str, int] = Field(description="XLA memory analysis of the step (see jax_step_memory).")
+    stored_at: str | None = Field(default=None, description="Calibration file written, None when not recorded.")
+
+
+def resolve_config(model: str | Mapping[str, Any] | ModelProfile, model_id: str | None = None) -> tuple[dict, str]:
+    """``(config.json dict, model id)`` for a config dict, a ModelProfile, a config path or a model id/alias."""
+    if isinstance(model, ModelProfile):
+        return dict(model.config), model_id or model.model_id
+    if isinstance(model, Mapping):
+        cfg = dict(model)
+        return cfg, model_id or str(cfg.get("_name_or_path") or cfg.get("model_type", "custom"))
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return json.loads(path.read_text()), model_id or str(model)
+    try:
+        from aegis.hub import resolve_model
+    except ImportError as err:  # the hub module is part of the planner install
+        raise UnknownModelError(f"cannot resolve {model!r}: pass a config.json path or dict") from err
+    profile = resolve_model(str(model))
+    return dict(profile.config), model_id or profile.model_id
+
+
+def detect_gpu_id(device: jax.Device) -> str:
+    """Catalog GPU id of a device ('cpu' for XLA:CPU; a slug of the device kind when not in the catalog)."""
+    if device.platform == "cpu":
+        return "cpu"
+    kind = str(getattr(device, "device_kind", device.platform))
+    try:
+        from aegis.hardware import find_gpu
+
+        for candidate in (kind, kind.replace("NVIDIA ", ""), " ".join(kind.split()[:2])):
+            try:
+                return find_gpu(candidate).id
+            except LookupError:
+                continue
+    except ImportError:
+        pass
+    return re.sub(r"[^a-z0-9]+", "-", kind.lower()).strip("-")
+
+
+def synthetic_batch(vocab_size: int, accum: int, batch: int, seq_len: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Full-length rows of random tokens in the train step's ``[accum, batch, seq]`` layout."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab_size, size=(accum, batch, seq_len + 1), dtype=np.int32)
+    mask = np.ones((accum, batch, seq_len), np.float32)
+    return {
+        "input_ids": ids[..., :-1],
+        "targets": ids[..., 1:],
+        "loss_mask": mask,
+        "segment_ids": np.ones((accum, batch, seq_len), np.int32),
+        "positions": np.broadcast_to(np.arange(seq_len, dtype=np.int32), (accum, batch, seq_len)).copy(),
+    }
+
+
+def _tree_bytes(tree: Any) -> int:
+    return int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
+
+
+def _abstract_setup(config: dict, tc: TrainConfig, settings: OptimizerSettings) -> tuple[Any, Any, Any, Any, Any]:
+    """Model, step function and abstract (shape-only) state / frozen / batch for a configuration."""
+    from aegis.train.models import build_model
+
+    dtypes = precision_dtypes(tc.precision)
+    model = build_model(config, dtype=dtypes.compute, param_dtype=dtypes.params, remat=tc.gradient_checkpointing)
+    tx = make_optimizer(tc, settings)
+
+    def setup(rng: jax.Array) -> tuple[Any, Any]:
+        k1, k2, k3 = jax.random.split(rng, 3)
+        params = model.init(k1)
+        trainable, frozen = build_trainable(model, params, tc, k2, dtypes.lora)
+        return init_state(trainable, tx, settings, k3), frozen
+
+    state, frozen = jax.eval_shape(setup, jax.random.PRNGKey(0))
+    batch = jax.eval_shape(
+        lambda: {k: jnp.asarray(v) for k, v in synthetic_batch(2, tc.gradient_accumulation_steps, tc.micro_batch_size, tc.seq_len).items()}
+    )
+    step = make_train_step(model, tx, settings, chunked_cross_entropy=tc.chunked_cross_entropy)
+    return model, step, state, frozen, batch
+
+
+def _memory_dict(compiled: Any) -> dict[str, int]:
+    ma = compiled.memory_analysis()
+    out = {
+        "argument_bytes": int(ma.argument_size_in_bytes),
+        "output_bytes": int(ma.output_size_in_bytes),
+        "alias_bytes": int(ma.alias_size_in_bytes),
+        "temp_bytes": int(ma.temp_size_in_bytes),
+        "generated_code_bytes": int(ma.generated_code_size_in_bytes),
+    }
+    out["peak_bytes"] = out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
+    return out
+
+
+def jax_step_memory(
+    config: Mapping[str, Any], train_config: TrainConfig, *, optimizer: OptimizerSettings | None = None
+) -> dict[str, int]:
+    """XLA's memory analysis of the compiled train step for one device (shapes only, nothing allocated).
+
+    Keys: ``argument_bytes``, ``output_bytes``, ``alias_bytes`` (donated state reused for the
+    new state), ``temp_bytes``, ``generated_code_bytes``, ``peak_bytes`` (= arguments + outputs
+    - aliased + temporaries; XLA:CPU's own ``peak_memory_in_bytes`` leaves temporaries out), and
+    the argument split ``frozen_bytes`` / ``trainable_bytes`` / ``opt_state_bytes`` / ``batch_bytes``.
+    """
+    settings = optimizer or OptimizerSettings()
+    _, step, state, frozen, batch = _abstract_setup(dict(config), train_config, settings)
+    compiled = jax.jit(step, donate_argnums=0).lower(state, frozen, batch).compile()
+    out = _memory_dict(compiled)
+    out.update(
+        frozen_bytes=_tree_bytes(frozen) if frozen is not None else 0,
+        trainable_bytes=_tree_bytes(state.trainable),
+        opt_state_bytes=_tree_bytes(state.opt_state),
+        batch_bytes=_tree_bytes(batch),
+    )
+    return out
+
+
+def model_flops_per_token(config: Mapping[str, Any], method: Method, seq_len: int) -> float:
+    """Training FLOPs per token, PaLM-style: 6 x matmul params (4 x for LoRA: no base weight grads)
+    + 12 x layers x heads x head_dim x seq for attention. MoE counts the routed top-k experts."""
+    from aegis.train.models import build_model
+
+    model = build_model(dict(config))
+    spec = model.spec
+    shapes = jax.tree_util.tree_flatten_with_path(model.param_shapes(), is_leaf=lambda x: isinstance(x, tuple))[0]
+    matmul = 0
+    for path, shape in shapes:
+        names = [str(getattr(k, "key", k)) for k in path]
+        if len(shape) < 2 or "embed_tokens" in names or any(n.endswith("norm") for n in names):
+            continue
+        n = int(np.prod(shape))
+        if spec.moe is not None and "experts" in names:
+            n = n * spec.moe.top_k // spec.moe.num_experts
+        matmul += n
+    if spec.tie_embeddings:
+        matmul += spec.vocab_size * spec.hidden_size
+    factor = 6 if method == "full" else 4
+    return factor * matmul + 12 * spec.num_layers * spec.num_heads * spec.head_dim * seq_len
+
+
+def _peak_flops(gpu_id: str) -> float | None:
+    try:
+        from aegis.hardware import find_gpu
+
+        return find_gpu(gpu_id).bf16_tflops * 1e12
+    except (ImportError, LookupError):
+        return None
+
+
+def run_benchmark(
+    model: str | Mapping[str, Any] | ModelProfile,
+    method: Method,
+    micro_batch_size: int,
+    seq_len: int,
+    steps: int = 10,
+    gpu_id: str | None = None,
+    *,
+    model_id: str | None = None,
+    precision: Precision = "bf16",
+    gradient_checkpointing: bool = False,
+    gradient_accumulation_steps: int = 1,
+    chunked_cross_entropy: bool = False,
+    optimizer: Optimizer = "adamw",
+    lora: LoRAConfig | None = None,
+    warmup_steps: int = 2,
+    store: CalibrationStore | None = None,
+    record: bool = True,
+    seed: int = 0,
+) -> BenchmarkResult:
+    """Run ``warmup_steps`` + ``steps`` real train steps on the first local device and measure them.
+
+    Returns the :class:`BenchmarkResult`; when ``record`` is true the :class:`CalibrationRecord`
+    is written to ``store`` (default: ``$AEGIS_HOME/calibration.json``). ``gpu_id`` defaults to
+    the catalog id matching the device (``cpu`` on XLA:CPU).
+    """
+    from aegis.train.models import build_model
+
+    if steps < 1 or warmup_steps < 1:
+        raise InvalidConfigError("a benchmark needs steps >= 1 and warmup_steps >= 1 (the first step compiles)")
+    config, model_id = resolve_config(model, model_id)
+    tc = TrainConfig(
+        method=method,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        gradient_checkpointing=gradient_checkpointing,
+        chunked_cross_entropy=chunked_cross_entropy,
+        precision=precision,
+        optimizer=optimizer,
+        lora=lora if method != "full" else None,
+    )
+    device = jax.devices()[0]
+    gpu_id = gpu_id or detect_gpu_id(device)
+    settings = OptimizerSettings(total_steps=steps + warmup_steps)
+    dtypes = precision_dtypes(precision)
+    mdl = build_model(config, dtype=dtypes.compute, param_dtype=dtypes.params, remat=gradient_checkpointing)
+    tx = make_optimizer(tc, settings)
+    with jax.default_device(device):
+        k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+        params = mdl.init(k1)
+        trainable, frozen = build_trainable(mdl, params, tc, k2, dtypes.lora)
+        del params
+        state = init_state(trainable, tx, settings, k3)
+        vocab = int(config["vocab_size"])
+        batches = [
+            jax.device_put(synthetic_batch(vocab, gradient_accumulation_steps, micro_batch_size, seq_len, seed + i), device)
+            for i in range(2)
+        ]
+        step_fn = jax.jit(make_train_step(mdl, tx, settings, chunked_cross_entropy=chunked_cross_entropy), donate_argnums=0)
+        compiled = step_fn.lower(state, frozen, batches[0]).compile()
+        compiled_memory = _memory_dict(compiled)
+
+        t0 = time.perf_counter()
+        for i in range(warmup_steps):
+            state, metrics = compiled(state, frozen, batches[i % 2])
+        jax.block_until_ready(metrics)
+        compile_s = time.perf_counter() - t0
+        all_metrics = []
+        t0 = time.perf_counter()
+        for i in range(steps):
+            state, metrics = compiled(state, frozen, batches[i % 2])
+            all_metrics.append(metrics)
+        jax.block_until_ready((state, all_metrics))
+        elapsed = time.perf_counter() - t0
+
+    step_time = elapsed / steps
+    positions = gradient_accumulation_steps * micro_batch_size * seq_len
+    tokens_per_s = positions / step_time
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and stats.get("peak_bytes_in_use"):
+        peak, source = int(stats["peak_bytes_in_use"]), "device"
+    else:
+        peak, source = compiled_memory["peak_bytes"], "compiled"
+    peak_flops = _peak_flops(gpu_id)
+    mfu = None
+    if peak_flops:
+        mfu = model_flops_per_token(config, method, seq_len) * tokens_per_s / peak_flops
+    rec = CalibrationRecord(
+        gpu_id=gpu_id,
+        model_id=model_id,
+        method=method,
+        tokens_per_s=tokens_per_s,
+        peak_memory_bytes=peak,
+        memory_source=source,
+        device=str(getattr(device, "device_kind", device.platform)),
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        gradient_checkpointing=gradient_checkpointing,
+        precision=precision,
+        steps=steps,
+        step_time_s=step_time,
+        mfu=mfu,
+    )
+    stored = None
+    if record:
+        stored = str((store or CalibrationStore()).record(rec))
+    return BenchmarkResult(
+        record=rec,
+        compile_s=compile_s,
+        losses=tuple(float(m["loss"]) for m in jax.device_get(all_metrics)),
+        compiled_memory=compiled_memory,
+        stored_at=stored,
+    )
