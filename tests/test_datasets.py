@@ -369,6 +369,18 @@ def test_all_lines_corrupt_is_an_error() -> None:
         analyze_dataset(str(DATA / "all_corrupt.jsonl"))
 
 
+def test_csv_with_long_fields_and_json_encoded_chats(tmp_path: Path) -> None:
+    import csv
+
+    long_answer = "word " * 40_000  # 200 kB: beyond the csv module's default field limit
+    chat = json.dumps([{"role": "user", "content": "Q"}, {"role": "assistant", "content": long_answer}])
+    with (tmp_path / "chats.csv").open("w", newline="") as fh:
+        csv.writer(fh).writerows([["messages"], [chat], [chat]])
+    profile = analyze_dataset(str(tmp_path / "chats.csv"), model=QWEN)
+    assert profile.format == "messages" and profile.num_rows == 2
+    assert profile.tokens.max > 40_000 and profile.truncated_share == 0.0
+
+
 def test_unsupported_extension_and_invalid_json(tmp_path: Path) -> None:
     (tmp_path / "d.txt").write_text("hello")
     with pytest.raises(DatasetError, match="unsupported file type .txt"):

@@ -150,9 +150,14 @@ def _read_json(path: Path, k: int, seed: int) -> Rows:
 
 
 def _read_csv(path: Path, k: int, seed: int) -> Rows:
+    csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))  # long chats exceed the 128 KiB default
     with path.open("r", encoding="utf-8", errors="replace", newline="") as fh:
         reader = csv.DictReader(fh)
-        rows = [dict(r) for r in reader]
+        try:
+            rows = [dict(r) for r in reader]
+        except csv.Error as err:
+            raise DatasetError(f"{path}: malformed CSV at line {reader.line_num} ({err}); fix the quoting "
+                               "or save the data as JSON Lines") from err
         columns = tuple(reader.fieldnames or ())
     sample = [rows[i] for i in _sample_indices(len(rows), k, seed)]
     return Rows(len(rows), sample, columns)
