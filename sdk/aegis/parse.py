@@ -202,75 +202,65 @@ def _rx(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern, re.ASCII)
 
 
+def _word(pattern: str) -> re.Pattern[str]:
+    """A pattern matched as whole words. Shorthands: '~' optional separators, '@' a separator such as
+    ' = ' or ' of ', '#' an integer (a group)."""
+    for short, full in (("~", _S), ("@", _SEP), ("#", _INT)):
+        pattern = pattern.replace(short, full)
+    return _rx(_B + "(?:" + pattern + ")" + _E)
+
+
 _METHODS: list[tuple[str, re.Pattern[str]]] = [
-    ("qlora", _rx(
-        _B + r"(?:q" + _S + r"lora|(?:4|four)" + _S + r"bits?(?:" + _S + r"(?:quanti[sz]ed|nf4))?" + _S + r"lora"
-        r"|nf4" + _S + r"lora|lora" + _S + r"(?:on|with|over)" + _S + r"(?:an?" + _S + r")?(?:4" + _S + r"bits?|nf4)"
-        r"(?:" + _S + r"(?:base|model|quanti[sz]ation|weights))?)" + _E)),
-    ("lora", _rx(_B + r"(?:lora|peft|low" + _S + r"rank" + _S + r"(?:adaptation|adapters?))" + _E)),
-    ("full", _rx(
-        _B + r"(?:full(?!" + _S + r"precision)(?:" + _S + r"(?:param(?:eter)?s?|weights?|model))?"
-        r"(?:" + _S + r"(?:fine" + _S + r"tun(?:e|ed|ing)|finetun(?:e|ed|ing)|ft|sft|train(?:ing)?|tun(?:e|ing)))?"
-        r"|fft|all" + _S + r"(?:param(?:eter)?s|weights))" + _E)),
+    ("qlora", _word(r"q~lora|(?:4|four)~bits?(?:~(?:quanti[sz]ed|nf4))?~lora|nf4~lora"
+                    r"|lora~(?:on|with|over)~(?:an?~)?(?:4~bits?|nf4)(?:~(?:base|model|quanti[sz]ation|weights))?")),
+    ("lora", _word(r"lora|peft|low~rank~(?:adaptation|adapters?)")),
+    ("full", _word(r"full(?!~precision)(?:~(?:param(?:eter)?s?|weights?|model))?"
+                   r"(?:~(?:fine~tun(?:e|ed|ing)|finetun(?:e|ed|ing)|ft|sft|train(?:ing)?|tun(?:e|ing)))?"
+                   r"|fft|all~(?:param(?:eter)?s|weights)")),
 ]
 
 _OPTIMIZERS: list[tuple[str, re.Pattern[str]]] = [
-    ("paged_adamw_8bit", _rx(_B + r"paged" + _S + r"adamw?(?:" + _S + r"(?:8" + _S + r"bits?))?(?!" + _S + r"32)" + _E)),
-    ("adamw", _rx(_B + r"paged" + _S + r"adamw?" + _S + r"32" + _S + r"bits?" + _E)),
-    ("adamw_8bit", _rx(
-        _B + r"(?:(?:8|eight)" + _S + r"bits?" + _S + r"adamw?|adamw?" + _S + r"(?:bnb" + _S + r")?(?:8" + _S + r"bits?)"
-        r"|bnb" + _S + r"adamw?(?:" + _S + r"8" + _S + r"bits?)?)" + _E)),
-    ("adafactor", _rx(_B + r"adafactor" + _E)),
-    ("sgd", _rx(_B + r"sgd(?:" + _S + r"(?:with" + _S + r")?momentum)?" + _E)),
-    ("adamw", _rx(_B + r"adamw?(?:" + _S + r"(?:torch(?:" + _S + r"fused)?|fused|hf|32" + _S + r"bits?))?" + _E)),
+    ("paged_adamw_8bit", _word(r"paged~(?:8~bits?~)?adamw?(?:~8~bits?)?(?!~32)")),
+    ("adamw", _word(r"paged~adamw?~32~bits?")),  # paged 32-bit AdamW holds AdamW's state
+    ("adamw_8bit", _word(r"(?:8|eight)~bits?~adamw?|adamw?~(?:bnb~)?8~bits?|bnb~adamw?(?:~8~bits?)?")),
+    ("adafactor", _word(r"adafactor")),
+    ("sgd", _word(r"sgd(?:~(?:with~)?momentum)?")),
+    ("adamw", _word(r"adamw?(?:~(?:torch(?:~fused)?|fused|hf|32~bits?))?")),
 ]
 
 _PRECISIONS: list[tuple[str, re.Pattern[str]]] = [
-    ("fp16_mixed", _rx(
-        _B + r"(?:(?:fp16|float16|half" + _S + r"precision)(?:" + _S + r"(?:mixed|amp)(?:" + _S + r"precision)?)?"
-        r"|(?:mixed|amp)" + _S + r"(?:precision" + _S + r")?(?:fp16|float16))" + _E)),
-    ("bf16_mixed", _rx(
-        _B + r"(?:(?:bf16|bfloat16)" + _S + r"(?:mixed|amp|autocast)(?:" + _S + r"precision)?"
-        r"|(?:mixed|amp)" + _S + r"(?:precision" + _S + r")?(?:bf16|bfloat16))" + _E)),
-    ("bf16_mixed?", _rx(_B + r"mixed" + _S + r"precision" + _E)),
-    ("bf16", _rx(_B + r"(?:pure" + _S + r")?(?:bf16|bfloat16)" + _E)),
-    ("fp32", _rx(_B + r"(?:fp32|float32|full" + _S + r"precision|single" + _S + r"precision)" + _E)),
+    ("fp16_mixed", _word(r"(?:fp16|float16|half~precision)(?:~(?:mixed|amp)(?:~precision)?)?"
+                         r"|(?:mixed|amp)~(?:precision~)?(?:fp16|float16)")),
+    ("bf16_mixed", _word(r"(?:bf16|bfloat16)~(?:mixed|amp|autocast)(?:~precision)?|(?:mixed|amp)~(?:precision~)?(?:bf16|bfloat16)")),
+    ("bf16_mixed?", _word(r"mixed~precision")),  # settled with the other precisions said (see _settle)
+    ("bf16", _word(r"(?:pure~)?(?:bf16|bfloat16)")),
+    ("fp32", _word(r"fp32|float32|full~precision|single~precision")),
 ]
 
-_CKPT = r"(?:grad(?:ient)?|activation)" + _S + r"(?:ckpt|checkpointing|checkpoints?)"
+_CKPT = r"(?:(?:grad(?:ient)?|activation)~(?:ckpt|checkpointing|checkpoints?)|checkpointing)"
 _CHECKPOINTING: list[tuple[bool, re.Pattern[str]]] = [
-    (False, _rx(
-        _B + r"(?:no|not|without|disabled?|w/o|off)" + _S + r"(?:the" + _S + r")?(?:" + _CKPT + r"|checkpointing|ckpt)" + _E)),
-    (False, _rx(_B + r"(?:" + _CKPT + r"|checkpointing|ckpt)(?:" + _S + r"(?:=|:)" + _S + r"(?:off|false|no|0|disabled?|none)"
-                r"|" + _S + r"(?:off|false|disabled))" + _E)),
-    (True, _rx(
-        _B + r"(?:(?:with|use|using|enable|enabled)" + _S + r")?(?:" + _CKPT + r"|checkpointing|gc" + _S + r"ckpt)"
-        r"(?:" + _S + r"(?:=|:)" + _S + r"(?:on|true|yes|1|enabled?)|" + _S + r"(?:on|true|enabled)(?![\s_-]*(?:an?|the|\d)" + _E + r"))?" + _E)),
+    (False, _word(r"(?:no|not|without|disabled?|w/o|off)~(?:the~)?(?:" + _CKPT + r"|ckpt|gc)")),
+    (False, _word(r"(?:" + _CKPT + r"|ckpt|gc)(?:~(?:=|:)~(?:off|false|no|0|disabled?|none)|~(?:off|false|disabled))")),
+    (True, _word(r"(?:(?:with|use|using|enable|enabled)~)?(?:" + _CKPT + r"|gc~ckpt)"
+                 r"(?:~(?:=|:)~(?:on|true|yes|1|enabled?)|~(?:on|true|enabled)(?!~(?:an?|the|\d)(?![a-z0-9])))?")),
 ]
 
+_SEQ_VALUE = r"(\d{1,9}(?:\.\d{1,3})?~k?)"
 _SETTINGS: list[tuple[str, re.Pattern[str]]] = [
-    ("effective_batch_size", _rx(
-        _B + r"(?:(?:effective|global|total|eff)" + _S + r"(?:batch(?:" + _S + r"size)?|bs)|gbs|ebs)" + _SEP + _INT)),
-    ("effective_batch_size", _rx(_B + _INT + _S + r"(?:effective|global)" + _S + r"batch(?:" + _S + r"size)?" + _E)),
-    ("grad_accum", _rx(
-        _B + r"(?:grad(?:ient)?" + _S + r"acc(?:um(?:ulation)?)?(?:" + _S + r"steps)?|gas)" + _SEP + _INT)),
-    ("grad_accum", _rx(
-        _B + _INT + _S + r"(?:grad(?:ient)?" + _S + r")?acc(?:um(?:ulation)?)?(?:" + _S + r"steps)?" + _E)),
-    ("micro_batch_size", _rx(
-        _B + r"(?:micro" + _S + r"batch(?:" + _S + r"size)?|mbs|per" + _S + r"(?:device|gpu)" + _S + r"(?:train" + _S + r")?"
-        r"batch(?:" + _S + r"size)?|(?:train" + _S + r")?batch" + _S + r"size|bs|batch)" + _SEP + _INT)),
-    ("lora_rank", _rx(_B + r"(?:(?:lora" + _S + r")?rank|lora" + _S + r"(?:r|dim))" + _SEP + _INT)),
-    ("lora_rank", _rx(_B + r"(?<![a-z0-9]-)r" + _SEP + _INT)),  # r=32, r32; not deepseek-r1
-    ("lora_rank", _rx(_B + _INT + _S + r"rank" + _E)),
-    ("seq_len", _rx(
-        _B + r"(?:(?:max(?:imum)?" + _S + r")?(?:seq(?:uence)?(?:" + _S + r"len(?:gth)?)?|length|tokens)|ctx(?:" + _S + r"len)?"
-        r"|context(?:" + _S + r"(?:len(?:gth)?|window|size))?|cutoff" + _S + r"len|block" + _S + r"size"
-        r"|model" + _S + r"max" + _S + r"length)" + _SEP + r"(\d{1,9}(?:\.\d{1,3})?" + _S + r"k?)" + _E)),
-    ("seq_len", _rx(
-        _B + r"(\d{1,9}(?:\.\d{1,3})?" + _S + r"k?)" + _S + r"(?:tokens?|tok|ctx|context(?:" + _S + r"(?:len(?:gth)?|window))?"
-        r"|seq(?:uence)?" + _S + r"len(?:gth)?|seq)" + _E)),
-    ("epochs", _rx(_B + r"(\d{1,9}(?:\.\d{1,6})?(?![\d.])|" + "|".join(_WORDS) + r")" + _S + r"(?:epochs?|eps?)" + _E)),
-    ("epochs", _rx(_B + r"(?:num" + _S + r"(?:train" + _S + r")?)?epochs?" + _SEP + _NUM)),
+    ("effective_batch_size", _word(r"(?:(?:effective|global|total|eff)~(?:batch(?:~size)?|bs)|gbs|ebs)@#")),
+    ("effective_batch_size", _word(r"#~(?:effective|global)~batch(?:~size)?")),
+    ("grad_accum", _word(r"(?:grad(?:ient)?~acc(?:um(?:ulation)?)?(?:~steps)?|gas)@#")),
+    ("grad_accum", _word(r"#~(?:grad(?:ient)?~)?acc(?:um(?:ulation)?)?(?:~steps)?")),
+    ("micro_batch_size", _word(r"(?:micro~batch(?:~size)?|mbs|per~(?:device|gpu)~(?:train~)?batch(?:~size)?"
+                               r"|(?:train~)?batch~size|bs|batch)@#")),
+    ("lora_rank", _word(r"(?:(?:lora~)?rank|lora~(?:r|dim))@#")),
+    ("lora_rank", _word(r"(?<![a-z0-9]-)r@#")),  # r=32, r32; not deepseek-r1
+    ("lora_rank", _word(r"#~rank")),
+    ("seq_len", _word(r"(?:(?:max(?:imum)?~)?(?:seq(?:uence)?(?:~len(?:gth)?)?|length|tokens)|ctx(?:~len)?"
+                      r"|context(?:~(?:len(?:gth)?|window|size))?|cutoff~len|block~size|model~max~length)@" + _SEQ_VALUE)),
+    ("seq_len", _word(_SEQ_VALUE + r"~(?:tokens?|tok|ctx|context(?:~(?:len(?:gth)?|window))?|seq(?:uence)?~len(?:gth)?|seq)")),
+    ("epochs", _word(r"(\d{1,9}(?:\.\d{1,6})?(?![\d.])|" + "|".join(_WORDS) + r")~(?:epochs?|eps?)")),
+    ("epochs", _word(r"(?:num~(?:train~)?)?epochs?@" + _NUM)),
 ]
 
 _BOUNDS: dict[str, tuple[float, float, str]] = {
@@ -288,12 +278,11 @@ _COUNT_BEFORE = _rx(r"(?<![a-z0-9.])" + _COUNT + r"\s*(?:of\s+)?(?:[x×*]\s*)?$"
 _COUNT_AFTER = _rx(r"(?:s(?![a-z0-9]))?(?:\s*[x×*]\s*(\d{1,4})(?![\d.a-z]))?")
 _COUNT_ONLY = [
     _rx(r"(?<![a-z0-9.])" + _COUNT + r"\s*(?:[x×*]\s*)?(?:gpus?|cards?|devices?|accelerators?)" + _E),
-    _rx(_B + r"(?:num" + _S + r"gpus|n" + _S + r"gpus|gpu" + _S + r"count|gpus|world" + _S + r"size|nproc"
-        + _S + r"per" + _S + r"node)" + _S + r"(?:=|:)" + _S + r"(\d{1,4})(?![\d.])"),
+    _word(r"(?:num~gpus|n~gpus|gpu~count|gpus|world~size|nproc~per~node)~(?:=|:)~(\d{1,4})(?![\d.])"),
 ]
-_DATASET_WORD = _rx(_B + r"(?:dataset|data" + _S + r"set)" + _S + r"(?:=|:|is|called|named)?" + _S
-                    + r"([a-z0-9][a-z0-9_.-]*[a-z0-9])" + _E)
-_DATASET_ASSIGN = _rx(_B + r"data" + _S + r"(?:=|:)" + _S + r"([a-z0-9][a-z0-9_.-]*[a-z0-9])" + _E)
+_DATASET_NAME = r"([a-z0-9][a-z0-9_.-]*[a-z0-9])"
+_DATASET_WORD = _word(r"(?:dataset|data~set)~(?:=|:|is|called|named)?~" + _DATASET_NAME)
+_DATASET_ASSIGN = _word(r"data~(?:=|:)~" + _DATASET_NAME)
 
 _DATA_EXT = re.compile(r"\.(?:jsonl|json|csv|tsv|parquet|arrow|txt)(?:\.gz|\.zst|\.bz2)?$", re.IGNORECASE | re.ASCII)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]+/[\w.-]*\w$", re.ASCII)
