@@ -132,3 +132,47 @@ def test_unknown_model_type_lists_supported_ones() -> None:
         assert mt in str(err.value)
     assert set(FAMILIES) == set(supported_model_types())
     assert get_family("gemma3_text").name == "gemma3"
+
+
+@pytest.mark.parametrize(
+    ("model_type", "rope", "seq_len"),
+    [
+        ("llama", {"rope_type": "default", "rope_theta": 10000.0}, 32),
+        ("llama", {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}, 32),
+        ("llama", {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}, 32),
+        ("qwen2", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64}, 32),
+        ("phi3", {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                  "long_factor": [2.0 + 0.3 * i for i in range(8)]}, 32),
+        ("phi3", {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                  "long_factor": [2.0 + 0.3 * i for i in range(8)]}, 128),
+    ],
+)
+def test_rope_variants_match_transformers(model_type: str, rope: dict, seq_len: int) -> None:
+    """Inverse frequencies and cos/sin scaling equal transformers' ROPE_INIT_FUNCTIONS for each rope type."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from aegis.train.models.rope import inv_freq
+
+    raw = {
+        **tiny_config("llama"),
+        "model_type": model_type,
+        "head_dim": 16,
+        "max_position_embeddings": 256,
+        "original_max_position_embeddings": 64,
+        "rope_scaling": dict(rope),
+    }
+    cfg = dict(raw)
+    hf_config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    rope_type = hf_config.rope_parameters["rope_type"]
+    if rope_type == "default":
+        ref_scale = 1.0
+        base = hf_config.rope_parameters["rope_theta"]
+        ref = 1.0 / (base ** (torch.arange(0, 16, 2, dtype=torch.float) / 16))
+    else:
+        ref, ref_scale = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu", seq_len=seq_len)
+    spec = build_model(raw).spec.ropes[0]
+    ours, scale = inv_freq(spec, seq_len)
+    np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-6)
+    assert scale == pytest.approx(ref_scale, rel=1e-6)
