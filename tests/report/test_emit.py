@@ -25,6 +25,11 @@ AXOLOTL_KEYS = {
     "chunked_cross_entropy", "fsdp_version", "fsdp_config", "logging_steps", "saves_per_epoch", "seed",
 }
 AXOLOTL_DATASET_KEYS = {"path", "ds_type", "type", "field_messages", "message_property_mappings", "roles"}
+# Named parameters of unsloth's FastLanguageModel (unsloth/models/loader.py; unsloth is not installed here).
+UNSLOTH_FROM_PRETRAINED = {"model_name", "max_seq_length", "dtype", "load_in_4bit", "load_in_8bit", "full_finetuning", "token",
+                           "device_map", "rope_scaling", "fix_tokenizer", "trust_remote_code", "use_gradient_checkpointing"}
+UNSLOTH_GET_PEFT_MODEL = {"r", "target_modules", "lora_alpha", "lora_dropout", "bias", "use_gradient_checkpointing",
+                          "random_state", "use_rslora", "loftq_config", "modules_to_save"}
 
 
 def _calls(source: str, name: str) -> list[ast.Call]:
@@ -141,9 +146,11 @@ def test_unsloth_script(example_report, full_report):
     compile(source, "train_unsloth.py", "exec")
     cfg = example_report.recommended.config
     load = _literal_kwargs(_calls(source, "from_pretrained")[0])
+    assert set(load) <= UNSLOTH_FROM_PRETRAINED
     assert load["max_seq_length"] == "SEQ_LEN" and load["load_in_4bit"] is True
     assert f"SEQ_LEN = {cfg.seq_len}" in source
     peft_kwargs = _literal_kwargs(_calls(source, "get_peft_model")[0])
+    assert set(peft_kwargs) <= UNSLOTH_GET_PEFT_MODEL
     assert peft_kwargs["r"] == cfg.lora_config.rank
     assert peft_kwargs["target_modules"] == list(cfg.lora_config.target_modules)
     assert peft_kwargs["use_gradient_checkpointing"] == ("unsloth" if cfg.gradient_checkpointing else False)
@@ -181,10 +188,13 @@ def _tiny_model_folder(folder, texts):
 
 
 @pytest.mark.slow
-def test_hf_script_trains_a_tiny_model(multi_gpu_report, tmp_path):
+def test_hf_script_trains_a_tiny_model(multi_gpu_report, tmp_path, monkeypatch):
     """The emitted LoRA script runs end to end on CPU: tokenizes, trains two steps, saves the adapter."""
     import json
 
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache")
     rows = [{"messages": [{"role": "user", "content": f"what is {i} plus {i}?"},
                           {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]} for i in range(24)]
     data = tmp_path / "train.jsonl"

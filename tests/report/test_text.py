@@ -136,3 +136,17 @@ def test_print_report_writes_to_the_console(example_report):
     buffer = io.StringIO()
     print_report(example_report, Console(file=buffer, width=100, no_color=True, force_terminal=False))
     assert "Recommended Config:" in buffer.getvalue()
+
+
+def test_measured_throughput_and_cloud_cost(example_report):
+    from aegis.hardware import find_gpu
+    from aegis.schema import Cost
+
+    gpu = find_gpu("a100-80gb")
+    price = gpu.prices[0]
+    tp = example_report.throughput.model_copy(update={"source": "measured", "basis": "aegis benchmark, 2026-01"})
+    cost = Cost(gpu_id=gpu.id, provider=price.provider, usd_low=1.5, usd_high=2.25, usd_per_hour=price.usd_per_hour, as_of=price.as_of)
+    out = _flat(render_text(example_report.model_copy(update={"gpu": gpu, "throughput": tp, "costs": (cost,)})))
+    assert "(measured)" in out and "to calibrate" not in out and "aegis benchmark, 2026-01" in out
+    assert f"Cost: ~$1.50-$2.25 on {price.provider} ({gpu.id})" in out and "(local)" not in out
+    assert "restart costs money" in out  # the aggressive tier's advice on a rented GPU
