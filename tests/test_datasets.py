@@ -243,6 +243,18 @@ def test_approximation_is_labelled_and_special_tokens_count_once() -> None:
     assert any("cl100k_base" in n for n in profile.notes)
 
 
+def test_missing_tokenizer_package_falls_back_to_a_labelled_approximation(monkeypatch: pytest.MonkeyPatch) -> None:
+    import aegis._tokenizers as toks
+
+    def no_sentencepiece(file: str) -> None:
+        raise ImportError("No module named 'sentencepiece'", name="sentencepiece")
+
+    monkeypatch.setattr(toks, "_mistral_tokenizer", no_sentencepiece)
+    counter = load_tokenizer(MISTRAL_V1)
+    assert not counter.exact and counter.name == "cl100k_base (approximation of the Mistral / Mixtral tokenizer)"
+    assert counter.template_name == "mistral" and any("sentencepiece is not installed" in n for n in counter.notes)
+
+
 @pytest.mark.parametrize(
     ("model", "family"),
     [("Qwen/Qwen2.5-7B-Instruct", "qwen2.5"), ("Qwen/Qwen3-8B", "qwen3"), ("Qwen/Qwen2-7B", "qwen2"),

