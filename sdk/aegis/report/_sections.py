@@ -205,12 +205,16 @@ def _hardware(report: PlanReport) -> Section:
     gpu = report.gpu
     per = " per GPU" if report.gpu_count > 1 else ""
     overhead = gpu.memory_bytes - report.usable_bytes
+    reason = "usable = total - CUDA context and framework reservation (catalog figures)"
+    shown = breakdown_tier(report)
+    if shown is not None and _budget(report, shown)[1] == "total":
+        reason += "; the estimates below include this overhead, so headroom is measured against the total"
     items: list[Line | Table] = [
         Line(
             "Memory",
             f"Total: {_gb1(gpu.memory_bytes)} | Framework overhead: {_gb1(overhead)} | Usable: "
             f"{_gb1(report.usable_bytes)}{per}",
-            "usable = total - CUDA context and framework reservation (catalog figures)",
+            reason,
         ),
         Line(
             "Compute",
