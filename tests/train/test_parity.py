@@ -176,3 +176,32 @@ def test_rope_variants_match_transformers(model_type: str, rope: dict, seq_len: 
     ours, scale = inv_freq(spec, seq_len)
     np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-6)
     assert scale == pytest.approx(ref_scale, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_bundled_catalog_configs_build_like_transformers() -> None:
+    """Every vendored config.json builds; parameter counts and sliding windows equal transformers' (meta device)."""
+    from importlib import resources
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    files = sorted(p for p in (resources.files("aegis.catalog") / "models").iterdir() if p.name.endswith(".json"))
+    configs = [json.loads(p.read_text()) for p in files]
+    configs = [c for c in configs if "model_type" in c]
+    assert len(configs) >= 10
+    for config in configs:
+        model = build_model(config)
+        shapes = jax.tree_util.tree_leaves(model.param_shapes(), is_leaf=lambda x: isinstance(x, tuple))
+        ours = sum(int(np.prod(s)) for s in shapes)
+        kwargs = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "transformers_version")}
+        hf_config = AutoConfig.for_model(config["model_type"], **kwargs)
+        with torch.device("meta"):
+            hf = AutoModelForCausalLM.from_config(hf_config)
+        assert ours == sum(p.numel() for p in hf.parameters()), config["model_type"]
+        types = getattr(hf_config, "layer_types", None)
+        window = getattr(hf_config, "sliding_window", None)
+        expected = tuple(
+            window if window and (types is None or types[i] == "sliding_attention") else 2**30
+            for i in range(hf_config.num_hidden_layers)
+        )
+        assert model.spec.layer_window == expected, config["model_type"]
