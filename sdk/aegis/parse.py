@@ -305,7 +305,9 @@ _COUNT_CUE = _rx(r"(?<![a-z0-9.])\d{1,4}\s*[x×*]\s*$")
 _GPU_BRANDS = frozenset({"rtx", "gtx", "tesla", "radeon", "instinct", "quadro"})
 _MAX_LOOKUPS = 4
 """Unknown-name lookups per request (each computes close matches): enough for any real request."""
-_GPU_CUE = frozenset({"on", "gpu", "gpus", "x", "using", "rent", "renting"})
+_GPU_CUE = frozenset({"on", "gpu", "gpus", "using", "rent", "renting"})
+_NAME_TOKENS = 6
+"""A leftover run longer than this is not a model or GPU name (names are 'deepseek 7b', 'rtx 3080')."""
 
 
 # --------------------------------------------------------------------------------------- the reader
@@ -583,7 +585,7 @@ def _read_leftovers(r: _Reader) -> list[str]:
         if len(words) == 1 and words[0].isdigit() and re.match(r"\s*[x×*]", r.work[end:end + 3]):
             prev_word = "x"  # '2x <unknown>': the count of the GPU that follows
             continue
-        if lookups >= _MAX_LOOKUPS or followed_by_unit:
+        if lookups >= _MAX_LOOKUPS or followed_by_unit or len(words) > _NAME_TOKENS:
             unparsed.extend(w for w in words if w.isalpha() and w not in _STOP and len(w) > 1)
         elif family or (sized and not r.values.get("model")):
             lookups += 1
