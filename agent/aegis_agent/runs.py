@@ -1,0 +1,240 @@
+"""Runs started from a conversation: a thin adapter over `aegis.supervise.Supervisor`.
+
+The supervisor trains in the calling thread until the run completes, stops or pauses for a
+human; a chat or Slack front end must keep answering meanwhile, so `RunManager` drives each run
+in a background thread (``wait_for_commands_s``: a paused run's process stays up and applies
+commands as they arrive) and watches its status, telling listeners when it pauses or ends.
+Commands go through ``Supervisor.command`` (the one grammar and validation); a ``resume`` for a
+run no process is running (after a restart) starts ``Supervisor.resume`` in a thread.
+
+    runs = RunManager(AgentSettings(runs_dir="runs"))
+    runs.add_listener(lambda notice: print(notice.kind, notice.run_id))
+    status = runs.start(report)                       # RunStatusReport once the folder exists
+    runs.command(status.run_id, "set_lr 1e-5", source="chat")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from aegis.errors import RunError
+from aegis.schema import Frozen, PlanReport
+from aegis.supervise import CommandReceipt, RunConfig, RunStatusReport, Supervisor, load_run_config, parse_run_config
+from aegis.supervise.runs import list_runs, open_run
+
+from aegis_agent.settings import AgentSettings
+
+__all__ = ["RunNotice", "RunManager", "status_markdown"]
+
+_POLL_S = 0.25
+
+
+class RunNotice(Frozen):
+    """A change worth telling a human: the run paused for them, or ended."""
+
+    run_id: str
+    kind: Literal["paused", "completed", "stopped", "failed"]
+    step: int = 0
+    reason: str | None = Field(default=None, description="Why it paused / how it failed.")
+    anomaly: str | None = None
+    diagnosis: str | None = Field(default=None, description="Forensics verdict in one line, when there is one.")
+    suspected_samples: tuple[str, ...] = ()
+    suggested_actions: tuple[str, ...] = ()
+    lr: float | None = None
+
+
+def _enable_compile_cache() -> None:
+    """Reuse compiled XLA programs across processes, as `aegis run` does (a restart resumes in seconds)."""
+    import jax
+
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "aegis" / "jax"
+        jax.config.update("jax_compilation_cache_dir", str(cache))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def _new_run_id(prefix: str) -> str:
+    return time.strftime(f"{prefix}-%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+
+
+class RunManager:
+    """Start, watch and steer runs in ``settings.runs_dir`` from a front end."""
+
+    def __init__(self, settings: AgentSettings | None = None, *, compile_cache: bool = True) -> None:
+        self.settings = settings or AgentSettings()
+        self.supervisor = Supervisor(self.settings.runs_dir)
+        self._compile_cache = compile_cache
+        self._threads: dict[str, threading.Thread] = {}
+        self._errors: dict[str, str] = {}
+        self._listeners: list[Callable[[RunNotice], None]] = []
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ listeners
+
+    def add_listener(self, fn: Callable[[RunNotice], None]) -> None:
+        """Call ``fn(notice)`` (from a background thread) when a run pauses or ends."""
+        self._listeners.append(fn)
+
+    def _tell(self, notice: RunNotice) -> None:
+        for fn in list(self._listeners):
+            with contextlib.suppress(Exception):  # a broken front end must not kill the watcher
+                fn(notice)
+
+    # ------------------------------------------------------------------ starting
+
+    def run_config(self, report: PlanReport | None, run_id: str) -> RunConfig:
+        """The run's config: the template (model, data, supervision), with the plan's tiers when settings say so."""
+        if self.settings.run_template:
+            template = load_run_config(self.settings.run_template)
+        else:
+            from aegis.supervise.demo import demo_config
+
+            template = demo_config()
+        data = template.model_dump(mode="json", by_alias=True)
+        data["run_id"] = run_id
+        if self.settings.tiers == "plan" and report is not None and report.recommended is not None:
+            data["train_config"] = report.recommended.config.model_dump(mode="json")
+            data["fallbacks"] = [t.config.model_dump(mode="json") for t in report.fallbacks]
+        return parse_run_config(data, "the chat run template")
+
+    def start(self, report: PlanReport | None = None, *, run_id: str | None = None, prefix: str = "chat",
+              timeout_s: float = 60.0) -> RunStatusReport:
+        """Start a run in a background thread; its status once its folder exists (RunError if it failed to start)."""
+        run_id = run_id or _new_run_id(prefix)
+        cfg = self.run_config(report, run_id)
+        self._launch(run_id, lambda: self.supervisor.start(cfg, wait_for_commands_s=self.settings.run_wait_s))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if run_id in self._errors:
+                raise RunError(f"run '{run_id}' failed to start: {self._errors[run_id]}")
+            with contextlib.suppress(RunError):
+                return self.supervisor.status(run_id)
+            time.sleep(0.05)
+        raise RunError(f"run '{run_id}' did not create its folder within {timeout_s:.0f} s; see {self.settings.runs_dir}")
+
+    def _launch(self, run_id: str, body: Callable[[], object]) -> None:
+        with self._lock:
+            alive = self._threads.get(run_id)
+            if alive is not None and alive.is_alive():
+                return
+            self._errors.pop(run_id, None)
+
+            def work() -> None:
+                if self._compile_cache:
+                    _enable_compile_cache()
+                try:
+                    body()
+                except Exception as err:  # reported to the user through status/notices, not lost in a thread
+                    self._errors[run_id] = f"{type(err).__name__}: {err}"
+
+            thread = threading.Thread(target=work, name=f"aegis-run-{run_id}", daemon=True)
+            self._threads[run_id] = thread
+            thread.start()
+            threading.Thread(target=self._watch, args=(run_id, thread), name=f"aegis-watch-{run_id}", daemon=True).start()
+
+    def _watch(self, run_id: str, thread: threading.Thread) -> None:
+        paused_at: tuple[int, str] | None = None
+        while thread.is_alive():
+            with contextlib.suppress(Exception):
+                st = self.supervisor.status(run_id)
+                key = (st.step, st.pending_reason) if st.pending_reason else None
+                if key is not None and key != paused_at:
+                    self._tell(self.notice(run_id, "paused"))
+                paused_at = key
+            thread.join(_POLL_S)
+        if run_id in self._errors:
+            self._tell(RunNotice(run_id=run_id, kind="failed", reason=self._errors[run_id]))
+            return
+        with contextlib.suppress(Exception):
+            st = self.supervisor.status(run_id)
+            if st.status in ("completed", "stopped"):
+                self._tell(self.notice(run_id, st.status))  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ reading and steering
+
+    def notice(self, run_id: str, kind: Literal["paused", "completed", "stopped", "failed"]) -> RunNotice:
+        """A notice describing the run now (diagnosis and suspects from its state)."""
+        st = self.supervisor.status(run_id)
+        state = self.supervisor.state(run_id)
+        diagnosis, suspects = None, ()
+        if state is not None and state.diagnosis is not None:
+            d = state.diagnosis
+            suspects = d.suspected_samples
+            who = f"suspects {', '.join(suspects)}" if suspects else "no sample to blame"
+            diagnosis = (f"{d.verdict}: {who} (median grad norm {d.outlier_stats.median_grad_norm:.3g}, "
+                         f"max {d.outlier_stats.max_grad_norm:.3g})")
+        return RunNotice(run_id=run_id, kind=kind, step=st.step, reason=st.pending_reason, anomaly=st.last_anomaly,
+                         diagnosis=diagnosis, suspected_samples=suspects, suggested_actions=st.suggested_actions, lr=st.lr)
+
+    def status(self, run_id: str) -> RunStatusReport:
+        return self.supervisor.status(run_id)
+
+    def error(self, run_id: str) -> str | None:
+        """Why the run's thread died, if it did."""
+        return self._errors.get(run_id)
+
+    def is_running_here(self, run_id: str) -> bool:
+        thread = self._threads.get(run_id)
+        return thread is not None and thread.is_alive()
+
+    def command(self, run_id: str, text: str, *, source: str = "chat") -> CommandReceipt:
+        """Send a command (CommandError/RunError and no change when rejected); `resume` restarts a run no process runs."""
+        receipt = self.supervisor.command(run_id, text, source=source)
+        if receipt.command == "resume" and not receipt.live and not self.is_running_here(run_id):
+            self._launch(run_id, lambda: self.supervisor.resume(run_id, wait_for_commands_s=self.settings.run_wait_s))
+            receipt = receipt.model_copy(update={"live": True})
+        return receipt
+
+    def latest_run_id(self) -> str | None:
+        """The most recently created run in the runs folder."""
+        runs = list_runs(self.settings.runs_dir)
+        if not runs:
+            return None
+        return max(runs, key=lambda r: open_run(self.settings.runs_dir, r).config.stat().st_mtime)
+
+    def wait(self, run_id: str, until: Callable[[RunStatusReport], bool], timeout_s: float) -> RunStatusReport:
+        """Poll the run's status until ``until(status)`` holds; RunError after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = self.supervisor.status(run_id)
+            if until(st):
+                return st
+            if run_id in self._errors:
+                raise RunError(f"run '{run_id}' failed: {self._errors[run_id]}")
+            if time.monotonic() > deadline:
+                raise RunError(f"run '{run_id}' still {st.status} at step {st.step} after {timeout_s:.0f} s")
+            time.sleep(_POLL_S)
+
+    def join(self, run_id: str, timeout_s: float | None = None) -> None:
+        """Wait for the run's thread in this process to end."""
+        thread = self._threads.get(run_id)
+        if thread is not None:
+            thread.join(timeout_s)
+
+
+def status_markdown(st: RunStatusReport) -> str:
+    """A run status as short Markdown (chat and Slack mrkdwn-compatible bullets)."""
+    from aegis.supervise.status import sparkline
+
+    lines = [f"**Run `{st.run_id}`**: {st.status}{' (live)' if st.live else ''}, step {st.step} / {st.total_steps}"]
+    if st.lr is not None:
+        lines.append(f"- LR {st.lr:.3g}, grad clip {st.grad_clip:.3g}, fallback tier {st.fallback_tier}")
+    if st.losses:
+        lines.append(f"- Loss `{sparkline(st.losses, 40)}` last {st.losses[-1]:.4g}")
+    if st.blacklist:
+        lines.append(f"- Blacklist: {', '.join(st.blacklist)}")
+    if st.last_anomaly:
+        lines.append(f"- Last anomaly: {st.last_anomaly}")
+    if st.pending_reason:
+        lines.append(f"- **Waiting for you**: {st.pending_reason}")
+        lines.append("- Try: " + " | ".join(f"`{a}`" for a in st.suggested_actions))
+    return "\n".join(lines)
