@@ -14,6 +14,7 @@ from pydantic import Field
 from aegis import catalog, hardware
 from aegis.errors import RequestParseError
 from aegis.schema import Frozen, PlanRequest
+from aegis.units import gib
 
 __all__ = ["GPUFit", "compare_gpus", "render_comparison", "render_models", "render_gpus"]
 
@@ -91,8 +92,8 @@ def render_comparison(rows: list[GPUFit], fmt: Fmt = "text") -> str:
     body = []
     for r in rows:
         body.append([
-            r.gpu_id, f"{r.memory_bytes / 1e9:.0f} GB", "yes" if r.fits else "no",
-            f"{r.peak_bytes / 1e9:.1f} GB" if r.peak_bytes else "-",
+            r.gpu_id, gib(r.memory_bytes, 0), "yes" if r.fits else "no",
+            gib(r.peak_bytes) if r.peak_bytes else "-",
             (f"mb {r.micro_batch_size}" + (" +ckpt" if r.gradient_checkpointing else "")) if r.fits else "-",
             f"{r.tokens_per_s_low:,.0f}-{r.tokens_per_s_high:,.0f}" if r.fits and r.tokens_per_s_low else "-",
             f"${r.usd_per_hour:.2f}/h" if r.usd_per_hour else "local",
@@ -122,7 +123,7 @@ def render_gpus(fmt: Fmt = "text") -> str:
     gpus = hardware.list_gpus()
     if fmt == "json":
         return json.dumps([g.model_dump() for g in gpus], indent=2)
-    body = [[g.id, g.name, f"{g.memory_bytes / 1e9:.1f} GB", f"{g.overhead_bytes / 1e9:.1f} GB", f"{g.bf16_tflops:g}",
+    body = [[g.id, g.name, gib(g.memory_bytes), gib(g.overhead_bytes), f"{g.bf16_tflops:g}",
              f"${g.prices[0].usd_per_hour:.2f}/h ({g.prices[0].provider})" if g.prices else "local"]
             for g in gpus]
     return _table(["id", "name", "memory", "overhead", "bf16 TFLOPS", "cheapest"], body, fmt, "GPU catalog")

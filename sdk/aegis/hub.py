@@ -107,7 +107,7 @@ def _from_hub(repo_id: str) -> tuple[dict[str, Any], str]:
     if isinstance(cached, str) and os.path.isfile(cached):
         return json.loads(Path(cached).read_text(encoding="utf-8")), "cache"
     try:
-        file = hf_hub_download(repo_id, "config.json")
+        file = hf_hub_download(repo_id, "config.json", etag_timeout=5)
     except hf_errors.GatedRepoError as err:
         raise UnknownModelError(
             f"{repo_id} is gated: accept its licence on the Hub and log in (`hf auth login`), "

@@ -28,6 +28,7 @@ from aegis.schema import (
 )
 from aegis.solver import Solution, solve
 from aegis.throughput import costs, tokens_per_s_range
+from aegis.units import gib
 
 __all__ = ["plan", "plan_request", "DEFAULT_SEQ_LEN", "DEFAULT_EFFECTIVE_BATCH", "DEFAULT_EPOCHS", "DEFAULT_LORA_RANK"]
 
@@ -72,15 +73,13 @@ def plan_request(req: PlanRequest, *, sample_rows: int = 1000, progress: bool = 
 
         dataset = analyze_dataset(req.dataset, model=profile, seq_len=req.seq_len, sample_rows=sample_rows, progress=progress)
     if req.seq_len:
-        seq_len, seq_reason = req.seq_len, "as requested"
+        seq_len = req.seq_len
     elif dataset is not None:
-        seq_len, seq_reason = dataset.seq_len, dataset.seq_len_reason
+        seq_len = dataset.seq_len
     else:
         seq_len = min(DEFAULT_SEQ_LEN, profile.max_position_embeddings)
-        seq_reason = f"no dataset: assumed {seq_len:,} (TRL's default); pass a dataset or 'seq N' to size it"
     if seq_len > profile.max_position_embeddings:
         notes.append(f"seq {seq_len:,} exceeds the model's {profile.max_position_embeddings:,} positions")
-    notes.append(f"Seq len {seq_len:,}: {seq_reason}")
     lora = LoRAConfig(rank=req.lora_rank or DEFAULT_LORA_RANK, alpha=2.0 * (req.lora_rank or DEFAULT_LORA_RANK)) \
         if method != "full" else None
     eff = req.effective_batch_size or max(DEFAULT_EFFECTIVE_BATCH, (req.micro_batch_size or 1) * gpu_count)
@@ -153,7 +152,7 @@ def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: d
 def _nothing_fits(profile: ModelProfile, gpu: GPU, gpu_count: int, solution: Solution, kwargs: dict) -> str:
     small = solution.smallest
     parts = [f"even the smallest configuration (micro batch 1, checkpointing, paged 8-bit AdamW, chunked CE) needs "
-             f"{small.memory.high_bytes / 1e9:.1f} GB on a {gpu.memory_bytes / 1e9:.1f} GB {gpu.name}"]
+             f"{gib(small.memory.high_bytes)} on a {gib(gpu.memory_bytes)} {gpu.name}"]
     if kwargs["method"] != "qlora":
         q = solve(profile, gpu, **{**kwargs, "method": "qlora", "lora": kwargs["lora"] or LoRAConfig()})
         if q.recommended or q.fallbacks:
@@ -163,7 +162,7 @@ def _nothing_fits(profile: ModelProfile, gpu: GPU, gpu_count: int, solution: Sol
             continue
         s = solve(profile, other, **kwargs)
         if s.recommended or s.fallbacks:
-            parts.append(f"the same job fits a {other.name} ({other.memory_bytes / 1e9:.0f} GB)")
+            parts.append(f"the same job fits a {other.name} ({gib(other.memory_bytes, 0)})")
             break
     for n in (2, 4, 8):
         if n <= gpu_count:

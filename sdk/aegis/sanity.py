@@ -7,11 +7,9 @@ from __future__ import annotations
 
 from aegis.schema import ModelProfile, PlanReport, Risk
 from aegis.solver import comfort_bytes
+from aegis.units import gib
 
 __all__ = ["risks_and_notes"]
-
-GB = 1e9
-
 
 def risks_and_notes(report: PlanReport, profile: ModelProfile) -> tuple[list[Risk], list[str]]:
     risks: list[Risk] = []
@@ -22,22 +20,22 @@ def risks_and_notes(report: PlanReport, profile: ModelProfile) -> tuple[list[Ris
     else:
         room = rec.headroom_bytes
         if room >= comfort_bytes(gpu):
-            risks.append(Risk(level="ok", title="VRAM", detail=f"{room / GB:.1f} GB headroom at the predicted high end -- no OOM expected"))
+            risks.append(Risk(level="ok", title="VRAM", detail=f"{gib(room)} headroom at the predicted high end -- no OOM expected"))
         else:
-            risks.append(Risk(level="warn", title="VRAM", detail=f"only {room / GB:.1f} GB headroom: use a fallback if it OOMs"))
+            risks.append(Risk(level="warn", title="VRAM", detail=f"only {gib(room)} headroom: use a fallback if it OOMs"))
         eval_peak = rec.memory.eval_peak_bytes
         eval_len = report.dataset.tokens.max if report.dataset else rec.config.seq_len
         if eval_peak > gpu.memory_bytes:
             risks.append(Risk(level="warn", title="Eval spike", detail=(
-                f"eval at max length ({eval_len:,}) with micro batch {rec.config.micro_batch_size} -> ~{eval_peak / GB:.1f} GB "
-                f"(KV cache + logits) > {gpu.memory_bytes / GB:.1f} GB: set per_device_eval_batch_size=1, "
+                f"eval at max length ({eval_len:,}) with micro batch {rec.config.micro_batch_size} -> ~{gib(eval_peak)} "
+                f"(KV cache + logits) > {gib(gpu.memory_bytes)}: set per_device_eval_batch_size=1, "
                 "eval_accumulation_steps=4, or cap eval length")))
         else:
-            risks.append(Risk(level="ok", title="Eval spike", detail=f"eval at {eval_len:,} tokens peaks at ~{eval_peak / GB:.1f} GB -- fits"))
+            risks.append(Risk(level="ok", title="Eval spike", detail=f"eval at {eval_len:,} tokens peaks at ~{gib(eval_peak)} -- fits"))
         logits = next((c for c in rec.memory.components if c.key == "logits"), None)
         if logits is not None and logits.bytes > 0.25 * rec.memory.tensor_bytes and not rec.config.chunked_cross_entropy:
             risks.append(Risk(level="warn", title="Logits buffer", detail=(
-                f"{logits.bytes / GB:.1f} GB ({logits.bytes / rec.memory.tensor_bytes:.0%} of the peak) for the "
+                f"{gib(logits.bytes)} ({logits.bytes / rec.memory.tensor_bytes:.0%} of the peak) for the "
                 f"{profile.vocab_size:,}-token vocabulary: chunked cross-entropy (Liger, Unsloth) removes most of it")))
     ds = report.dataset
     eff = rec.config.effective_batch_size * report.gpu_count if rec else None
@@ -70,6 +68,4 @@ def risks_and_notes(report: PlanReport, profile: ModelProfile) -> tuple[list[Ris
     if report.method == "qlora":
         notes.append("QLoRA as HF runs it: prepare_model_for_kbit_training upcasts embeddings, head and norms to fp32, so "
                      "the residual stream and logits are fp32")
-    share = report.trainable_params / profile.total_params
-    notes.append(f"Trainable: {report.trainable_params:,} of {profile.total_params:,} parameters ({share:.2%})")
     return risks, notes

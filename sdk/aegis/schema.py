@@ -318,7 +318,7 @@ class Tier(Frozen):
     headroom_bytes: int = Field(description="Usable memory minus the predicted high end (negative: does not fit).")
     fits: bool = Field(description="Predicted high end within the usable memory.")
     summary: str = Field(description="One line: what changed and why (e.g. 'same effective batch, same quality').")
-    relative_speed: float = Field(default=1.0, description="Expected throughput relative to the recommended tier.")
+    relative_speed: float = Field(default=1.0, description="Expected throughput in relative units (higher is faster); compare tiers by ratio.")
 
 
 class Risk(Frozen):

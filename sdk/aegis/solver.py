@@ -3,7 +3,7 @@
 Every candidate is sized by the memory engine; "fits" means the predicted high end (tensor peak +
 framework overhead + dynamic margin) is within the GPU's memory. The recommended tier keeps
 comfortable headroom and maximises throughput; the aggressive one maximises throughput with under
-1 GB of headroom; the fallback chain — ordered by expected training quality, each entry smaller than
+1 GiB of headroom; the fallback chain — ordered by expected training quality, each entry smaller than
 the one before — is what the supervisor switches to on an OOM.
 
     from aegis.solver import solve
@@ -16,20 +16,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from aegis.memory.estimate import estimate
+from aegis.units import GIB, gib
 from aegis.schema import GPU, LoRAConfig, MemoryEstimate, Method, ModelProfile, Optimizer, Precision, Tier, TrainConfig
 
 __all__ = ["Solution", "solve", "fits", "headroom_bytes", "comfort_bytes", "relative_speed", "AGGRESSIVE_HEADROOM_BYTES"]
 
-GB = 10**9
-AGGRESSIVE_HEADROOM_BYTES = 1 * GB
+AGGRESSIVE_HEADROOM_BYTES = GIB
 """The aggressive tier runs with less than this much headroom."""
 _CKPT_SPEED = 0.75
 """Throughput with gradient checkpointing relative to without (one extra forward: ~4/3 the compute)."""
 
 
 def comfort_bytes(gpu: GPU) -> int:
-    """Headroom the recommended tier keeps: 10% of the card, at least 1.5 GB."""
-    return max(int(0.10 * gpu.memory_bytes), int(1.5 * GB))
+    """Headroom the recommended tier keeps: 10% of the card, at least 1.5 GiB."""
+    return max(int(0.10 * gpu.memory_bytes), int(1.5 * GIB))
 
 
 def headroom_bytes(est: MemoryEstimate, gpu: GPU) -> int:
@@ -146,7 +146,7 @@ def solve(
     if rec_cfg is not None:
         why = "checkpointing ON: without it even micro batch 1 leaves too little headroom" if rec_cfg.gradient_checkpointing \
             else "checkpointing OFF: not needed at this headroom"
-        recommended = tier(rec_cfg, "recommended", f"fastest config with >= {comfort / GB:.1f} GB headroom; {why}")
+        recommended = tier(rec_cfg, "recommended", f"fastest config with >= {gib(comfort)} headroom; {why}")
     agg_cfg = best_for(0)
     aggressive = None
     if agg_cfg is not None and (rec_cfg is None or relative_speed(agg_cfg) > relative_speed(rec_cfg) * 1.01):

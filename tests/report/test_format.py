@@ -26,14 +26,14 @@ from aegis.schema import LoRAConfig, TrainConfig
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(12_430_000_000, "12.43 GB"), (25_769_803_776, "25.77 GB"), (0, "0.00 GB"), (5_000_000, "5.0 MB"), (-2_500_000_000, "-2.50 GB")],
+    [(13_346_742_190, "12.43 GiB"), (25_769_803_776, "24.00 GiB"), (0, "0.00 GiB"), (5_242_880, "5.0 MiB"), (-2_684_354_560, "-2.50 GiB")],
 )
 def test_format_bytes(value, text):
     assert format_bytes(value) == text
 
 
 def test_format_bytes_range():
-    assert format_bytes_range(11_640_000_000, 13_210_000_000) == "11.6 - 13.2 GB"
+    assert format_bytes_range(11.6 * 2**30, 13.2 * 2**30) == "11.6 - 13.2 GiB"
 
 
 @pytest.mark.parametrize(

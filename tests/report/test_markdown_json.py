@@ -34,7 +34,7 @@ def test_markdown_has_sections_tables_and_verdict(example_report):
         assert f"#### {title}" in md
     breakdown = _table_rows(md, "| Component | Memory | How |")
     for c in example_report.recommended.memory.components:
-        assert any(row.startswith(f"| {c.name} | {c.bytes / 1e9:.2f} GB |") for row in breakdown), c.name
+        assert any(row.startswith(f"| {c.name} | {c.bytes / 2**30:.2f} GiB |") for row in breakdown), c.name
     tier_rows = _table_rows(md, "| Tier |")
     assert len(tier_rows) == len(tiers(example_report))
     assert len({_cells(r) for r in tier_rows}) == 1

@@ -87,7 +87,7 @@ def test_numbers_match_the_report(example_report):
         f"Micro batch: {cfg.micro_batch_size} | Grad accum: {cfg.gradient_accumulation_steps} | "
         f"Effective: {cfg.effective_batch_size}" in out
     )
-    assert f"{example_report.recommended.memory.total_bytes / 1e9:.2f} GB" in out
+    assert f"{example_report.recommended.memory.total_bytes / 2**30:.2f} GiB" in out
     assert f"{example_report.dataset.num_rows:,} rows" in out
     assert f"{example_report.steps_per_epoch:,} optimizer steps per epoch" in out
 
@@ -116,7 +116,7 @@ def test_multi_gpu_section(multi_gpu_report, example_report):
     out = render_text(multi_gpu_report)
     mg = multi_gpu_report.multi_gpu
     assert "Multi-GPU" in out and "<- assumed" in out
-    assert f"{mg.ddp_bytes / 1e9:.2f} GB per GPU" in out and f"{mg.fsdp_bytes / 1e9:.2f} GB per GPU" in out
+    assert f"{mg.ddp_bytes / 2**30:.2f} GiB per GPU" in out and f"{mg.fsdp_bytes / 2**30:.2f} GiB per GPU" in out
     assert _flat(mg.reason) in _flat(out)
     assert "Multi-GPU" not in render_text(example_report)
 

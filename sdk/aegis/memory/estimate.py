@@ -22,6 +22,7 @@ from aegis.hub import resolve_model
 from aegis.memory._dtypes import placement
 from aegis.memory.activations import Setting, head_saved_bytes_per_token, layer_activation_terms, loss_bytes_per_token
 from aegis.memory.components import optimizer_state_bytes, optimizer_temp_bytes, sizes
+from aegis.units import gib
 from aegis.schema import GPU, Attention, LoRAConfig, MemoryComponent, MemoryEstimate, Method, ModelProfile, Optimizer, Precision, TrainConfig
 
 __all__ = ["estimate_memory", "estimate", "DEFAULT_OVERHEAD_BYTES"]
@@ -41,10 +42,6 @@ class _Moment:
     @property
     def total(self) -> int:
         return sum(self.parts.values())
-
-
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.2f} GB"
 
 
 def estimate_memory(
@@ -206,7 +203,7 @@ def estimate(
     if cfg.gradient_checkpointing:
         act_formula = (
             f"checkpointing: {len(layers)} layer inputs x {tokens:,} tokens x {ckpt_saved:,} B "
-            f"+ one layer recomputed in backward ({per_layer[-1] * tokens / 1e9:.2f} GB)"
+            f"+ one layer recomputed in backward ({gib(per_layer[-1] * tokens, 2)})"
         )
     else:
         detail = ", ".join(f"{k} {v / len(layers):,.0f}" for k, v in sorted(layer_breakdown.items(), key=lambda kv: -kv[1]))

@@ -1,11 +1,10 @@
 """Number and label formatting shared by every report renderer (text, Markdown, JSON-adjacent, Slack).
 
-Memory is computed in bytes everywhere in Aegis and turned into text only here. "GB" means
-10**9 bytes, as everywhere else in Aegis (memory formulas, risk details, the catalog notes), so
-every figure in one report is in the same unit. (A "24 GB" RTX 3090 holds 24 GiB = 25.8 GB.)
+Memory is computed in bytes everywhere in Aegis and turned into text only here, in GiB
+(`aegis.units`: the unit of PyTorch's OOM messages; a "24 GB" RTX 3090 reads 24.0 GiB).
 
     from aegis.report.format import format_bytes, format_params, format_hours_range
-    format_bytes(13_346_000_000)        # '12.43 GB'
+    format_bytes(13_346_000_000)        # '12.43 GiB'
     format_params(8_030_261_248)        # '8.03B'
     format_hours_range(0.58, 0.83)      # '35-50 min'
 """
@@ -15,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from aegis.units import GIB
 from aegis.schema import ALL_LINEAR_TARGETS, Method, Optimizer, TrainConfig
 
 __all__ = [
@@ -39,8 +39,8 @@ __all__ = [
     "RISK_MARKERS",
 ]
 
-GB = 10**9
-"""Bytes in one report "GB" (decimal, like the rest of Aegis)."""
+GB = GIB
+"""Bytes in one report unit (GiB, `aegis.units`)."""
 
 _METHOD_LABELS: dict[str, str] = {
     "full": "Full fine-tuning (every weight trainable)",
@@ -62,25 +62,25 @@ RISK_MARKERS: dict[str, str] = {"ok": "[ok]", "warn": "[!!]", "danger": "[XX]"}
 """The bracketed marker each risk level prints with (plain text survives any terminal)."""
 
 # Headroom below which a fitting configuration is called tight rather than comfortable: the
-# aggressive tier is defined by the solver as "< 1 GB headroom", so the same line is used here.
+# aggressive tier is defined by the solver as "< 1 GiB headroom", so the same line is used here.
 _TIGHT_HEADROOM_BYTES = GB
 
 
 def format_gb_value(n_bytes: float, digits: int = 2) -> str:
-    """Bytes as a bare GB number: ``format_gb_value(13.3e9) == '12.43'``."""
+    """Bytes as a bare GiB number: ``format_gb_value(13.35e9) == '12.43'``."""
     return f"{n_bytes / GB:.{digits}f}"
 
 
 def format_bytes(n_bytes: float, digits: int = 2) -> str:
-    """Bytes as GB text with ``digits`` decimals: ``'12.43 GB'``; below 0.01 GB, in MB."""
+    """Bytes as GiB text with ``digits`` decimals: ``'12.43 GiB'``; below 0.01 GiB, in MiB."""
     if 0 < abs(n_bytes) < GB / 10 ** digits:
-        return f"{n_bytes / 10**6:.1f} MB"
-    return f"{format_gb_value(n_bytes, digits)} GB"
+        return f"{n_bytes / 2**20:.1f} MiB"
+    return f"{format_gb_value(n_bytes, digits)} GiB"
 
 
 def format_bytes_range(low_bytes: float, high_bytes: float, digits: int = 1) -> str:
-    """A memory range: ``'11.6 - 13.2 GB'``."""
-    return f"{format_gb_value(low_bytes, digits)} - {format_gb_value(high_bytes, digits)} GB"
+    """A memory range: ``'11.6 - 13.2 GiB'``."""
+    return f"{format_gb_value(low_bytes, digits)} - {format_gb_value(high_bytes, digits)} GiB"
 
 
 def format_params(n: int) -> str:
@@ -180,7 +180,7 @@ def targets_label(targets: Iterable[str]) -> str:
 
 
 def headroom_verdict(headroom_bytes: int) -> str:
-    """One word on a headroom: ``'comfortable'``, ``'tight'`` (< 1 GB) or ``'does not fit'``."""
+    """One word on a headroom: ``'comfortable'``, ``'tight'`` (< 1 GiB) or ``'does not fit'``."""
     if headroom_bytes < 0:
         return "does not fit"
     if headroom_bytes < _TIGHT_HEADROOM_BYTES:
