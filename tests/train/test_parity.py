@@ -205,3 +205,26 @@ def test_bundled_catalog_configs_build_like_transformers() -> None:
             for i in range(hf_config.num_hidden_layers)
         )
         assert model.spec.layer_window == expected, config["model_type"]
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3", "mistral"])
+def test_fused_attention_path_equals_explicit_attention(name: str) -> None:
+    """``attention="dot_product"`` (the call cuDNN flash attention uses) computes what the explicit path does,
+    with and without packed segments (uniform windows, per-layer windows, a sliding window)."""
+    config = tiny_config(name)
+    ref_model = build_model(config)
+    fast = build_model(config, attention="dot_product")
+    params = jax.tree_util.tree_map(lambda x: x * 5.0 if x.ndim >= 2 else x, ref_model.init(jax.random.key(4)))
+    ids = _tokens(256, (2, 20))
+    seg = np.array([[1] * 9 + [2] * 11, [5] * 20], np.int32)
+    for kwargs in ({}, {"segment_ids": seg}):
+        ref = np.asarray(jax.jit(ref_model.apply)(params, ids, **kwargs))
+        out = np.asarray(jax.jit(fast.apply)(params, ids, **kwargs))
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_fused_attention_refuses_soft_capping() -> None:
+    from aegis.errors import InvalidConfigError
+
+    with pytest.raises(InvalidConfigError, match="attention='xla'"):
+        build_model(tiny_config("gemma2"), attention="cudnn")

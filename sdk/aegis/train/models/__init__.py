@@ -21,12 +21,14 @@ import jax.numpy as jnp
 
 from aegis.errors import InvalidConfigError
 from aegis.train.models.decoder import Model, attention_mask, segment_positions, standard_layer
+from aegis.train.models.layers import ATTENTION_IMPLS
 from aegis.train.models.families import FAMILIES, Family, Recipe, get_family, supported_model_types
 from aegis.train.models.spec import ArchSpec, MoESpec, param_shapes
 
 __all__ = [
     "build_model",
     "Model",
+    "ATTENTION_IMPLS",
     "ArchSpec",
     "MoESpec",
     "Family",
@@ -47,11 +49,14 @@ def build_model(
     dtype: Any = jnp.float32,
     param_dtype: Any = jnp.float32,
     remat: bool = False,
+    attention: str = "xla",
 ) -> Model:
     """Build the JAX model for a Hugging Face config.json dict.
 
     ``dtype`` is the compute dtype (activations, matmuls), ``param_dtype`` the storage dtype that
-    :meth:`Model.init` produces; ``remat`` wraps each decoder layer in ``jax.checkpoint``.
+    :meth:`Model.init` produces; ``remat`` wraps each decoder layer in ``jax.checkpoint``;
+    ``attention`` picks the kernel (:data:`ATTENTION_IMPLS`: ``xla`` = transformers' eager maths,
+    the default; ``cudnn`` = flash attention on NVIDIA GPUs; ``dot_product`` = the same call on XLA).
     Raises :class:`~aegis.errors.UnsupportedArchitectureError` (listing supported model types) for
     an unknown ``model_type``.
     """
@@ -59,6 +64,12 @@ def build_model(
         raise InvalidConfigError("build_model expects the config.json contents as a dict (json.load the file first).")
     family = get_family(config.get("model_type"))
     spec = family.build_spec(config)
+    if attention not in ATTENTION_IMPLS:
+        raise InvalidConfigError(f"attention={attention!r} is not one of {', '.join(ATTENTION_IMPLS)}.")
+    if attention != "xla" and spec.attn_softcap is not None:
+        raise InvalidConfigError(
+            f"{family.name} soft-caps attention logits, which fused attention kernels do not do; use attention='xla'."
+        )
     return Model(
         config=dict(config),
         family=family.name,
@@ -67,4 +78,5 @@ def build_model(
         dtype=jnp.dtype(dtype),
         param_dtype=jnp.dtype(param_dtype),
         remat=remat,
+        attention=attention,
     )

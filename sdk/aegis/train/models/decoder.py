@@ -26,7 +26,7 @@ import numpy as np
 
 from aegis.train.models.layers import Ctx, attention_block, mlp_block, moe_block, rms_norm
 from aegis.train.models.rope import cos_sin
-from aegis.train.models.spec import ArchSpec, param_shapes
+from aegis.train.models.spec import FULL_WINDOW, ArchSpec, param_shapes
 
 __all__ = ["Model", "standard_layer", "segment_positions", "attention_mask", "LayerFn"]
 
@@ -93,6 +93,7 @@ class Model:
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     remat: bool = False
+    attention: str = "xla"  # one of layers.ATTENTION_IMPLS
 
     # ----- parameters -------------------------------------------------------------------------
     def param_shapes(self) -> dict[str, Any]:
@@ -135,15 +136,21 @@ class Model:
         params: dict[str, Any],
         x: jax.Array,
         positions: jax.Array,
-        segment_ids: jax.Array,
+        segment_ids: jax.Array | None,
         lora: Any,
         lora_rng: jax.Array | None,
     ) -> jax.Array:
         spec = self.spec
-        s = x.shape[1]
+        b, s = x.shape[:2]
         tables = [cos_sin(r, positions, seq_len=s) for r in spec.ropes]
         cos_all = jnp.stack([c for c, _ in tables])
         sin_all = jnp.stack([t for _, t in tables])
+        # Fused attention kernels take "causal + one static window" without a mask tensor; packed
+        # segments or per-layer windows need the explicit mask.
+        static_window = len(set(spec.layer_window)) == 1 and self.attention != "xla" and segment_ids is None
+        window0 = spec.layer_window[0]
+        if segment_ids is None:
+            segment_ids = jnp.ones((b, s), jnp.int32)
         base_mask = attention_mask(segment_ids)
         idx = jnp.arange(s)
         dist = idx[:, None] - idx[None, :]
@@ -154,9 +161,16 @@ class Model:
 
         def body(h: jax.Array, xs: tuple[Any, ...]) -> tuple[jax.Array, None]:
             p, lp, window, rope_i, layer_i = xs
-            mask = base_mask & (dist < window)[None]
+            mask = None if static_window else base_mask & (dist < window)[None]
             rng = None if lora_rng is None else jax.random.fold_in(lora_rng, layer_i)
-            ctx = Ctx(dtype=self.dtype, lora_scale=scale, lora_dropout=dropout, rng=rng)
+            ctx = Ctx(
+                dtype=self.dtype,
+                lora_scale=scale,
+                lora_dropout=dropout,
+                rng=rng,
+                attention=self.attention,
+                window=None if window0 >= FULL_WINDOW else window0,
+            )
             h = layer_fn(spec, p, h, cos=cos_all[rope_i], sin=sin_all[rope_i], mask=mask, ctx=ctx, lora=lp)
             return h, None
 
@@ -186,7 +200,6 @@ class Model:
         input_ids = jnp.asarray(input_ids, jnp.int32)
         b, s = input_ids.shape
         if segment_ids is None:
-            segment_ids = jnp.ones((b, s), jnp.int32)
             if positions is None:
                 positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
         elif positions is None:

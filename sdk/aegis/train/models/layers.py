@@ -20,7 +20,7 @@ from aegis.train.models.rope import apply_rope
 from aegis.train.models.spec import ArchSpec
 from aegis.train.nf4 import maybe_dequantize
 
-__all__ = ["Ctx", "ACTIVATIONS", "activation", "rms_norm", "linear", "attention_block", "mlp_block", "moe_block"]
+__all__ = ["Ctx", "ATTENTION_IMPLS", "ACTIVATIONS", "activation", "rms_norm", "linear", "attention_block", "mlp_block", "moe_block"]
 
 ACTIVATIONS = {
     "silu": jax.nn.silu,
@@ -42,6 +42,12 @@ def activation(name: str) -> Any:
     return ACTIVATIONS[name]
 
 
+ATTENTION_IMPLS = ("xla", "dot_product", "cudnn")
+"""``xla``: explicit scores, softmax in float32 as transformers' eager attention (any family).
+``dot_product``: ``jax.nn.dot_product_attention`` with XLA; ``cudnn``: the same call with cuDNN
+flash attention (NVIDIA GPUs, bf16/fp16 compute). Neither supports attention soft-capping."""
+
+
 @dataclass(frozen=True)
 class Ctx:
     """Per-call settings threaded through the blocks."""
@@ -50,6 +56,9 @@ class Ctx:
     lora_scale: float = 0.0
     lora_dropout: float = 0.0
     rng: jax.Array | None = None  # LoRA dropout key for this layer; None = no dropout
+    attention: str = "xla"
+    # For dot_product/cudnn with mask=None: causal attention with this static left window (None = full).
+    window: int | None = None
 
     def sub_rng(self, name: str) -> jax.Array | None:
         if self.rng is None or self.lora_dropout <= 0.0:
@@ -95,11 +104,15 @@ def attention_block(
     *,
     cos: jax.Array,
     sin: jax.Array,
-    mask: jax.Array,
+    mask: jax.Array | None,
     ctx: Ctx,
     lora: dict[str, Any] | None = None,
 ) -> jax.Array:
-    """Self-attention with GQA, optional q/k-norm, rope, soft-capping; ``mask`` is ``[b, s, s]`` bool."""
+    """Self-attention with GQA, optional q/k-norm, rope, soft-capping.
+
+    ``mask`` is ``[b, s, s]`` bool (True = attend), or None for plain causal attention limited to
+    ``ctx.window`` (the fast path of the dot_product/cudnn implementations).
+    """
     b, s, _ = x.shape
     if spec.fused_qkv:
         qkv = linear(p["qkv_proj"], x, ctx, _sub(lora, "qkv_proj"), "qkv_proj")
@@ -118,6 +131,23 @@ def attention_block(
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
 
+    if ctx.attention != "xla":
+        out = jax.nn.dot_product_attention(
+            q,
+            k,
+            v,
+            mask=None if mask is None else mask[:, None],
+            is_causal=mask is None,
+            scale=spec.attn_scale,
+            local_window_size=None if mask is not None or ctx.window is None else (ctx.window - 1, 0),
+            implementation="cudnn" if ctx.attention == "cudnn" else "xla",
+        )
+        return linear(p["o_proj"], out.reshape(b, s, spec.q_size), ctx, _sub(lora, "o_proj"), "o_proj")
+    if mask is None:
+        idx = jnp.arange(s)
+        dist = idx[:, None] - idx[None, :]
+        window = ctx.window if ctx.window is not None else s + 1
+        mask = jnp.broadcast_to(((dist >= 0) & (dist < window))[None], (b, s, s))
     groups = spec.num_heads // hkv
     q = q.reshape(b, s, hkv, groups, hd)
     scores = jnp.einsum("bqhgd,bkhd->bhgqk", q, k) * jnp.asarray(spec.attn_scale, q.dtype)
