@@ -49,3 +49,13 @@ def test_repeated_failures_escalate_after_max_retries():
     assert state.human.pending and state.status == "paused"
     assert state.lr == 1e-3 * 0.25
     assert "skip_batch" in state.human.suggested_actions
+
+
+def test_a_spike_that_survives_stabilising_skips_its_batch():
+    state = _state(diagnosis=_diag("none"))
+    state = apply_repair(state, plan_repair(state, CFG, 1))
+    again = state.update(anomaly=state.anomaly.model_copy(update={"repeat": True}))
+    d = plan_repair(again, CFG, 1)
+    assert d.strategy == "skip_batch" and d.skip_add == ("a", "b") and d.rollback_to == 5
+    after = apply_repair(again, d)
+    assert after.skipped == ("a", "b") and after.blacklist == () and after.excluded_ids == ("a", "b")

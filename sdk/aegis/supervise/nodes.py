@@ -231,7 +231,12 @@ def monitor_node(ctx: RunContext, gs: GraphState) -> GraphState:
     state = state.update(metrics=metrics)
     if anomaly is not None:
         ctx.event("anomaly", anomaly.step, **_anomaly_data(anomaly))
-        return dump(state.update(anomaly=anomaly))
+        attempts = state.repair_attempts
+        progressed = state.last_anomaly_step is not None and anomaly.step > state.last_anomaly_step
+        anomaly = anomaly.model_copy(update={"repeat": state.last_anomaly_step == anomaly.step})
+        if progressed and state.repairs and state.repairs[-1].strategy == "blacklist":
+            attempts = 0  # the blamed samples are gone and training got past them: a new problem
+        return dump(state.update(anomaly=anomaly, repair_attempts=attempts, last_anomaly_step=anomaly.step))
     last = state.window[-1].step if state.window else state.step
     state = state.update(step=max(state.step, last), repair_attempts=0)
     ctx.event("window_done", state.step, loss=clean[-1].loss if clean else None, steps=len(clean))

@@ -7,7 +7,10 @@ Strategies, chosen in this order:
 * **fallback** — out of memory: switch to the next configuration of the plan's fallback chain;
 * **blacklist** (A) — the diagnosis names outlier samples: exclude them, roll back, retry the window;
 * **stabilize** (B) — no sample to blame: multiply LR and clip norm by the recovery factors, roll
-  back, retry.
+  back, retry;
+* **skip_batch** — the same step spiked again after stabilising, still with no sample to blame: the
+  batch itself is the problem (its loss is computed before any update, so a lower LR cannot change
+  it); leave its samples out, as PaLM skips the batches around a spike, roll back, retry.
 
 Retries are counted since the last clean window, so a run never loops forever: after
 ``max_retries`` automatic repairs without a clean window a human is asked.
@@ -32,9 +35,10 @@ __all__ = ["RepairDecision", "plan_repair", "apply_repair", "suggested_actions"]
 class RepairDecision(Frozen):
     """What the planner decided, with the new knob values."""
 
-    strategy: Literal["blacklist", "stabilize", "fallback", "escalate"]
+    strategy: Literal["blacklist", "stabilize", "skip_batch", "fallback", "escalate"]
     reason: str
     blacklist_add: tuple[str, ...] = ()
+    skip_add: tuple[str, ...] = Field(default=(), description="Sample ids of a skipped batch.")
     lr: float
     grad_clip: float
     fallback_tier: int
@@ -112,6 +116,15 @@ def plan_repair(state: RunState, cfg: RunConfig, num_tiers: int) -> RepairDecisi
                 rollback_to=rollback,
                 **keep,
             )
+    last = state.repairs[-1].strategy if state.repairs else None
+    if anomaly.type == "loss_spike" and anomaly.repeat and last == "stabilize" and anomaly.batch_sample_ids:
+        return RepairDecision(
+            strategy="skip_batch",
+            reason=f"loss spike at step {anomaly.step} again after stabilising, no sample to blame: skipping the batch",
+            skip_add=anomaly.batch_sample_ids,
+            rollback_to=rollback,
+            **keep,
+        )
     factor_lr, factor_clip = cfg.recovery.lr_factor, cfg.recovery.clip_factor
     return RepairDecision(
         strategy="stabilize",
@@ -137,6 +150,7 @@ def apply_repair(state: RunState, decision: RepairDecision) -> RunState:
         )
     return new.update(
         blacklist=(*state.blacklist, *decision.blacklist_add),
+        skipped=tuple(dict.fromkeys((*state.skipped, *decision.skip_add))),
         lr=decision.lr,
         grad_clip=decision.grad_clip,
         fallback_tier=decision.fallback_tier,

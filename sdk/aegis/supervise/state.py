@@ -80,6 +80,7 @@ class Anomaly(Frozen):
     threshold: float | None = Field(default=None, description="Threshold the value crossed.")
     detail: str = Field(default="", description="One line for humans.")
     batch_sample_ids: tuple[str, ...] = Field(default=(), description="Sample ids of the batch at that step.")
+    repeat: bool = Field(default=False, description="The previous anomaly was at the same step (a retry failed again).")
 
 
 class OutlierStats(Frozen):
@@ -111,7 +112,7 @@ class RepairAttempt(Frozen):
     """One automatic repair or operator action."""
 
     step: int
-    strategy: Literal["blacklist", "stabilize", "fallback", "escalate", "operator"]
+    strategy: Literal["blacklist", "stabilize", "skip_batch", "fallback", "escalate", "operator"]
     detail: str
 
 
@@ -137,7 +138,11 @@ class RunState(Frozen):
     )
     anomaly: Anomaly | None = None
     diagnosis: DiagnosisReport | None = None
-    repair_attempts: int = Field(default=0, description="Automatic repairs since the last clean window.")
+    repair_attempts: int = Field(
+        default=0,
+        description="Automatic repairs since the last clean window (a blacklist that got training past its anomaly resets it).",
+    )
+    last_anomaly_step: int | None = Field(default=None, description="Step of the previous anomaly.")
     repairs: tuple[RepairAttempt, ...] = Field(default=(), description="Last repairs, newest last.")
     blacklist: tuple[str, ...] = ()
     skipped: tuple[str, ...] = Field(default=(), description="Sample ids of batches skipped by `skip_batch`.")

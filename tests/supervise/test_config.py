@@ -1,0 +1,66 @@
+"""Run config: YAML keys of spec §10.3, clear errors on unknown keys."""
+
+import json
+
+import pytest
+
+from aegis.errors import InvalidConfigError
+from aegis.supervise.config import load_run_config, parse_run_config, run_config_from_plan
+
+
+def test_yaml_round_trip_and_relative_paths(tmp_path):
+    (tmp_path / "d.jsonl").write_text('{"text": "hi"}\n')
+    (tmp_path / "run.yaml").write_text(
+        "data: d.jsonl\n"
+        "training: {steps_per_window: 10, total_steps: 30, batch_size: 2, lr: 1.0e-4, grad_clip: 0.5}\n"
+        "monitoring: {spike_sigma: 4, grad_norm_threshold: 50}\n"
+        "forensics: {outlier_ratio: 50, zscore_threshold: 5}\n"
+        "recovery: {max_retries: 2}\n"
+        "checkpoints: {interval: 10, keep_last_n: 2, async: false}\n"
+        "curriculum: {eval_interval: 20, domains: [a], weights: {a: 1.0}}\n"
+        "notifications: {webhook_url: 'https://example.invalid/hook', slack_channel: '#runs'}\n"
+    )
+    cfg = load_run_config(tmp_path / "run.yaml")
+    assert cfg.data == str(tmp_path / "d.jsonl")
+    assert cfg.checkpoints.async_save is False and cfg.monitoring.spike_sigma == 4
+    assert cfg.tiers[0].micro_batch_size == 2
+    again = parse_run_config(cfg.model_dump(mode="json", by_alias=True))
+    assert again == cfg
+
+
+@pytest.mark.parametrize(
+    "data, fragment",
+    [
+        ({"trainning": {}}, "unknown key 'trainning'"),
+        ({"training": {"step_per_window": 3}}, "unknown key 'training.step_per_window' (valid here: steps_per_window"),
+        ({"checkpoints": {"keep": 3}}, "valid here: interval, keep_last_n, async"),
+        ({"training": {"lr": -1}}, "training.lr"),
+        ({"notifications": {"webhook_url": "ftp://x"}}, "http"),
+        ({"fallbacks": [{"method": "full", "micro_batch_size": 0}]}, "micro_batch_size must be a positive"),
+    ],
+)
+def test_bad_configs_name_the_key(data, fragment):
+    with pytest.raises(InvalidConfigError) as err:
+        parse_run_config(data)
+    assert fragment in str(err.value)
+
+
+def test_missing_or_broken_files(tmp_path):
+    with pytest.raises(InvalidConfigError, match="does not exist"):
+        load_run_config(tmp_path / "nope.yaml")
+    (tmp_path / "bad.yaml").write_text("training: [unclosed\n")
+    with pytest.raises(InvalidConfigError, match="not valid YAML"):
+        load_run_config(tmp_path / "bad.yaml")
+
+
+def test_plan_supplies_config_and_fallback_chain(tmp_path):
+    plan = {
+        "recommended": {"config": {"method": "full", "micro_batch_size": 8, "seq_len": 64}},
+        "fallbacks": [{"method": "full", "micro_batch_size": 4, "seq_len": 64}, {"method": "full", "micro_batch_size": 2, "seq_len": 64}],
+    }
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    cfg = run_config_from_plan(tmp_path / "plan.json", {"training": {"total_steps": 5}})
+    assert [t.micro_batch_size for t in cfg.tiers] == [8, 4, 2]
+    (tmp_path / "empty.json").write_text("{}")
+    with pytest.raises(InvalidConfigError, match="recommended"):
+        run_config_from_plan(tmp_path / "empty.json")
