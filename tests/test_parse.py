@@ -151,6 +151,8 @@ def test_corpus_is_large_and_distinct():
     [
         ("qlora llama-3.1-8b on 3900", "gpu", ["'3900'", "rtx-3090", "aegis gpus"]),
         ("lora on l40 with mixtral", "gpu", ["'l40'", "l40s"]),
+        ("plan lora llama-8b on a 3900", "gpu", ["'3900'", "rtx-3090"]),
+        ("plan lora llama-8b on an h300", "gpu", ["'h300'", "h200"]),
         ("lora llama 8b on 2x rtx 3080", "gpu", ["'rtx 3080'", "rtx-3090"]),
         ("lora deepseek 7b on 4090", "model", ["'deepseek 7b'", "config.json"]),
         ("lora llama-8b mixed precision fp32", "precision", ["fp32", "keep one"]),

@@ -306,6 +306,7 @@ _GPU_BRANDS = frozenset({"rtx", "gtx", "tesla", "radeon", "instinct", "quadro"})
 _MAX_LOOKUPS = 4
 """Unknown-name lookups per request (each computes close matches): enough for any real request."""
 _GPU_CUE = frozenset({"on", "gpu", "gpus", "using", "rent", "renting"})
+_ARTICLES = frozenset({"a", "an", "the", "my", "our", "one", "single", "some"})
 _NAME_TOKENS = 6
 """A leftover run longer than this is not a model or GPU name (names are 'deepseek 7b', 'rtx 3080')."""
 
@@ -595,7 +596,8 @@ def _read_leftovers(r: _Reader) -> list[str]:
             _unknown_gpu(r, said)
         else:
             unparsed.extend(w for w in words if w.isalpha() and w not in _STOP and len(w) > 1)
-        prev_word = words[-1]
+        if words[-1] not in _ARTICLES:
+            prev_word = words[-1]
     return unparsed
 
 
