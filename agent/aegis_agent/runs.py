@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from aegis.errors import RunError
+from aegis.errors import AegisError, RunError
 from aegis.schema import Frozen, PlanReport
 from aegis.supervise import CommandReceipt, RunConfig, RunStatusReport, Supervisor, load_run_config, parse_run_config
 from aegis.supervise.runs import list_runs, open_run
@@ -193,6 +193,14 @@ class RunManager:
             self._launch(run_id, lambda: self.supervisor.resume(run_id, wait_for_commands_s=self.settings.run_wait_s))
             receipt = receipt.model_copy(update={"live": True})
         return receipt
+
+    def shutdown(self, timeout_s: float = 60.0) -> None:
+        """Stop the runs this process drives (each checkpoints and ends at its next step) and wait for them."""
+        for run_id, thread in list(self._threads.items()):
+            if thread.is_alive():
+                with contextlib.suppress(AegisError):
+                    self.supervisor.command(run_id, "stop", source="shutdown")
+                thread.join(timeout_s)
 
     def latest_run_id(self) -> str | None:
         """The most recently created run in the runs folder."""

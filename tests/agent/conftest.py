@@ -1,39 +1,19 @@
-"""Agent test fixtures: a fast run template (tiny llama, bundled toy data) and a shared XLA compile cache."""
+"""Agent test fixtures: a fast run template and the shared XLA compile cache."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import pytest
-import yaml
 
-FAST_TEMPLATE = {
-    "model": "tiny-llama",
-    "data": "toy",
-    "train_config": {"method": "full", "micro_batch_size": 8, "seq_len": 64, "precision": "fp32"},
-    "training": {"steps_per_window": 10, "total_steps": 30, "lr": 3e-3, "grad_clip": 1.0, "min_lr_ratio": 1.0},
-    "monitoring": {"history_size": 50, "min_history": 10, "warmup_steps": 30},
-    "checkpoints": {"interval": 10, "keep_last_n": 2},
-    "curriculum": {"eval_interval": 100000},
-}
-"""A run the supervisor trains in seconds on a CPU once compiled (same shapes as the supervisor tests)."""
+from tests.agent._runs import enable_compile_cache, write_template
 
 
 @pytest.fixture(scope="session")
 def jax_compile_cache(request: pytest.FixtureRequest) -> Path:
-    """Reuse compiled train programs across tests, workers and sessions (shared with tests/supervise)."""
-    import jax
-
-    provider = getattr(request.config, "cache", None)
-    cache = Path(str(provider.mkdir("aegis-jax-compile"))) if provider else Path(tempfile.gettempdir()) / "aegis-jax-compile"
-    jax.config.update("jax_compilation_cache_dir", str(cache))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    return cache
+    return enable_compile_cache(request.config)
 
 
 @pytest.fixture
 def fast_template(tmp_path: Path) -> Path:
-    path = tmp_path / "run-template.yaml"
-    path.write_text(yaml.safe_dump(FAST_TEMPLATE))
-    return path
+    return write_template(tmp_path)

@@ -1,0 +1,162 @@
+"""The Slack bot, offline: signed requests dispatched to a real bolt App, Web API calls captured by a
+local fake Slack server, a real supervised run for the thread commands."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+from slack_bolt.request import BoltRequest
+from slack_sdk import WebClient
+from slack_sdk.signature import SignatureVerifier
+
+import aegis
+from aegis.report.format import format_bytes
+from aegis.supervise.runs import open_run
+from aegis_agent import AgentSettings, ChatAgent, RunManager
+from aegis_apps.slack import SlackBot, SlackSettings
+
+SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+ALLOWED, EVIL, CHANNEL = "UALLOW", "UEVIL", "CALLOW"
+
+
+def signed(body: str, content_type: str, *, secret: str = SECRET, age_s: float = 0) -> BoltRequest:
+    ts = str(int(time.time() - age_s))
+    sig = SignatureVerifier(secret).generate_signature(timestamp=ts, body=body)
+    headers = {"content-type": content_type, "x-slack-request-timestamp": ts, "x-slack-signature": sig}
+    return BoltRequest(body=body, headers=headers)
+
+
+def slash(text: str, user: str = ALLOWED, **kw: Any) -> BoltRequest:
+    body = urlencode({"command": "/aegis", "text": text, "user_id": user, "channel_id": CHANNEL, "team_id": "T1",
+                      "response_url": "http://127.0.0.1:9/unused", "trigger_id": "1.2.3"})
+    return signed(body, "application/x-www-form-urlencoded", **kw)
+
+
+def thread_reply(text: str, thread_ts: str, user: str = ALLOWED) -> BoltRequest:
+    event = {"type": "message", "text": text, "user": user, "channel": CHANNEL, "ts": f"{time.time():.6f}",
+             "thread_ts": thread_ts, "channel_type": "channel"}
+    body = json.dumps({"type": "event_callback", "team_id": "T1", "api_app_id": "A1", "event": event,
+                       "event_id": f"Ev{time.time_ns()}", "event_time": int(time.time())})
+    return signed(body, "application/json")
+
+
+def click(action_id: str, value: str, user: str = ALLOWED, message_ts: str = "1.0") -> BoltRequest:
+    payload = {"type": "block_actions", "user": {"id": user}, "team": {"id": "T1"}, "api_app_id": "A1",
+               "channel": {"id": CHANNEL}, "message": {"ts": message_ts}, "container": {"type": "message"},
+               "trigger_id": "1.2.3", "response_url": "http://127.0.0.1:9/unused",
+               "actions": [{"action_id": action_id, "block_id": "b", "value": value, "type": "button"}]}
+    return signed(urlencode({"payload": json.dumps(payload)}), "application/x-www-form-urlencoded")
+
+
+def _texts(blocks: list[dict]) -> str:
+    return json.dumps(blocks)
+
+
+@pytest.fixture
+def bot_env(tmp_path: Path, fake_slack: Any, fast_template: Path):
+    settings = AgentSettings(runs_dir=str(tmp_path / "runs"), run_template=str(fast_template), run_tiers="template")
+    agent = ChatAgent(settings, runs=RunManager(settings, compile_cache=False))
+    slack = SlackSettings(bot_token="xoxb-test", signing_secret=SECRET, allowed_users=(ALLOWED,),
+                          allowed_channels=(CHANNEL,), channel=CHANNEL)
+    bot = SlackBot(slack, agent, client=WebClient(token="xoxb-test", base_url=fake_slack.url))
+    yield bot, fake_slack
+    agent.runs.shutdown()
+    agent.close()
+
+
+def test_plan_reply_is_block_kit_with_the_memory_total(bot_env) -> None:
+    bot, fake = bot_env
+    resp = bot.app.dispatch(slash("plan qlora llama-3.1-8b on 3090"))
+    assert resp.status == 200
+    post = fake.wait_for(lambda p: "blocks" in p)
+    report = aegis.plan("qlora llama-3.1-8b on 3090")
+    blocks = _texts(post["blocks"])
+    assert format_bytes(report.recommended.memory.total_bytes) in blocks
+    assert "VRAM breakdown" in blocks and "Recommended" in blocks
+    assert post["channel"] == CHANNEL
+    assert any(el.get("action_id") == "start_run" for b in post["blocks"] if b["type"] == "actions" for el in b["elements"])
+
+    bot.app.dispatch(slash("on a 4090 instead"))  # a follow-up in the same channel/user conversation
+    post = fake.wait_for(lambda p: "RTX 4090" in _texts(p.get("blocks", [])))
+    assert format_bytes(aegis.plan("qlora llama-3.1-8b on 4090").recommended.memory.total_bytes) in _texts(post["blocks"])
+
+
+def test_unknown_gpu_is_a_helpful_reply(bot_env) -> None:
+    bot, fake = bot_env
+    assert bot.app.dispatch(slash("plan qlora llama-3.1-8b on 3900")).status == 200
+    assert "did you mean" in fake.wait_for(lambda p: "text" in p)["text"]
+
+
+@pytest.mark.parametrize("forgery", ["wrong secret", "stale", "tampered"])
+def test_forged_signature_gets_401_and_does_nothing(bot_env, forgery: str) -> None:
+    bot, fake = bot_env
+    before = list(fake.calls)
+    if forgery == "wrong secret":
+        req = slash("plan qlora llama-3.1-8b on 3090", secret="not-the-secret")
+    elif forgery == "stale":
+        req = slash("plan qlora llama-3.1-8b on 3090", age_s=600)
+    else:
+        req = slash("plan qlora llama-3.1-8b on 3090")
+        req = BoltRequest(body=req.raw_body.replace("3090", "4090"), headers={k: v[0] for k, v in req.headers.items()})
+    assert bot.app.dispatch(req).status == 401
+    assert fake.calls == before
+    assert bot.runs.latest_run_id() is None and bot.agent.conversation(f"slack-{CHANNEL}-{ALLOWED}").messages == 0
+
+
+def test_not_allow_listed_cannot_start_runs(bot_env) -> None:
+    bot, fake = bot_env
+    value = aegis.parse_request("qlora llama-3.1-8b on 3090").model_dump_json(exclude_none=True)
+    assert bot.app.dispatch(click("start_run", value, user=EVIL)).status == 200
+    assert bot.app.dispatch(slash("start the run", user=EVIL)).status == 200
+    refusals = fake.posted("chat.postEphemeral")
+    assert len(refusals) == 2 and all(r["user"] == EVIL and "allow-listed" in r["text"] for r in refusals)
+    assert bot.runs.latest_run_id() is None and fake.posted() == []
+
+
+@pytest.mark.slow
+def test_interrupt_thread_commands_reach_the_run(bot_env, jax_compile_cache: Path) -> None:
+    bot, fake = bot_env
+    value = aegis.parse_request("qlora llama-3.1-8b on 3090").model_dump_json(exclude_none=True)
+    assert bot.app.dispatch(click("start_run", value)).status == 200
+    started = fake.wait_for(lambda p: "started run" in p.get("text", ""))
+    run_id = bot.runs.latest_run_id()
+    assert run_id in started["text"] and bot.run_for_thread(CHANNEL, started["_ts"]) == run_id
+
+    assert bot.app.dispatch(thread_reply("interrupt", started["_ts"])).status == 200
+    fake.wait_for(lambda p: p.get("thread_ts") == started["_ts"] and "sent `interrupt`" in p.get("text", ""))
+    notice = fake.wait_for(lambda p: "paused" in p.get("text", "") and "blocks" in p, timeout_s=240)
+    blocks = _texts(notice["blocks"])
+    assert "interrupt requested by an operator" in blocks
+    buttons = [el for b in notice["blocks"] if b["type"] == "actions" for el in b["elements"]]
+    assert [json.loads(b["value"])["command"].split()[0] for b in buttons] == ["resume", "set_lr", "stop"]
+    thread = notice["_ts"]
+    inbox = open_run(bot.runs.settings.runs_dir, run_id).inbox
+
+    # a non-allow-listed user's reply is refused and changes nothing
+    lines_before = inbox.read_text()
+    assert bot.app.dispatch(thread_reply("stop", thread, user=EVIL)).status == 200
+    refusal = fake.wait_for(lambda p: p["user"] == EVIL, method="chat.postEphemeral")
+    assert refusal["thread_ts"] == thread and inbox.read_text() == lines_before
+    assert bot.runs.status(run_id).status != "stopped"
+
+    # thread replies are routed to the supervisor and acknowledged in the thread
+    assert bot.app.dispatch(thread_reply("set_lr 1e-5", thread)).status == 200
+    ack = fake.wait_for(lambda p: p.get("thread_ts") == thread and "set_lr 1e-05" in p.get("text", ""))
+    assert f"<@{ALLOWED}>" in ack["text"]
+    bot.runs.wait(run_id, lambda s: s.lr == 1e-5, timeout_s=60)
+    assert bot.app.dispatch(thread_reply("blacklist_samples 12 40", thread)).status == 200
+    bad = fake.wait_for(lambda p: p.get("thread_ts") == thread and "Not sent" in p.get("text", ""))
+    assert "unknown sample id(s) 12, 40" in bad["text"]
+
+    resume = next(b for b in buttons if b["action_id"] == "run_command_resume")
+    assert bot.app.dispatch(click(resume["action_id"], resume["value"], message_ts=thread)).status == 200
+    final = bot.runs.wait(run_id, lambda s: s.status == "completed", timeout_s=240)
+    assert final.lr == 1e-5 and final.step == final.total_steps
+    fake.wait_for(lambda p: f"Run `{run_id}` completed" in p.get("text", ""))
+    sources = [e.data.get("source") for e in bot.runs.supervisor.events(run_id) if e.kind == "command"]
+    assert sources == [f"slack:{ALLOWED}"] * 3  # interrupt, set_lr, resume; the refused and invalid ones never arrived
