@@ -158,6 +158,7 @@ def test_corpus_is_large_and_distinct():
         ("lora llama-8b mixed precision fp32", "precision", ["fp32", "keep one"]),
         ("qlora lama-3.1-8b on 3090", "model", ["'lama-3.1-8b'", "llama", "aegis models"]),
         ("lora llama 13b on a100", "model", ["'llama 13b'", "aegis models"]),
+        ("teach a small qwen to write SQL on my 4090", "model", ["'small qwen'", "Qwen/Qwen2.5-7B", "Qwen/Qwen3-8B"]),
         ("lora mixtral on 3090 or 4090", "gpu", ["rtx-3090", "rtx-4090", "keep one"]),
         ("lora qwen 7b and llama 8b on 4090", "model", [QWEN7, LLAMA8]),
         ("lora mistral on a100 40gb, 3 epochs, then 2 epochs", "epochs", ["3", "2", "keep one"]),

@@ -607,7 +607,15 @@ def _unknown_model(r: _Reader, said: str) -> None:
     try:
         r.put("model", canonical_model_id(said), said)
     except AegisError as err:
-        r.issues.append(ParseIssue(part="model", text=said, message=str(err), suggestions=_models().suggest(said)))
+        message, suggestions = str(err), _models().suggest(said)
+        family = [w for w in _key(said) if w in _family_words()]
+        if family and "did you mean" not in message:  # 'a small qwen': list that family's bundled models
+            kin = tuple(i for i in sorted({i for ids in _models().exact.values() for i in ids})
+                        if _key(i.split("/", 1)[-1])[:1] == (family[0],))
+            message = (f"unknown model {said!r}: which {family[0]}? The bundled ones are {', '.join(kin)}; "
+                       "or pass a Hub id (org/name) or the path of a config.json")
+            suggestions = kin
+        r.issues.append(ParseIssue(part="model", text=said, message=message, suggestions=suggestions))
 
 
 def _unknown_gpu(r: _Reader, said: str) -> None:
