@@ -1,0 +1,51 @@
+"""CLI: help per command, one-line errors, status rendering, the demo end to end."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from aegis.supervise.cli import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("cmd", ["run", "resume", "status", "interrupt", "command"])
+def test_help(cmd):
+    result = runner.invoke(app, [cmd, "--help"])
+    assert result.exit_code == 0 and "Usage" in result.output
+
+
+def test_bad_input_gives_one_line_errors(tmp_path):
+    runs = str(tmp_path / "runs")
+    for args in (["status", "--run-id", "ghost"], ["command", "ghost", "stop"], ["interrupt", "--run-id", "ghost"],
+                 ["resume", "--run-id", "ghost"]):
+        result = runner.invoke(app, [*args, "--runs-dir", runs])
+        assert result.exit_code == 2, result.output
+        assert "unknown run id 'ghost'" in result.output and result.output.strip().count("\n") == 0
+    (tmp_path / "bad.yaml").write_text("training: {stepz: 3}\n")
+    result = runner.invoke(app, ["run", "--config", str(tmp_path / "bad.yaml"), "--runs-dir", runs])
+    assert result.exit_code == 2 and "unknown key 'training.stepz'" in result.output
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_demo_detects_diagnoses_and_repairs_in_under_two_minutes(tmp_path):
+    runs = str(tmp_path / "runs")
+    t0 = time.monotonic()
+    result = runner.invoke(app, ["run", "--demo", "--run-id", "demo", "--runs-dir", runs])
+    elapsed = time.monotonic() - t0
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "anomaly" in out and "diagnosis" in out and "toxic-0001" in out
+    assert "blacklist" in out and "stabilize" in out and "completed" in out
+    assert elapsed < 120
+    status = runner.invoke(app, ["status", "--run-id", "demo", "--runs-dir", runs])
+    assert status.exit_code == 0 and "completed" in status.output and "toxic-0001" in status.output
+    cmd = runner.invoke(app, ["command", "demo", "set_lr 1e-5", "--runs-dir", runs])
+    assert cmd.exit_code == 2 and "completed" in cmd.output
+    exported = json.loads((tmp_path / "runs" / "demo" / "blacklist.json").read_text())
+    assert exported["blacklist"] == ["toxic-0001"]
