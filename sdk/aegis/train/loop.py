@@ -159,6 +159,10 @@ class Trainer:
         init_rng, lora_rng, state_rng = jax.random.split(rng, 3)
         if params is None:
             params = self.model.init(init_rng)
+        else:  # e.g. fp32 weights from a checkpoint, trained in bf16
+            params = jax.tree.map(
+                lambda x: x.astype(dtypes.params) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
+            )
         trainable, frozen = build_trainable(self.model, params, train_config, lora_rng, dtypes.lora)
         self.tx = make_optimizer(train_config, self.settings)
         state = init_state(trainable, self.tx, self.settings, state_rng)
