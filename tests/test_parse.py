@@ -127,6 +127,12 @@ CORPUS = [
     ("qlora on 3090 using meta-llama/Llama-3.1-8B with tatsu-lab/alpaca",
      R(model=LLAMA8, method="qlora", gpu="rtx-3090", dataset="tatsu-lab/alpaca")),
     ("train on my-org/my-data the model my-org/my-model", R(model="my-org/my-model", dataset="my-org/my-data")),
+    ("lora llama 8b on 4090, max_steps 1000, save every 500 steps, eval batch size 8, lr 2e-4, 10% warmup",
+     R(model=LLAMA8, method="lora", gpu="rtx-4090")),
+    ("lora llama 8b on 4090, learning rate 1e-5, weight decay 0.1, bs 2",
+     R(model=LLAMA8, method="lora", gpu="rtx-4090", micro_batch_size=2)),
+    ("gpu: h100, model: qwen2.5-1.5b, method: lora, epochs: 2, rank: 8",
+     R(model="Qwen/Qwen2.5-1.5B", method="lora", gpu="h100-sxm", epochs=2, lora_rank=8)),
     ("fine tune deepseek-r1 on 4090", R(gpu="rtx-4090")),
     ("hello there", R()),
     ("", R()),
@@ -212,6 +218,12 @@ def test_lenient_reports_notes_and_unparsed_words():
     assert any("bf16_mixed" in note for note in result.notes)
     assert "love" in result.unparsed and "lots" in result.unparsed
     assert "lora" not in result.unparsed and "on" not in result.unparsed
+
+
+def test_settings_the_planner_does_not_use_are_noted_not_misread():
+    result = parse_request_lenient("lora llama 8b on 4090, eval batch size 8, lora_alpha=32, seed 42")
+    assert result.ok and result.request == R(model=LLAMA8, method="lora", gpu="rtx-4090")
+    assert any("eval batch size 8" in note and "seed 42" in note for note in result.notes)
 
 
 def test_instruct_variant_is_noted():

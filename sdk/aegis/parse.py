@@ -245,6 +245,15 @@ _CHECKPOINTING: list[tuple[bool, re.Pattern[str]]] = [
                  r"(?:~(?:=|:)~(?:on|true|yes|1|enabled?)|~(?:on|true|enabled)(?!~(?:an?|the|\d)(?![a-z0-9])))?")),
 ]
 
+_VALUE = r"\d{1,9}(?:\.\d{1,9})?(?:e[+-]?\d{1,3})?%?"
+_IGNORED = _word(
+    r"(?:lr|learning~rate)@" + _VALUE + r"|warm~?up(?:~(?:steps|ratio))?@" + _VALUE + r"(?:~steps)?|" + _VALUE + r"~warm~?up"
+    r"|(?:max~)?steps@#|#~(?:training~)?steps|(?:save|eval(?:uate)?|log(?:ging)?)~every~#(?:~steps)?"
+    r"|(?:per~device~)?eval~batch(?:~size)?@#|(?:lora~)?(?:alpha|dropout)@" + _VALUE
+    + r"|(?:weight~decay|wd)@" + _VALUE + r"|seed@#"
+)
+"""Training settings the planner does not use: consumed (and noted) so their numbers are not read as batch or GPU."""
+
 _SEQ_VALUE = r"(\d{1,9}(?:\.\d{1,3})?~k?)"
 _SETTINGS: list[tuple[str, re.Pattern[str]]] = [
     ("effective_batch_size", _word(r"(?:(?:effective|global|total|eff)~(?:batch(?:~size)?|bs)|gbs|ebs)@#")),
@@ -305,8 +314,8 @@ _COUNT_CUE = _rx(r"(?<![a-z0-9.])\d{1,4}\s*[x×*]\s*$")
 _GPU_BRANDS = frozenset({"rtx", "gtx", "tesla", "radeon", "instinct", "quadro"})
 _MAX_LOOKUPS = 4
 """Unknown-name lookups per request (each computes close matches): enough for any real request."""
-_GPU_CUE = frozenset({"on", "gpu", "gpus", "using", "rent", "renting"})
-_ARTICLES = frozenset({"a", "an", "the", "my", "our", "one", "single", "some"})
+_GPU_CUE = _rx(_B + r"(?:on|gpus?|using|rent(?:ing)?)\s*[:=]?\s*(?:(?:a|an|the|my|our|one|single|some)\s+)?$")
+"""Words right before a GPU name ('on a 3900', 'gpu: h300'); masked text in between breaks the cue."""
 _NAME_TOKENS = 6
 """A leftover run longer than this is not a model or GPU name (names are 'deepseek 7b', 'rtx 3080')."""
 
@@ -450,6 +459,12 @@ def _adjacent(work: str, a: tuple[str, int, int], b: tuple[str, int, int], stric
 
 
 def _read_settings(r: _Reader) -> None:
+    ignored = [m for m in _IGNORED.finditer(r.work) if _MASK not in m.group()]
+    for m in ignored:
+        r.consume(m.start(), m.end())
+    if ignored:
+        said = ", ".join(repr(r.text[m.start():m.end()]) for m in ignored)
+        r.notes.append(f"not used for planning: {said}")
     for part, pattern in _SETTINGS:
         for m in list(pattern.finditer(r.work)):
             if _MASK in m.group():
@@ -570,7 +585,6 @@ def _read_leftovers(r: _Reader) -> list[str]:
             runs.append([tok])
     unparsed: list[str] = []
     families = _family_words()
-    prev_word = ""
     lookups = 0
     for run in runs:
         words = [t for t, _, _ in run]
@@ -578,14 +592,13 @@ def _read_leftovers(r: _Reader) -> list[str]:
         said = r.text[start:end]
         sized = any(_SIZE.match(a) and b in ("b", "m") for a, b in zip(words, words[1:]))
         family = any(w in families for w in words)
-        counted = _COUNT_CUE.search(r.work, max(0, start - 8), start) is not None
-        gpu_like = any(c.isdigit() for c in said) and (prev_word in _GPU_CUE or counted)
+        cued = _GPU_CUE.search(r.work, max(0, start - 30), start) or _COUNT_CUE.search(r.work, max(0, start - 8), start)
+        gpu_like = any(c.isdigit() for c in said) and cued is not None
         vendor = words[0] in _GPU_BRANDS
         nxt = r.work[end:end + 20].split()
         followed_by_unit = bool(nxt) and nxt[0].strip(",.;") in _UNITS
         if len(words) == 1 and words[0].isdigit() and re.match(r"\s*[x×*]", r.work[end:end + 3]):
-            prev_word = "x"  # '2x <unknown>': the count of the GPU that follows
-            continue
+            continue  # '2x <unknown>': the count of the GPU that follows
         if lookups >= _MAX_LOOKUPS or followed_by_unit or len(words) > _NAME_TOKENS:
             unparsed.extend(w for w in words if w.isalpha() and w not in _STOP and len(w) > 1)
         elif family or (sized and not r.values.get("model")):
@@ -596,8 +609,6 @@ def _read_leftovers(r: _Reader) -> list[str]:
             _unknown_gpu(r, said)
         else:
             unparsed.extend(w for w in words if w.isalpha() and w not in _STOP and len(w) > 1)
-        if words[-1] not in _ARTICLES:
-            prev_word = words[-1]
     return unparsed
 
 
