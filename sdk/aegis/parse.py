@@ -22,7 +22,9 @@ How it reads a request, in order (each stage masks what it consumed so later sta
 3. the model: the longest run of tokens equal to a catalog id or alias (``aegis.catalog.models``);
    tokens split letters from digits but keep decimals, so ``Llama 3.1 8B``, ``llama3.1-8b`` and
    ``llama-3.1-8b`` are one key;
-4. numbers: effective batch, gradient accumulation, micro batch, LoRA rank, sequence length, epochs;
+4. numbers: effective batch, gradient accumulation, micro batch, LoRA rank, sequence length, epochs
+   (settings the planner does not use, such as ``lr 2e-4`` or ``eval batch size 8``, are set aside first
+   and listed in ``notes`` so their numbers are not misread);
 5. the GPU (catalog ids, names and aliases through `aegis.hardware`) with its count
    (``2x a100 80gb``, ``8 x H100``, ``4 h100s``, ``two 4090s``, ``h100 x8``) and bare counts (``on 2 gpus``);
 6. ``dataset NAME``; then the items are assigned: a catalog model, a dataset after
