@@ -54,7 +54,7 @@ def find_gpu(name: str) -> GPU:
     for candidate in (key, key.replace("-", ""), key.removeprefix("rtx-"), "rtx-" + key):
         if candidate in table:
             return table[candidate]
-    ids = [g.id for g in catalog.gpus()]
-    close = difflib.get_close_matches(key, ids, n=3, cutoff=0.5)
+    names = difflib.get_close_matches(key, list(table), n=8, cutoff=0.5)
+    close = list(dict.fromkeys(table[n].id for n in names))[:3]
     hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
     raise UnknownGPUError(f"unknown GPU {name!r}: {hint}`aegis gpus` lists all")

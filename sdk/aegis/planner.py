@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from aegis import hardware
-from aegis.errors import NothingFitsError, RequestParseError
+from aegis.errors import RequestParseError, UnknownModelError
 from aegis.hub import resolve_model
 from aegis.memory.estimate import estimate
 from aegis.sanity import risks_and_notes
@@ -52,7 +52,23 @@ def plan(request: str | PlanRequest | None = None, *, sample_rows: int = 1000, p
         override = PlanRequest(**{k: v for k, v in fields.items() if v is not None})
     except ValueError as err:
         raise RequestParseError(f"bad plan argument: {err.errors()[0]['loc'][0]}: {err.errors()[0]['msg']}") from None
-    return plan_request(parsed.merged(override), sample_rows=sample_rows, progress=progress)
+    merged = parsed.merged(override)
+    if merged.model is None and isinstance(request, str):
+        _explain_missing_model(request)
+    return plan_request(merged, sample_rows=sample_rows, progress=progress)
+
+
+def _explain_missing_model(text: str) -> None:
+    """A word the parser could not place that is close to a bundled model: say which it may be."""
+    from aegis.hub import canonical_model_id
+    from aegis.parse import parse_request_lenient
+
+    for word in parse_request_lenient(text).unparsed:
+        try:
+            canonical_model_id(word)
+        except UnknownModelError as err:
+            if "did you mean" in str(err):
+                raise RequestParseError(str(err)) from None
 
 
 def plan_request(req: PlanRequest, *, sample_rows: int = 1000, progress: bool = False) -> PlanReport:
@@ -193,9 +209,3 @@ def _counterfactual(profile, rec: Tier, gpu: GPU, epoch_tokens, epochs: float, k
             break
     return out
 
-
-def require_fit(report: PlanReport) -> PlanReport:
-    """The report, or NothingFitsError with its explanation."""
-    if report.recommended is None:
-        raise NothingFitsError(report.nothing_fits or "nothing fits")
-    return report
