@@ -2,22 +2,24 @@
 
     from aegis import plan
     report = plan("qlora llama-3.1-8b on 3090")
-    print(aegis.render_markdown(report))
 
     aegis.estimate_memory("llama-3.1-8b", method="lora", micro_batch_size=4, seq_len=1024)
 
-Importing this package is cheap: no JAX, torch, transformers or gradio. The training engine and
-the supervisor (`aegis.train`, `aegis.supervise`) import JAX when they are first used.
+Importing this package is cheap: no JAX, torch, transformers or gradio. The memory engine loads
+with the package; the planner, parser and dataset analyser load on first use of their names, and
+the training engine and supervisor (`aegis.train`, `aegis.supervise`) import JAX when first used.
 """
 
-from aegis.datasets import analyze_dataset
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from aegis.errors import *  # noqa: F403
 from aegis.errors import __all__ as _errors_all
 from aegis.hardware import find_gpu, list_gpus
 from aegis.hub import resolve_model
 from aegis.memory import estimate_memory
-from aegis.parse import parse_request
-from aegis.planner import plan
 from aegis.schema import (
     GPU,
     DatasetProfile,
@@ -30,9 +32,21 @@ from aegis.schema import (
     Tier,
     TrainConfig,
 )
-from aegis.solver import solve
+
+if TYPE_CHECKING:
+    from aegis.datasets import analyze_dataset
+    from aegis.parse import parse_request
+    from aegis.planner import plan
+    from aegis.solver import solve
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "analyze_dataset": "aegis.datasets",
+    "parse_request": "aegis.parse",
+    "plan": "aegis.planner",
+    "solve": "aegis.solver",
+}
 
 __all__ = [
     *_errors_all,
@@ -55,3 +69,16 @@ __all__ = [
     "resolve_model",
     "solve",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aegis' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
