@@ -1,0 +1,156 @@
+"""The Aegis chat app (Gradio): chat with the agent, the last plan's memory chart, a live run panel.
+
+- Chat: every message goes to `aegis_agent.ChatAgent` (one conversation per browser session);
+  plans come back as the SDK's Markdown report.
+- Memory: a bar chart of the last plan's breakdown (the tier the report breaks down) and its total.
+- Run: status, a loss plot refreshed every second, the anomaly and diagnosis, and buttons for the
+  commands a paused run suggests (resume, lower LR, blacklist the suspects, skip the batch, stop);
+  a button sends its command through the agent, so it shows in the chat too.
+
+Binds 127.0.0.1, analytics off, no share link unless asked.
+
+    demo = build_ui(ChatAgent(AgentSettings.from_env()))
+    launch(demo)                               # or: aegis chat --port 7860
+"""
+
+import os
+from typing import Any
+
+from aegis.schema import PlanReport
+
+from aegis_agent import ChatAgent, status_markdown
+
+__all__ = ["build_ui", "launch", "memory_frame", "loss_frame", "command_buttons", "MAX_COMMAND_BUTTONS"]
+
+MAX_COMMAND_BUTTONS = 5
+"""Buttons in the run panel: the paused run's suggested commands (the supervisor's list) plus the suspects' blacklist."""
+
+
+def _gradio() -> Any:
+    os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # before gradio reads it at import
+    import gradio
+
+    return gradio
+
+
+def memory_frame(report: PlanReport | None) -> Any:
+    """The breakdown tier's components (key, GB) as a DataFrame for `gr.BarPlot`; empty without a plan/fit."""
+    import pandas as pd
+
+    tier = None if report is None else (report.recommended or (report.fallbacks[-1] if report.fallbacks else None))
+    if tier is None:  # typed columns: the chart's axes are fixed by the first value's dtypes
+        return pd.DataFrame({"component": pd.Series([], dtype=str), "GB": pd.Series([], dtype=float)})
+    mem = tier.memory
+    rows = [(c.key, c.bytes / 1e9) for c in mem.components if c.in_peak]
+    if mem.overhead_bytes:
+        rows.append(("overhead", mem.overhead_bytes / 1e9))
+    return pd.DataFrame({"component": [r[0] for r in rows], "GB": [round(r[1], 3) for r in rows]})
+
+
+def _memory_caption(report: PlanReport | None) -> str:
+    if report is None:
+        return "_Plan something to see its memory breakdown._"
+    tier = report.recommended or (report.fallbacks[-1] if report.fallbacks else None)
+    if tier is None:
+        return f"**Does not fit.** {report.nothing_fits}"
+    from aegis.report.format import format_bytes
+
+    return (f"**Memory total: {format_bytes(tier.memory.total_bytes)}** predicted ({tier.name}) of "
+            f"{format_bytes(report.usable_bytes, 1)} usable on the {report.gpu.name}")
+
+
+def loss_frame(losses: tuple[float, ...] | list[float], last_step: int) -> Any:
+    """Loss of the last logged steps as a DataFrame for `gr.LinePlot` (steps counted back from ``last_step``)."""
+    import math
+
+    import pandas as pd
+
+    n = len(losses)
+    points = [(last_step - n + 1 + i, v) for i, v in enumerate(losses) if math.isfinite(v)]
+    return pd.DataFrame({"step": pd.Series([p[0] for p in points], dtype=int),
+                         "loss": pd.Series([p[1] for p in points], dtype=float)})
+
+
+def command_buttons(suggested: tuple[str, ...], suspects: tuple[str, ...]) -> list[str]:
+    """The commands the run panel offers for a pending interrupt, in order, at most MAX_COMMAND_BUTTONS."""
+    out = list(dict.fromkeys(suggested))
+    if suspects and not any(c.startswith("blacklist_samples") for c in out):
+        out.insert(1, "blacklist_samples " + " ".join(suspects))
+    return out[:MAX_COMMAND_BUTTONS]
+
+
+def build_ui(agent: ChatAgent, *, refresh_s: float = 1.0) -> Any:
+    """The Gradio Blocks app over ``agent``."""
+    gr = _gradio()  # no `from __future__ import annotations` here: gradio reads `gr.Request` annotations at runtime
+
+    def thread_of(request: Any) -> str:
+        return f"web-{getattr(request, 'session_hash', None) or 'default'}"
+
+    def send(text: str, history: list[dict[str, Any]], request: gr.Request) -> tuple[Any, ...]:
+        text = (text or "").strip()
+        if not text:
+            return history, "", gr.update(), gr.update()
+        reply = agent.reply(text, thread_of(request))
+        history = [*history, {"role": "user", "content": text}, {"role": "assistant", "content": reply.text}]
+        if any(c.name == "plan_finetune" for c in reply.tool_calls):
+            return history, "", memory_frame(reply.report), _memory_caption(reply.report)
+        return history, "", gr.update(), gr.update()
+
+    def run_panel(request: gr.Request) -> tuple[Any, ...]:
+        run_id = agent.conversation(thread_of(request)).run_id
+        hidden = [gr.update(visible=False, value="")] * MAX_COMMAND_BUTTONS
+        if run_id is None:
+            return ("_No run yet: plan something, then say `start the run`._", loss_frame((), 0), "", *hidden)
+        st = agent.runs.status(run_id)
+        status = status_markdown(st)
+        if agent.runs.error(run_id):
+            status += f"\n- The run's process failed: {agent.runs.error(run_id)}"
+        details, commands = "", []
+        if st.pending_reason:
+            notice = agent.runs.notice(run_id, "paused")
+            details = "\n".join(x for x in (
+                f"**Anomaly:** {notice.anomaly}" if notice.anomaly else "",
+                f"**Diagnosis:** {notice.diagnosis}" if notice.diagnosis else "") if x)
+            commands = command_buttons(st.suggested_actions, notice.suspected_samples)
+        elif st.last_anomaly:
+            details = f"**Last anomaly:** {st.last_anomaly}"
+        buttons = [gr.update(visible=True, value=c) for c in commands]
+        buttons += [gr.update(visible=False, value="")] * (MAX_COMMAND_BUTTONS - len(buttons))
+        return (status, loss_frame(st.losses, st.step), details, *buttons)
+
+    def press(command: str, history: list[dict[str, Any]], request: gr.Request) -> tuple[Any, ...]:
+        return send(command, history, request)
+
+    with gr.Blocks(title="Aegis", analytics_enabled=False, fill_width=True) as demo:
+        gr.Markdown("## Aegis — plan a fine-tune, then run it under a self-healing supervisor")
+        with gr.Row():
+            with gr.Column(scale=5):
+                chat = gr.Chatbot(label="Aegis", height=640, elem_id="aegis-chat", autoscroll=False)
+                with gr.Row():
+                    box = gr.Textbox(placeholder="qlora llama-3.1-8b on 3090", show_label=False, scale=5,
+                                     elem_id="aegis-input", submit_btn=True)
+            with gr.Column(scale=3):
+                caption = gr.Markdown(_memory_caption(None), elem_id="aegis-memory-total")
+                chart = gr.BarPlot(memory_frame(None), x="component", y="GB", title="Memory breakdown (GB)",
+                                   sort="-y", height=300, elem_id="aegis-memory-chart")
+                gr.Markdown("#### Run")
+                run_status = gr.Markdown(elem_id="aegis-run-status")
+                loss = gr.LinePlot(loss_frame((), 0), x="step", y="loss", title="Loss", height=220)
+                details = gr.Markdown(elem_id="aegis-run-details")
+                with gr.Row():
+                    buttons = [gr.Button(visible=False, size="sm") for _ in range(MAX_COMMAND_BUTTONS)]
+        box.submit(send, [box, chat], [chat, box, chart, caption])
+        for b in buttons:
+            b.click(press, [b, chat], [chat, box, chart, caption])
+        timer = gr.Timer(refresh_s)
+        timer.tick(run_panel, None, [run_status, loss, details, *buttons], show_progress="hidden")
+        demo.load(run_panel, None, [run_status, loss, details, *buttons])
+    return demo
+
+
+def launch(demo: Any, *, host: str = "127.0.0.1", port: int | None = None, share: bool = False,
+           block: bool = True) -> Any:
+    """Serve the app (127.0.0.1, no share link unless ``share``); with ``block=False`` returns at once."""
+    _gradio()
+    return demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=not block,
+                       show_error=True, quiet=not block)

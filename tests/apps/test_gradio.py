@@ -1,0 +1,82 @@
+"""The Gradio chat app in a real browser: headless Debian Chromium driven by Playwright."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+import aegis
+from aegis.report.format import format_bytes
+from aegis_agent import AgentSettings, ChatAgent, RunManager
+from aegis_apps.gradio_app import command_buttons, loss_frame, memory_frame
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_memory_frame_sums_to_the_total() -> None:
+    report = aegis.plan("qlora llama-3.1-8b on 3090")
+    frame = memory_frame(report)
+    mem = report.recommended.memory
+    assert frame["GB"].sum() == pytest.approx(mem.total_bytes / 1e9, abs=0.01)
+    assert list(frame["component"]) == [c.key for c in mem.components if c.in_peak] + ["overhead"]
+    assert memory_frame(None).empty and memory_frame(aegis.plan("full llama-3.1-70b on 3090")).empty
+
+
+def test_loss_frame_and_buttons() -> None:
+    frame = loss_frame((3.0, float("nan"), 2.0), last_step=12)
+    assert list(frame["step"]) == [10, 12] and list(frame["loss"]) == [3.0, 2.0]
+    assert command_buttons(("set_lr 0.0003", "resume", "stop"), ("toxic-0001",)) == [
+        "set_lr 0.0003", "blacklist_samples toxic-0001", "resume", "stop"]
+
+
+@pytest.mark.browser
+def test_browser_plan_shows_total_chart_and_recommended_config(tmp_path: Path) -> None:
+    if not CHROMIUM.exists():
+        pytest.skip("/usr/bin/chromium is missing: `apt-get install -y chromium` (CI installs it)")
+    from playwright.sync_api import sync_playwright
+
+    from aegis_apps.gradio_app import build_ui, launch
+
+    settings = AgentSettings(runs_dir=str(tmp_path / "runs"))
+    agent = ChatAgent(settings, runs=RunManager(settings, compile_cache=False))
+    demo = build_ui(agent)
+    port = _free_port()
+    launch(demo, port=port, block=False)
+    report = aegis.plan("qlora llama-3.1-8b on 3090")
+    total = format_bytes(report.recommended.memory.total_bytes)
+    cfg = report.recommended.config
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
+            box = page.locator("#aegis-input textarea")
+            box.wait_for(timeout=30_000)
+            box.fill("qlora llama-3.1-8b on 3090")
+            box.press("Enter")
+            chat = page.locator("#aegis-chat")
+            chat.get_by_role("heading", name="Recommended Config").wait_for(timeout=60_000)
+            page.locator("#aegis-memory-total").get_by_text(f"Memory total: {total}").wait_for(timeout=30_000)
+            page.locator("#aegis-memory-chart canvas, #aegis-memory-chart svg").first.wait_for(timeout=30_000)
+            chat_text = chat.inner_text()
+            assert f"{total} predicted" in chat_text
+            assert f"micro batch {cfg.micro_batch_size} x grad accum {cfg.gradient_accumulation_steps}" in chat_text
+            assert "RTX 3090" in chat_text
+            page.wait_for_timeout(1500)  # let vega draw the bars before the screenshot
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "gradio-chat.png"), full_page=True)
+            browser.close()
+    finally:
+        demo.close()
+        agent.close()
+    assert (ARTIFACTS / "gradio-chat.png").stat().st_size > 10_000
