@@ -125,7 +125,7 @@ def build_ui(agent: ChatAgent, *, refresh_s: float = 1.0) -> Any:
         gr.Markdown("## Aegis — plan a fine-tune, then run it under a self-healing supervisor")
         with gr.Row():
             with gr.Column(scale=5):
-                chat = gr.Chatbot(label="Aegis", height=640, elem_id="aegis-chat", autoscroll=False)
+                chat = gr.Chatbot(label="Aegis", height=640, elem_id="aegis-chat")
                 with gr.Row():
                     box = gr.Textbox(placeholder="qlora llama-3.1-8b on 3090", show_label=False, scale=5,
                                      elem_id="aegis-input", submit_btn=True)
@@ -135,7 +135,7 @@ def build_ui(agent: ChatAgent, *, refresh_s: float = 1.0) -> Any:
                                    sort="-y", height=300, elem_id="aegis-memory-chart")
                 gr.Markdown("#### Run")
                 run_status = gr.Markdown(elem_id="aegis-run-status")
-                loss = gr.LinePlot(loss_frame((), 0), x="step", y="loss", title="Loss", height=220)
+                loss = gr.LinePlot(loss_frame((), 0), x="step", y="loss", title="Loss", height=220, elem_id="aegis-loss")
                 details = gr.Markdown(elem_id="aegis-run-details")
                 with gr.Row():
                     buttons = [gr.Button(visible=False, size="sm") for _ in range(MAX_COMMAND_BUTTONS)]

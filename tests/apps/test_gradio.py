@@ -80,3 +80,54 @@ def test_browser_plan_shows_total_chart_and_recommended_config(tmp_path: Path) -
         demo.close()
         agent.close()
     assert (ARTIFACTS / "gradio-chat.png").stat().st_size > 10_000
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_browser_run_panel_buttons_steer_a_paused_run(tmp_path: Path, fast_template: Path, jax_compile_cache: Path) -> None:
+    if not CHROMIUM.exists():
+        pytest.skip("/usr/bin/chromium is missing: `apt-get install -y chromium` (CI installs it)")
+    from playwright.sync_api import expect, sync_playwright
+
+    from aegis_apps.gradio_app import build_ui, launch
+
+    settings = AgentSettings(runs_dir=str(tmp_path / "runs"), run_template=str(fast_template), run_tiers="template")
+    runs = RunManager(settings, compile_cache=False)
+    agent = ChatAgent(settings, runs=runs)
+    demo = build_ui(agent, refresh_s=0.5)
+    port = _free_port()
+    launch(demo, port=port, block=False)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
+            box = page.locator("#aegis-input textarea")
+            chat = page.locator("#aegis-chat")
+            for text, answer in [("qlora llama-3.1-8b on 3090", "Fits."), ("start the run", "Started run"),
+                                 ("interrupt", "Sent interrupt")]:
+                box.fill(text)
+                box.press("Enter")
+                chat.get_by_text(answer).first.wait_for(timeout=60_000)
+            run_id = runs.latest_run_id()
+            status = page.locator("#aegis-run-status")
+            expect(status).to_contain_text("Waiting for you", timeout=240_000)
+            expect(page.locator("#aegis-run-details")).to_contain_text("interrupt requested by an operator")
+            lower = page.get_by_role("button", name="set_lr")
+            lower.wait_for(timeout=10_000)
+            new_lr = float(lower.inner_text().split()[1])
+            lower.click()
+            chat.get_by_text(f"Sent set_lr {new_lr:g}").wait_for(timeout=30_000)
+            runs.wait(run_id, lambda s: s.lr == new_lr, timeout_s=60)
+            page.get_by_role("button", name="resume", exact=True).click()
+            expect(status).to_contain_text("completed", timeout=240_000)
+            expect(page.get_by_role("button", name="resume", exact=True)).to_be_hidden()
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "gradio-run.png"), full_page=True)
+            browser.close()
+        final = runs.status(run_id)
+        assert final.status == "completed" and final.lr == new_lr and final.step == final.total_steps
+    finally:
+        runs.shutdown()
+        demo.close()
+        agent.close()

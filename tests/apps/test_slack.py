@@ -160,3 +160,31 @@ def test_interrupt_thread_commands_reach_the_run(bot_env, jax_compile_cache: Pat
     fake.wait_for(lambda p: f"Run `{run_id}` completed" in p.get("text", ""))
     sources = [e.data.get("source") for e in bot.runs.supervisor.events(run_id) if e.kind == "command"]
     assert sources == [f"slack:{ALLOWED}"] * 3  # interrupt, set_lr, resume; the refused and invalid ones never arrived
+
+
+def test_http_mode_verifies_signatures_over_the_wire(bot_env) -> None:
+    import threading
+    import urllib.error
+    import urllib.request
+
+    bot, fake = bot_env
+    server = bot.serve_http(host="127.0.0.1", port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/slack/events"
+
+    def post(req: BoltRequest) -> int:
+        headers = {k: v[0] for k, v in req.headers.items()}
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, data=req.raw_body.encode(), headers=headers)) as r:
+                return r.status
+        except urllib.error.HTTPError as err:
+            return err.code
+
+    try:
+        assert post(slash("plan qlora llama-3.1-8b on 3090", secret="forged")) == 401
+        assert fake.posted() == []
+        assert post(slash("plan qlora llama-3.1-8b on 3090")) == 200
+        fake.wait_for(lambda p: "blocks" in p)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,89 @@
+"""`aegis chat` and `aegis slack`: typer commands the main CLI mounts (``app.command("chat")(chat)``).
+
+Both read the agent's settings from ``AEGIS_*`` variables (see `aegis_agent.settings`); options win.
+Gradio and slack-bolt are imported only when a command runs.
+
+    aegis chat [--host 127.0.0.1] [--port 7860] [--share]
+    aegis slack                     # Socket Mode (SLACK_APP_TOKEN), or:
+    aegis slack --http --port 3000  # HTTP mode: Slack's request URL is http(s)://<host>/slack/events
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from aegis.errors import AegisError
+
+__all__ = ["chat", "slack", "app"]
+
+RunsDirOpt = Annotated[Optional[str], typer.Option("--runs-dir", help="Folder of run folders (default: $AEGIS_RUNS_DIR or runs).")]
+
+
+def _fail(err: AegisError) -> None:
+    typer.echo(f"error: {err}", err=True)
+    raise typer.Exit(2)
+
+
+def chat(
+    host: Annotated[str, typer.Option(help="Interface to bind (127.0.0.1: this machine only).")] = "127.0.0.1",
+    port: Annotated[Optional[int], typer.Option(help="Port (default: Gradio's, 7860 or the next free one).")] = None,
+    share: Annotated[bool, typer.Option("--share", help="Also open a public gradio.live share link.")] = False,
+    runs_dir: RunsDirOpt = None,
+) -> None:
+    """Chat with Aegis in the browser: plans, memory chart, live runs with command buttons."""
+    from aegis_agent import AgentSettings, ChatAgent
+
+    from aegis_apps.gradio_app import build_ui, launch
+
+    try:
+        agent = ChatAgent(AgentSettings.from_env(runs_dir=runs_dir))
+    except AegisError as err:
+        _fail(err)
+    try:
+        launch(build_ui(agent), host=host, port=port, share=share, block=True)
+    finally:
+        agent.runs.shutdown()
+        agent.close()
+
+
+def slack(
+    http: Annotated[bool, typer.Option("--http", help="Serve Slack's HTTP request URL instead of Socket Mode.")] = False,
+    host: Annotated[str, typer.Option(help="HTTP mode: interface to bind (put an HTTPS proxy in front).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="HTTP mode: port.")] = 3000,
+    runs_dir: RunsDirOpt = None,
+) -> None:
+    """Run the Slack bot: /aegis plan, run interrupts with buttons, commands in threads (tokens from env)."""
+    from aegis_agent import AgentSettings, ChatAgent
+
+    from aegis_apps.slack import SlackBot, SlackSettings
+
+    try:
+        settings = SlackSettings.from_env()
+        if not http and not settings.app_token:
+            raise AegisError("Socket Mode needs SLACK_APP_TOKEN (xapp-...); or serve HTTP with `aegis slack --http`")
+        agent = ChatAgent(AgentSettings.from_env(runs_dir=runs_dir))
+    except AegisError as err:
+        _fail(err)
+    try:
+        bot = SlackBot(settings, agent)
+        if http:
+            server = bot.serve_http(host=host, port=port)
+            typer.echo(f"Slack bot listening on http://{host}:{port}/slack/events", err=True)
+            try:
+                server.serve_forever()
+            finally:
+                server.server_close()
+        else:
+            bot.start_socket_mode()
+    except AegisError as err:
+        _fail(err)
+    finally:
+        agent.runs.shutdown()
+        agent.close()
+
+
+app = typer.Typer(help="Aegis front ends.", no_args_is_help=True, add_completion=False)
+app.command("chat")(chat)
+app.command("slack")(slack)
