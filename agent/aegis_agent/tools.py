@@ -138,11 +138,15 @@ class AegisToolkit:
                 self._reports.move_to_end(key)
                 return self._reports[key]
         report = plan_request(request)
+        self._store(key, report)
+        return report
+
+    def _store(self, key: str, report: PlanReport) -> None:
         with self._lock:
             self._reports[key] = report
+            self._reports.move_to_end(key)
             while len(self._reports) > _CACHE_SIZE:
                 self._reports.popitem(last=False)
-        return report
 
     def cached_report(self, request: PlanRequest) -> PlanReport | None:
         with self._lock:
@@ -162,6 +166,7 @@ class AegisToolkit:
             return f"I could not plan that: {err}", {"error": str(err), "request": req.model_dump(exclude_none=True)}
         rec = report.recommended
         canonical = report.request.model_copy(update={"model": report.model.model_id, "gpu": report.gpu.id})
+        self._store(canonical.model_dump_json(exclude_none=True), report)  # what follow-ups and front ends look up
         return render_markdown(report), {
             "request": canonical.model_dump(exclude_none=True),
             "fits": rec is not None,
