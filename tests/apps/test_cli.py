@@ -29,3 +29,12 @@ def test_socket_mode_needs_the_app_token(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.delenv("SLACK_APP_TOKEN", raising=False)
     result = runner.invoke(app, ["slack"])
     assert result.exit_code == 2 and "SLACK_APP_TOKEN" in result.output
+
+
+def test_importing_the_apps_package_imports_no_gradio_or_bolt() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, aegis_apps, aegis_apps.cli; print(any(m in sys.modules for m in ('gradio', 'slack_bolt')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
