@@ -147,3 +147,24 @@ def test_repeated_failure_interrupts_and_set_lr_from_a_new_process_applies(tmp_p
     assert resumed and all(rec["peak_lr"] == pytest.approx(1e-5) and rec["lr"] <= 1e-5 * (1 + 1e-6) for rec in resumed)
     kinds = _kinds(sup, "hitl")
     assert kinds.index("command") < kinds.index("command_applied") < kinds.index("resumed")
+
+
+@pytest.mark.slow
+def test_operator_interrupt_pauses_a_live_run_at_the_next_step(tmp_path):
+    from aegis.supervise.context import RunCallbacks
+
+    cfg = parse_run_config(run_config(tmp_path, run_id="op", training={"total_steps": 30}))
+    sup = Supervisor(tmp_path / "runs")
+    sent = []
+
+    def on_step(m):
+        if m.step == 5 and not sent:
+            sent.append(sup.interrupt("op"))
+
+    out = sup.start(cfg, callbacks=RunCallbacks(on_step=on_step))
+    assert sent and sent[0].live
+    assert out.status == "paused" and out.step == 5 and "operator" in out.paused_reason
+    assert 5 in [int(p.name) for p in (tmp_path / "runs" / "op" / "checkpoints").iterdir() if p.name.isdigit()]
+    out = sup.resume("op")
+    assert out.status == "completed" and out.step == 30
+    assert sorted(_metrics(tmp_path / "runs" / "op")) == list(range(1, 31))
