@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 
 from aegis.calibration import CalibrationRecord, CalibrationStore, default_store_path
@@ -106,3 +108,31 @@ def test_run_benchmark_measures_real_steps_and_stores_them(tmp_path):
     assert res.record.tokens_per_s == pytest.approx(2 * 32 / res.record.step_time_s)
     assert store.lookup("cpu", "tiny-llama", "lora") == res.record
     assert len(res.losses) == 3 and all(l > 0 for l in res.losses)
+
+
+@pytest.mark.slow
+def test_jax_step_memory_accounts_for_state_and_shrinks_with_chunked_cross_entropy():
+    from aegis.data import tiny_llama_config
+    from aegis.schema import TrainConfig
+    from aegis.train.benchmark import jax_step_memory
+    from aegis.train.models import build_model
+    from aegis.train.step import OptimizerSettings
+
+    config = tiny_llama_config() | {"vocab_size": 16384}
+    b, s = 4, 128
+    full = jax_step_memory(config, TrainConfig(method="full", micro_batch_size=b, seq_len=s, precision="fp32"))
+    chunked = jax_step_memory(
+        config,
+        TrainConfig(method="full", micro_batch_size=b, seq_len=s, precision="fp32", chunked_cross_entropy=True),
+        optimizer=OptimizerSettings(ce_chunk_tokens=64),  # 8 chunks of the 512 tokens
+    )
+    shapes = jax.tree.leaves(build_model(config).param_shapes(), is_leaf=lambda x: isinstance(x, tuple))
+    n_params = sum(int(np.prod(sh)) for sh in shapes)
+    for m in (full, chunked):
+        assert m["peak_bytes"] == m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"]
+        assert m["trainable_bytes"] == 4 * n_params and m["frozen_bytes"] == 0
+        assert m["opt_state_bytes"] >= 2 * 4 * n_params  # Adam's two moments
+        assert m["alias_bytes"] >= m["trainable_bytes"] + 2 * 4 * n_params  # donated state is reused
+    logits_bytes = b * s * config["vocab_size"] * 4
+    assert full["temp_bytes"] > logits_bytes  # full fp32 logits (and their gradient) exist
+    assert chunked["temp_bytes"] < full["temp_bytes"] - logits_bytes
