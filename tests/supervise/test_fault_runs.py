@@ -164,7 +164,16 @@ def test_operator_interrupt_pauses_a_live_run_at_the_next_step(tmp_path):
     out = sup.start(cfg, callbacks=RunCallbacks(on_step=on_step))
     assert sent and sent[0].live
     assert out.status == "paused" and out.step == 5 and "operator" in out.paused_reason
-    assert 5 in [int(p.name) for p in (tmp_path / "runs" / "op" / "checkpoints").iterdir() if p.name.isdigit()]
+    ckpts = tmp_path / "runs" / "op" / "checkpoints"
+    assert sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) == [0, 5]
+    # damage the newest checkpoint: resume must detect it and fall back to the previous one
+    for f in (ckpts / "5" / "state").rglob("*"):
+        if f.is_file() and f.parent.name == "d":
+            f.write_bytes(b"\0" * 8)
     out = sup.resume("op")
     assert out.status == "completed" and out.step == 30
+    events = sup.events("op")
+    assert [e.step for e in events if e.kind == "checkpoint_corrupt"] == [5]
+    assert [(e.step, e.data["from_step"]) for e in events if e.kind == "restored"] == [(0, 5)]
+    assert (tmp_path / "runs" / "op" / "corrupt_checkpoints").is_dir()
     assert sorted(_metrics(tmp_path / "runs" / "op")) == list(range(1, 31))
