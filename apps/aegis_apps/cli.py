@@ -67,7 +67,7 @@ def slack(
     except AegisError as err:
         _fail(err)
     try:
-        bot = SlackBot(settings, agent)
+        bot = SlackBot(settings, agent, process_before_response=False)  # ack within Slack's 3 s
         if http:
             server = bot.serve_http(host=host, port=port)
             typer.echo(f"Slack bot listening on http://{host}:{port}/slack/events", err=True)

@@ -114,14 +114,16 @@ class SlackBot:
     """A bolt `App` wired to a `ChatAgent` and its `RunManager`."""
 
     def __init__(self, settings: SlackSettings, agent: ChatAgent, *, client: Any = None,
-                 token_verification_enabled: bool = True) -> None:
+                 token_verification_enabled: bool = True, process_before_response: bool = True) -> None:
+        """``process_before_response=False`` acks at once and handles in a thread (long servers); True
+        answers after handling (serverless, and deterministic tests)."""
         from slack_bolt import App
 
         self.settings = settings
         self.agent = agent
         self.runs = agent.runs
         self.app = App(token=settings.bot_token if client is None else None, signing_secret=settings.signing_secret, client=client,
-                       process_before_response=True, token_verification_enabled=token_verification_enabled)
+                       process_before_response=process_before_response, token_verification_enabled=token_verification_enabled)
         self._threads_path = Path(self.runs.settings.runs_dir) / _THREADS_FILE
         self._threads: dict[str, dict[str, str]] = self._load_threads()
         self._run_channels: dict[str, str] = {v["run_id"]: v["channel"] for v in self._threads.values()}
@@ -165,7 +167,7 @@ class SlackBot:
 
     # ------------------------------------------------------------------ handlers
 
-    def _on_slash(self, ack: Any, command: dict[str, Any], client: Any) -> None:
+    def _on_slash(self, ack: Any, command: dict[str, Any], client: Any, respond: Any) -> None:
         ack()
         text = (command.get("text") or "").strip()
         text = re.sub(r"^plan\b\s*", "", text, flags=re.I)
@@ -181,11 +183,24 @@ class SlackBot:
             from aegis.report import render_blocks
             from aegis.report.markdown import verdict_line
 
-            client.chat_postMessage(channel=channel, text=verdict_line(reply.report), blocks=render_blocks(reply.report))
+            self._post(client, respond, channel=channel, text=verdict_line(reply.report), blocks=render_blocks(reply.report))
             return
-        resp = client.chat_postMessage(channel=channel, text=_mrkdwn(reply.text)[:3900])
-        if reply.run_id and any(c.name == "start_run" for c in reply.tool_calls):
+        resp = self._post(client, respond, channel=channel, text=_mrkdwn(reply.text)[:3900])
+        if resp is not None and reply.run_id and any(c.name == "start_run" for c in reply.tool_calls):
             self._remember_thread(channel, resp["ts"], reply.run_id)
+
+    @staticmethod
+    def _post(client: Any, respond: Any, **message: Any) -> Any:
+        """Post to the channel; where the bot may not (not invited), answer through the command's response_url."""
+        from slack_sdk.errors import SlackApiError
+
+        try:
+            return client.chat_postMessage(**message)
+        except SlackApiError as err:
+            log.warning("chat.postMessage failed (%s); answering through response_url", err.response.get("error"))
+            message.pop("channel", None)
+            respond(response_type="in_channel", **message)
+            return None
 
     def _on_start_run(self, ack: Any, body: dict[str, Any], client: Any) -> None:
         ack()

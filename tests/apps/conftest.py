@@ -15,6 +15,10 @@ import pytest
 from tests.agent._runs import enable_compile_cache, write_template
 
 
+NOT_IN_CHANNEL = "CNOTIN"
+"""A channel the fake Slack refuses posts to, as Slack does where the bot was not invited."""
+
+
 class FakeSlack:
     """Answers every Web API method with ok=true; ``calls`` holds (method, params) in order."""
 
@@ -54,6 +58,8 @@ class FakeSlack:
             self.calls.append((method, params))
             if method == "auth.test":
                 return {"ok": True, "user_id": "UBOT", "bot_id": "BBOT", "team_id": "T1", "user": "aegis", "team": "t"}
+            if method == "chat.postMessage" and params.get("channel") == NOT_IN_CHANNEL:
+                return {"ok": False, "error": "not_in_channel"}
             self._ts += 1
             params["_ts"] = f"{self._ts}.000100"  # the ts Slack answered with, for thread replies
             return {"ok": True, "channel": params.get("channel"), "ts": params["_ts"]}

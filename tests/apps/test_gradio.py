@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -52,6 +53,8 @@ def test_browser_plan_shows_total_chart_and_recommended_config(tmp_path: Path) -
     demo = build_ui(agent)
     port = _free_port()
     launch(demo, port=port, block=False)
+    assert os.environ["GRADIO_ANALYTICS_ENABLED"] == "False" and not demo.analytics_enabled
+    assert demo.server_name == "127.0.0.1" and demo.share_url is None
     report = aegis.plan("qlora llama-3.1-8b on 3090")
     total = format_bytes(report.recommended.memory.total_bytes)
     cfg = report.recommended.config

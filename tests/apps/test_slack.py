@@ -31,9 +31,10 @@ def signed(body: str, content_type: str, *, secret: str = SECRET, age_s: float =
     return BoltRequest(body=body, headers=headers)
 
 
-def slash(text: str, user: str = ALLOWED, **kw: Any) -> BoltRequest:
-    body = urlencode({"command": "/aegis", "text": text, "user_id": user, "channel_id": CHANNEL, "team_id": "T1",
-                      "response_url": "http://127.0.0.1:9/unused", "trigger_id": "1.2.3"})
+def slash(text: str, user: str = ALLOWED, channel: str = CHANNEL, response_url: str = "http://127.0.0.1:9/unused",
+          **kw: Any) -> BoltRequest:
+    body = urlencode({"command": "/aegis", "text": text, "user_id": user, "channel_id": channel, "team_id": "T1",
+                      "response_url": response_url, "trigger_id": "1.2.3"})
     return signed(body, "application/x-www-form-urlencoded", **kw)
 
 
@@ -84,6 +85,16 @@ def test_plan_reply_is_block_kit_with_the_memory_total(bot_env) -> None:
     bot.app.dispatch(slash("on a 4090 instead"))  # a follow-up in the same channel/user conversation
     post = fake.wait_for(lambda p: "RTX 4090" in _texts(p.get("blocks", [])))
     assert format_bytes(aegis.plan("qlora llama-3.1-8b on 4090").recommended.memory.total_bytes) in _texts(post["blocks"])
+
+
+def test_channel_the_bot_is_not_in_gets_the_answer_through_response_url(bot_env) -> None:
+    from tests.apps.conftest import NOT_IN_CHANNEL
+
+    bot, fake = bot_env
+    hook = fake.url.replace("/api/", "/hooks/response")
+    assert bot.app.dispatch(slash("plan qlora llama-3.1-8b on 3090", channel=NOT_IN_CHANNEL, response_url=hook)).status == 200
+    answer = fake.wait_for(lambda p: "blocks" in p, method="response")
+    assert answer["response_type"] == "in_channel" and "VRAM breakdown" in _texts(answer["blocks"])
 
 
 def test_unknown_gpu_is_a_helpful_reply(bot_env) -> None:
