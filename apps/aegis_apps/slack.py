@@ -10,6 +10,12 @@
 - Only allow-listed users in allow-listed channels may start or steer runs (empty lists: nobody);
   a refused request changes nothing. Request signatures are verified by bolt (HTTP mode).
 
+The Slack app needs the ``/aegis`` slash command, interactivity (buttons), the ``message.channels``
+event (thread replies) and the scopes ``commands``, ``chat:write``, ``channels:history``.
+Environment: ``SLACK_BOT_TOKEN``, ``SLACK_SIGNING_SECRET``, ``SLACK_APP_TOKEN`` (Socket Mode),
+``AEGIS_SLACK_ALLOWED_USERS`` / ``AEGIS_SLACK_ALLOWED_CHANNELS`` (comma-separated ids),
+``AEGIS_SLACK_CHANNEL`` (where run notices go; default: the channel the run was started from).
+
     bot = SlackBot(SlackSettings.from_env(), agent=ChatAgent(AgentSettings.from_env()))
     bot.start_socket_mode()            # SLACK_APP_TOKEN; or bot.serve_http(port=3000)
 """

@@ -199,3 +199,22 @@ def test_http_mode_verifies_signatures_over_the_wire(bot_env) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_interrupt_blocks_offer_the_diagnosis_and_its_repairs() -> None:
+    from aegis_agent import RunNotice
+    from aegis_apps.slack import interrupt_blocks
+
+    notice = RunNotice(run_id="r1", kind="paused", step=57, reason="3 repairs without a clean window",
+                       anomaly="loss 9.1 > 4.2 (mean + 3 sigma)", diagnosis="outliers: suspects toxic-0001",
+                       suspected_samples=("toxic-0001", "toxic-0002"), suggested_actions=("set_lr 0.0003", "resume", "stop"),
+                       lr=3e-3)
+    blocks = interrupt_blocks(notice)
+    text = blocks[0]["text"]["text"]
+    assert "step 57" in text and "loss 9.1" in text and "suspects toxic-0001" in text
+    commands = [json.loads(b["value"]) for b in blocks[1]["elements"]]
+    assert [c["command"] for c in commands] == ["resume", "set_lr 0.0003", "blacklist_samples toxic-0001 toxic-0002", "stop"]
+    assert {c["run_id"] for c in commands} == {"r1"}
+    no_hint = notice.model_copy(update={"suggested_actions": (), "suspected_samples": ()})
+    assert [json.loads(b["value"])["command"] for b in interrupt_blocks(no_hint)[1]["elements"]] == [
+        "resume", "set_lr 0.0003", "stop"]  # lower LR defaults to a tenth of the current LR
