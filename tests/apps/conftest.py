@@ -22,6 +22,8 @@ NOT_IN_CHANNEL = "CNOTIN"
 class FakeSlack:
     """Answers every Web API method with ok=true; ``calls`` holds (method, params) in order."""
 
+    not_in_channel = NOT_IN_CHANNEL
+
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self._ts = 1000

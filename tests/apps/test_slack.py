@@ -88,11 +88,9 @@ def test_plan_reply_is_block_kit_with_the_memory_total(bot_env) -> None:
 
 
 def test_channel_the_bot_is_not_in_gets_the_answer_through_response_url(bot_env) -> None:
-    from tests.apps.conftest import NOT_IN_CHANNEL
-
     bot, fake = bot_env
     hook = fake.url.replace("/api/", "/hooks/response")
-    assert bot.app.dispatch(slash("plan qlora llama-3.1-8b on 3090", channel=NOT_IN_CHANNEL, response_url=hook)).status == 200
+    assert bot.app.dispatch(slash("plan qlora llama-3.1-8b on 3090", channel=fake.not_in_channel, response_url=hook)).status == 200
     answer = fake.wait_for(lambda p: "blocks" in p, method="response")
     assert answer["response_type"] == "in_channel" and "VRAM breakdown" in _texts(answer["blocks"])
 
