@@ -148,7 +148,11 @@ def build_hf_model(config: dict[str, Any], seed: int = 0, std: float = 0.15) -> 
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn_like(p) if "gemma" not in config["model_type"] else 0.1 * torch.randn_like(p))
+                p.copy_(
+                    1.0 + 0.1 * torch.randn_like(p)
+                    if "gemma" not in config["model_type"]
+                    else 0.1 * torch.randn_like(p)
+                )
             else:
                 p.normal_(0.0, std)
     return model

@@ -75,7 +75,9 @@ def test_lora_forward_equals_merged_weights_and_trains_only_adapters(llama) -> N
 
 def test_dropout_applies_only_with_an_rng(llama) -> None:
     model, params, ids = llama
-    lora = _randomise_b(init_lora(model, params, rank=4, alpha=4, target_modules=["v_proj"], rng=jax.random.key(0), dropout=0.5))
+    lora = _randomise_b(
+        init_lora(model, params, rank=4, alpha=4, target_modules=["v_proj"], rng=jax.random.key(0), dropout=0.5)
+    )
     apply = jax.jit(model.apply)
     plain = np.asarray(apply(params, ids, lora=lora))
     d1 = np.asarray(apply(params, ids, lora=lora, lora_rng=jax.random.key(1)))

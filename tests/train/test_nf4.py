@@ -25,7 +25,9 @@ def test_matches_bitsandbytes_bit_for_bit(weight: np.ndarray) -> None:
     np.testing.assert_allclose(dynamic_map(), bnbf.create_dynamic_map().numpy(), rtol=0, atol=1e-7)
     np.testing.assert_array_equal(NF4_CODE, bnbf.get_4bit_type("nf4", device="cpu").numpy())
 
-    packed, state = bnbf.quantize_4bit(torch.from_numpy(weight), blocksize=64, compress_statistics=True, quant_type="nf4")
+    packed, state = bnbf.quantize_4bit(
+        torch.from_numpy(weight), blocksize=64, compress_statistics=True, quant_type="nf4"
+    )
     ref = bnbf.dequantize_4bit(packed, state).numpy()
     q = quantize(jnp.asarray(weight), block_size=64, double_quant=True)
     np.testing.assert_array_equal(np.asarray(q.packed), packed.numpy().reshape(-1))
@@ -43,7 +45,9 @@ def test_matches_bitsandbytes_bit_for_bit(weight: np.ndarray) -> None:
     np.testing.assert_allclose(float(q.absmax_offset), float(state.offset), rtol=1e-6)
     ok = np.ones(weight.shape, bool).reshape(-1, 64)
     ok[differ] = False
-    np.testing.assert_allclose(np.asarray(dequantize(q, jnp.float32)).reshape(-1, 64)[ok], ref.reshape(-1, 64)[ok], atol=1e-7)
+    np.testing.assert_allclose(
+        np.asarray(dequantize(q, jnp.float32)).reshape(-1, 64)[ok], ref.reshape(-1, 64)[ok], atol=1e-7
+    )
 
 
 def test_without_double_quant_error_is_the_nf4_rounding(weight: np.ndarray) -> None:

@@ -139,13 +139,39 @@ def test_unknown_model_type_lists_supported_ones() -> None:
     [
         ("llama", {"rope_type": "default", "rope_theta": 10000.0}, 32),
         ("llama", {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}, 32),
-        ("llama", {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
-                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}, 32),
+        (
+            "llama",
+            {
+                "rope_type": "llama3",
+                "rope_theta": 5e5,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            32,
+        ),
         ("qwen2", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64}, 32),
-        ("phi3", {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0 + 0.1 * i for i in range(8)],
-                  "long_factor": [2.0 + 0.3 * i for i in range(8)]}, 32),
-        ("phi3", {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0 + 0.1 * i for i in range(8)],
-                  "long_factor": [2.0 + 0.3 * i for i in range(8)]}, 128),
+        (
+            "phi3",
+            {
+                "rope_type": "longrope",
+                "rope_theta": 1e4,
+                "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                "long_factor": [2.0 + 0.3 * i for i in range(8)],
+            },
+            32,
+        ),
+        (
+            "phi3",
+            {
+                "rope_type": "longrope",
+                "rope_theta": 1e4,
+                "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                "long_factor": [2.0 + 0.3 * i for i in range(8)],
+            },
+            128,
+        ),
     ],
 )
 def test_rope_variants_match_transformers(model_type: str, rope: dict, seq_len: int) -> None:

@@ -68,14 +68,18 @@ def test_transformers_sharded_bf16_checkpoint_loads(hf_checkpoint) -> None:
     model = build_model(config)
     params = load_checkpoint(model, folder)
     q = hf.model.layers[1].self_attn.q_proj
-    np.testing.assert_array_equal(np.asarray(params["model"]["layers"]["self_attn"]["q_proj"]["bias"][1]), q.bias.detach().numpy())
+    np.testing.assert_array_equal(
+        np.asarray(params["model"]["layers"]["self_attn"]["q_proj"]["bias"][1]), q.bias.detach().numpy()
+    )
 
     bf16_dir = folder.parent / "bf16"
     hf.to(torch.bfloat16).save_pretrained(bf16_dir)
     params16 = load_checkpoint(build_model(config, param_dtype="bfloat16"), bf16_dir)
     w = params16["model"]["layers"]["mlp"]["down_proj"]["weight"][0]
     assert w.dtype == jax.numpy.bfloat16
-    np.testing.assert_array_equal(np.asarray(w, np.float32), hf.model.layers[0].mlp.down_proj.weight.detach().float().numpy())
+    np.testing.assert_array_equal(
+        np.asarray(w, np.float32), hf.model.layers[0].mlp.down_proj.weight.detach().float().numpy()
+    )
 
 
 def test_bad_checkpoints_give_one_line_errors(hf_checkpoint, tmp_path) -> None:

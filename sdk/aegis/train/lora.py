@@ -145,7 +145,9 @@ def merge_lora(model: Any, params: dict[str, Any], lora: LoRAWeights) -> dict[st
             node = node[part]
         w = node["weight"]
         dense = maybe_dequantize(w, jnp.float32) if isinstance(w, NF4Tensor) else w.astype(jnp.float32)
-        delta = jnp.einsum("lor,lri->loi", mod["lora_B"]["weight"].astype(jnp.float32), mod["lora_A"]["weight"].astype(jnp.float32))
+        delta = jnp.einsum(
+            "lor,lri->loi", mod["lora_B"]["weight"].astype(jnp.float32), mod["lora_A"]["weight"].astype(jnp.float32)
+        )
         target_dtype = jnp.dtype(w.dtype) if isinstance(w, NF4Tensor) else w.dtype
         node["weight"] = (dense + lora.scale * delta).astype(target_dtype)
     out = dict(params)

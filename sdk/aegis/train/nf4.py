@@ -74,19 +74,15 @@ DEFAULT_SKIP = ("embed_tokens", "lm_head", "gate", "shared_expert_gate")
 @lru_cache(maxsize=1)
 def dynamic_map() -> np.ndarray:
     """The signed 8-bit dynamic quantisation map (bitsandbytes ``create_dynamic_map()``), 256 sorted values."""
-    max_exponent_bits, total_bits = 7, 8
-    non_sign_bits = total_bits - 1
-    additional_items = 2 ** (non_sign_bits - max_exponent_bits) - 1
+    # 7 exponent bits over 7 value bits: fraction_items = 2**i + 1 per exponent, no extra linear items.
+    max_exponent_bits = 7
     data: list[float] = []
     for i in range(max_exponent_bits):
-        fraction_items = int(2 ** (i + non_sign_bits - max_exponent_bits) + 1)
-        boundaries = np.linspace(0.1, 1, fraction_items, dtype=np.float32)
+        boundaries = np.linspace(0.1, 1, 2**i + 1, dtype=np.float32)
         means = (boundaries[:-1] + boundaries[1:]) / np.float32(2.0)
         scale = np.float32(10 ** (-(max_exponent_bits - 1) + i))
         data += (scale * means).tolist()
         data += (-scale * means).tolist()
-    if additional_items > 0:  # pragma: no cover - zero for the 8-bit map
-        raise AssertionError("unreachable for the 8-bit dynamic map")
     data += [0.0, 1.0]
     data.sort()
     return np.asarray(data, dtype=np.float32)
@@ -126,7 +122,11 @@ class NF4Tensor:
     @property
     def nbytes(self) -> int:
         """Storage bytes of the quantised representation."""
-        return sum(int(x.size) * x.dtype.itemsize for x in (self.packed, self.absmax, self.absmax_scale, self.absmax_offset) if x is not None)
+        return sum(
+            int(x.size) * x.dtype.itemsize
+            for x in (self.packed, self.absmax, self.absmax_scale, self.absmax_offset)
+            if x is not None
+        )
 
 
 def _blockwise_absmax(flat: jax.Array, block: int) -> tuple[jax.Array, jax.Array]:

@@ -85,8 +85,14 @@ def _write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dic
     for name in order:
         arr = tensors[name]
         if arr.dtype not in _DTYPE_NAMES:
-            raise CheckpointError(f"cannot save tensor {name!r} with dtype {arr.dtype}; use float32, float16 or bfloat16.")
-        header[name] = {"dtype": _DTYPE_NAMES[arr.dtype], "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
+            raise CheckpointError(
+                f"cannot save tensor {name!r} with dtype {arr.dtype}; use float32, float16 or bfloat16."
+            )
+        header[name] = {
+            "dtype": _DTYPE_NAMES[arr.dtype],
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + arr.nbytes],
+        }
         offset += arr.nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
@@ -112,7 +118,9 @@ class CheckpointReader:
             else:
                 singles = sorted(path.glob("*.safetensors"))
                 if not singles:
-                    raise CheckpointError(f"{path} holds no {SINGLE_FILE} or {INDEX_FILE}; point at a Hugging Face checkpoint folder.")
+                    raise CheckpointError(
+                        f"{path} holds no {SINGLE_FILE} or {INDEX_FILE}; point at a Hugging Face checkpoint folder."
+                    )
                 files = singles
         elif path.name.endswith(".index.json"):
             files = self._from_index(path)
@@ -137,7 +145,9 @@ class CheckpointReader:
         for shard in sorted(set(weight_map.values())):
             f = index.parent / shard
             if not f.exists():
-                raise CheckpointError(f"shard {shard!r} listed in {index.name} is missing from {index.parent}; download it.")
+                raise CheckpointError(
+                    f"shard {shard!r} listed in {index.name} is missing from {index.parent}; download it."
+                )
             files.append(f)
         return files
 
@@ -262,7 +272,7 @@ def save_checkpoint(
     max_shard_bytes: int | None = None,
     write_config: bool = True,
 ) -> Path:
-    """Write ``params`` as a Hugging Face checkpoint folder (sharded with an index when it exceeds ``max_shard_bytes``)."""
+    """Write ``params`` as a Hugging Face checkpoint folder (sharded, with an index, above ``max_shard_bytes``)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors = to_hf_state_dict(model, params, dtype=dtype)
@@ -358,12 +368,16 @@ def load_lora_adapter(model: Model, path: str | Path, *, dtype: Any = jnp.float3
         raise CheckpointError(f"{path} has no {ADAPTER_CONFIG}; point at a PEFT adapter folder.")
     cfg = json.loads(cfg_file.read_text())
     if cfg.get("peft_type", "LORA") != "LORA" or cfg.get("use_dora") or cfg.get("use_rslora"):
-        raise CheckpointError(f"{path} is not a plain LoRA adapter (peft_type/use_dora/use_rslora); only LoRA is supported.")
+        raise CheckpointError(
+            f"{path} is not a plain LoRA adapter (peft_type/use_dora/use_rslora); only LoRA is supported."
+        )
     reader = CheckpointReader(path / ADAPTER_FILE)
     grouped: dict[tuple[str, ...], dict[str, dict[int, np.ndarray]]] = {}
     for key in reader.names():
         if not key.startswith(PEFT_PREFIX + "model.layers."):
-            raise CheckpointError(f"adapter tensor {key!r} is outside the decoder layers; only layer adapters are supported.")
+            raise CheckpointError(
+                f"adapter tensor {key!r} is outside the decoder layers; only layer adapters are supported."
+            )
         parts = key[len(PEFT_PREFIX + "model.layers.") :].split(".")
         if len(parts) < 4 or parts[-2] not in ("lora_A", "lora_B"):
             raise CheckpointError(f"adapter tensor {key!r} is not a lora_A/lora_B weight.")
@@ -382,4 +396,6 @@ def load_lora_adapter(model: Model, path: str | Path, *, dtype: Any = jnp.float3
     rank = int(cfg["r"])
     targets = cfg.get("target_modules") or sorted({p[-1] for p in grouped})
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
-    return LoRAWeights({"model": {"layers": tree}}, rank, float(cfg["lora_alpha"]), float(cfg.get("lora_dropout", 0.0)), targets)
+    return LoRAWeights(
+        {"model": {"layers": tree}}, rank, float(cfg["lora_alpha"]), float(cfg.get("lora_dropout", 0.0)), targets
+    )

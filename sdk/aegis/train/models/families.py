@@ -79,7 +79,9 @@ def _base(config: dict[str, Any], head_dim: int, **kw: Any) -> dict[str, Any]:
     heads = require(config, "num_attention_heads")
     kv = config.get("num_key_value_heads") or heads
     if heads % kv:
-        raise UnsupportedArchitectureError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}.")
+        raise UnsupportedArchitectureError(
+            f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}."
+        )
     return dict(
         model_type=config["model_type"],
         vocab_size=require(config, "vocab_size"),
@@ -202,9 +204,7 @@ def _gemma_common(config: dict[str, Any], hd: int) -> dict[str, Any]:
 def _spec_gemma2(config: dict[str, Any]) -> ArchSpec:
     hd = _head_dim(config, default=256)
     n = require(config, "num_hidden_layers")
-    types = config.get("layer_types") or [
-        "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)
-    ]
+    types = config.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
     return ArchSpec(
         **_gemma_common(config, hd),
         attn_softcap=config.get("attn_logit_softcapping", 50.0),
@@ -326,7 +326,9 @@ def _spec_qwen3_moe(config: dict[str, Any]) -> ArchSpec:
 # ----- checkpoint names for MoE experts ------------------------------------------------------------
 
 
-def _expert_recipe(gate: str, up: str, down: str, rename: tuple[str, str] | None = None) -> Callable[[str, ArchSpec], Recipe]:
+def _expert_recipe(
+    gate: str, up: str, down: str, rename: tuple[str, str] | None = None
+) -> Callable[[str, ArchSpec], Recipe]:
     """Checkpoints store experts one by one (``experts.{e}.<gate>.weight``); memory holds them fused
     ``experts.gate_up_proj [E, 2I, d]`` / ``experts.down_proj [E, d, I]`` as transformers 5 does."""
 

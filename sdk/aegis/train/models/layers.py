@@ -20,7 +20,17 @@ from aegis.train.models.rope import apply_rope
 from aegis.train.models.spec import ArchSpec
 from aegis.train.nf4 import maybe_dequantize
 
-__all__ = ["Ctx", "ATTENTION_IMPLS", "ACTIVATIONS", "activation", "rms_norm", "linear", "attention_block", "mlp_block", "moe_block"]
+__all__ = [
+    "Ctx",
+    "ATTENTION_IMPLS",
+    "ACTIVATIONS",
+    "activation",
+    "rms_norm",
+    "linear",
+    "attention_block",
+    "mlp_block",
+    "moe_block",
+]
 
 ACTIVATIONS = {
     "silu": jax.nn.silu,
@@ -173,7 +183,9 @@ def mlp_block(
     """Gated MLP ``down(act(gate(x)) * up(x))``; Phi-3's fused ``gate_up_proj`` is split in halves."""
     act = activation(spec.hidden_act)
     if "gate_up_proj" in p:
-        gate, up = jnp.split(linear(p["gate_up_proj"], x, ctx, _sub(lora, "gate_up_proj"), prefix + "gate_up_proj"), 2, -1)
+        gate, up = jnp.split(
+            linear(p["gate_up_proj"], x, ctx, _sub(lora, "gate_up_proj"), prefix + "gate_up_proj"), 2, -1
+        )
     else:
         gate = linear(p["gate_proj"], x, ctx, _sub(lora, "gate_proj"), prefix + "gate_proj")
         up = linear(p["up_proj"], x, ctx, _sub(lora, "up_proj"), prefix + "up_proj")

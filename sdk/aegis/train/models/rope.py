@@ -72,7 +72,8 @@ class RopeSpec:
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise UnsupportedArchitectureError(
                 f"rope_type {rope_type!r} is not supported by the JAX engine; supported: "
-                f"{', '.join(SUPPORTED_ROPE_TYPES)}. Remove the rope scaling from config.json to train at the base length."
+                f"{', '.join(SUPPORTED_ROPE_TYPES)}. "
+                "Remove the rope scaling from config.json to train at the base length."
             )
         if params.get("rope_theta") is None:
             raise UnsupportedArchitectureError("config.json has no rope_theta; add it (e.g. 10000.0) and retry.")
