@@ -253,4 +253,9 @@ def test_fused_attention_refuses_soft_capping() -> None:
     from aegis.errors import InvalidConfigError
 
     with pytest.raises(InvalidConfigError, match="attention='xla'"):
-        build_model(tiny_config("gemma2"), attention="cudnn")
+        build_model(tiny_config("gemma2"), dtype=jnp.bfloat16, attention="cudnn")
+    with pytest.raises(InvalidConfigError, match="bf16 or fp16"):
+        build_model(tiny_config("llama"), attention="cudnn")
+    with pytest.raises(InvalidConfigError, match="not one of"):
+        build_model(tiny_config("llama"), attention="flash")
+    assert build_model(tiny_config("llama"), dtype=jnp.bfloat16, attention="cudnn").attention == "cudnn"

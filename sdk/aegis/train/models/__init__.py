@@ -66,6 +66,11 @@ def build_model(
     spec = family.build_spec(config)
     if attention not in ATTENTION_IMPLS:
         raise InvalidConfigError(f"attention={attention!r} is not one of {', '.join(ATTENTION_IMPLS)}.")
+    if attention == "cudnn" and jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        raise InvalidConfigError(
+            f"cuDNN flash attention needs bf16 or fp16 compute, got dtype={jnp.dtype(dtype).name}; "
+            "pass dtype=jnp.bfloat16 or attention='xla'."
+        )
     if attention != "xla" and spec.attn_softcap is not None:
         raise InvalidConfigError(
             f"{family.name} soft-caps attention logits, which fused attention kernels do not do; use attention='xla'."
