@@ -17,10 +17,9 @@ import contextlib
 import threading
 from typing import Any
 
+from aegis.schema import Frozen, PlanReport, PlanRequest
 from langchain_core.messages import AIMessage, HumanMessage
 from pydantic import Field
-
-from aegis.schema import Frozen, PlanReport, PlanRequest
 
 from aegis_agent.graph import build_graph, open_checkpointer, thread_config
 from aegis_agent.llm import RequestExtractor
@@ -28,7 +27,7 @@ from aegis_agent.runs import RunManager
 from aegis_agent.settings import AgentSettings
 from aegis_agent.tools import AegisToolkit
 
-__all__ = ["ChatAgent", "AgentReply", "ToolCallRecord", "ConversationView"]
+__all__ = ["AgentReply", "ChatAgent", "ConversationView", "ToolCallRecord"]
 
 
 class ToolCallRecord(Frozen):
@@ -84,28 +83,48 @@ class ChatAgent:
             before = len(self.app.get_state(cfg).values.get("messages", []))
             out = self.app.invoke({"messages": [HumanMessage(content=text)]}, cfg)
         new = out["messages"][before:]
-        calls = tuple(ToolCallRecord(name=c["name"], args=c["args"])
-                      for m in new if isinstance(m, AIMessage) for c in m.tool_calls)
-        understood = next((m.response_metadata.get("understood_by") for m in new
-                           if isinstance(m, AIMessage) and m.response_metadata.get("understood_by")), "rules")
+        calls = tuple(
+            ToolCallRecord(name=c["name"], args=c["args"])
+            for m in new
+            if isinstance(m, AIMessage)
+            for c in m.tool_calls
+        )
+        understood = next(
+            (
+                m.response_metadata.get("understood_by")
+                for m in new
+                if isinstance(m, AIMessage) and m.response_metadata.get("understood_by")
+            ),
+            "rules",
+        )
         request = PlanRequest(**out["request"]) if out.get("request") else None
         report = None
         if request is not None and any(c.name == "plan_finetune" for c in calls):
             report = self.toolkit.cached_report(request)
-        return AgentReply(text=str(new[-1].content), tool_calls=calls, understood_by=understood, request=request,
-                          run_id=out.get("run_id"), report=report)
+        return AgentReply(
+            text=str(new[-1].content),
+            tool_calls=calls,
+            understood_by=understood,
+            request=request,
+            run_id=out.get("run_id"),
+            report=report,
+        )
 
     def conversation(self, thread_id: str = "default") -> ConversationView:
         """What the conversation remembers (request, run, message count)."""
         values = self.app.get_state(thread_config(thread_id)).values
         req = values.get("request")
-        return ConversationView(thread_id=thread_id, request=PlanRequest(**req) if req else None,
-                                run_id=values.get("run_id"), messages=len(values.get("messages", [])))
+        return ConversationView(
+            thread_id=thread_id,
+            request=PlanRequest(**req) if req else None,
+            run_id=values.get("run_id"),
+            messages=len(values.get("messages", [])),
+        )
 
     def close(self) -> None:
         self._stack.close()
 
-    def __enter__(self) -> "ChatAgent":
+    def __enter__(self) -> ChatAgent:
         return self
 
     def __exit__(self, *exc: object) -> None:

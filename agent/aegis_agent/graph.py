@@ -24,10 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
+from aegis.schema import PlanRequest
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langgraph.graph.message import add_messages
-
-from aegis.schema import PlanRequest
 
 from aegis_agent.tools import AegisToolkit
 from aegis_agent.understand import understand

@@ -19,7 +19,7 @@ from aegis.schema import PlanRequest
 
 from aegis_agent.settings import AgentSettings
 
-__all__ = ["RequestExtractor", "INSTRUCTIONS"]
+__all__ = ["INSTRUCTIONS", "RequestExtractor"]
 
 INSTRUCTIONS = (
     "You turn a user's message about fine-tuning a language model into a planning request. "
@@ -41,7 +41,7 @@ class RequestExtractor:
         self._agent = Agent(model, output_type=PlanRequest, instructions=INSTRUCTIONS, retries=2)
 
     @classmethod
-    def from_settings(cls, settings: AgentSettings) -> "RequestExtractor | None":
+    def from_settings(cls, settings: AgentSettings) -> RequestExtractor | None:
         """The extractor for ``settings.llm_model`` (None when no LLM is configured)."""
         if not settings.llm_model:
             return None

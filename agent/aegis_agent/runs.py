@@ -24,16 +24,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
-
 from aegis.errors import AegisError, RunError
 from aegis.schema import Frozen, PlanReport
 from aegis.supervise import CommandReceipt, RunConfig, RunStatusReport, Supervisor, load_run_config, parse_run_config
 from aegis.supervise.runs import list_runs, open_run
+from pydantic import Field
 
 from aegis_agent.settings import AgentSettings
 
-__all__ = ["RunNotice", "RunManager", "status_markdown"]
+__all__ = ["RunManager", "RunNotice", "status_markdown"]
 
 _POLL_S = 0.25
 
@@ -106,8 +105,14 @@ class RunManager:
             data["fallbacks"] = [t.config.model_dump(mode="json") for t in report.fallbacks]
         return parse_run_config(data, "the chat run template")
 
-    def start(self, report: PlanReport | None = None, *, run_id: str | None = None, prefix: str = "chat",
-              timeout_s: float = 60.0) -> RunStatusReport:
+    def start(
+        self,
+        report: PlanReport | None = None,
+        *,
+        run_id: str | None = None,
+        prefix: str = "chat",
+        timeout_s: float = 60.0,
+    ) -> RunStatusReport:
         """Start a run in a background thread; its status once its folder exists (RunError if it failed to start)."""
         run_id = run_id or _new_run_id(prefix)
         cfg = self.run_config(report, run_id)
@@ -119,7 +124,9 @@ class RunManager:
             with contextlib.suppress(RunError):
                 return self.supervisor.status(run_id)
             time.sleep(0.05)
-        raise RunError(f"run '{run_id}' did not create its folder within {timeout_s:.0f} s; see {self.settings.runs_dir}")
+        raise RunError(
+            f"run '{run_id}' did not create its folder within {timeout_s:.0f} s; see {self.settings.runs_dir}"
+        )
 
     def _launch(self, run_id: str, body: Callable[[], object]) -> None:
         with self._lock:
@@ -133,13 +140,15 @@ class RunManager:
                     _enable_compile_cache()
                 try:
                     body()
-                except Exception as err:  # reported to the user through status/notices, not lost in a thread
+                except Exception as err:  # noqa: BLE001 - reported through status and notices, not lost in a thread
                     self._errors[run_id] = f"{type(err).__name__}: {err}"
 
             thread = threading.Thread(target=work, name=f"aegis-run-{run_id}", daemon=True)
             self._threads[run_id] = thread
             thread.start()
-            threading.Thread(target=self._watch, args=(run_id, thread), name=f"aegis-watch-{run_id}", daemon=True).start()
+            threading.Thread(
+                target=self._watch, args=(run_id, thread), name=f"aegis-watch-{run_id}", daemon=True
+            ).start()
 
     def _watch(self, run_id: str, thread: threading.Thread) -> None:
         paused_at: tuple[int, str] | None = None
@@ -170,10 +179,21 @@ class RunManager:
             d = state.diagnosis
             suspects = d.suspected_samples
             who = f"suspects {', '.join(suspects)}" if suspects else "no sample to blame"
-            diagnosis = (f"{d.verdict}: {who} (median grad norm {d.outlier_stats.median_grad_norm:.3g}, "
-                         f"max {d.outlier_stats.max_grad_norm:.3g})")
-        return RunNotice(run_id=run_id, kind=kind, step=st.step, reason=st.pending_reason, anomaly=st.last_anomaly,
-                         diagnosis=diagnosis, suspected_samples=suspects, suggested_actions=st.suggested_actions, lr=st.lr)
+            diagnosis = (
+                f"{d.verdict}: {who} (median grad norm {d.outlier_stats.median_grad_norm:.3g}, "
+                f"max {d.outlier_stats.max_grad_norm:.3g})"
+            )
+        return RunNotice(
+            run_id=run_id,
+            kind=kind,
+            step=st.step,
+            reason=st.pending_reason,
+            anomaly=st.last_anomaly,
+            diagnosis=diagnosis,
+            suspected_samples=suspects,
+            suggested_actions=st.suggested_actions,
+            lr=st.lr,
+        )
 
     def status(self, run_id: str) -> RunStatusReport:
         return self.supervisor.status(run_id)

@@ -25,9 +25,8 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
-
 from aegis.schema import Frozen
+from pydantic import Field
 
 __all__ = ["AgentSettings"]
 
@@ -36,11 +35,15 @@ class AgentSettings(Frozen):
     """Where the agent keeps things and which LLM (if any) it may use."""
 
     runs_dir: str = Field(default="runs", description="Folder of the supervisor's run folders.")
-    db_path: str | None = Field(default=None, description="Conversation SQLite file (None: <runs_dir>/conversations.sqlite).")
+    db_path: str | None = Field(
+        default=None, description="Conversation SQLite file (None: <runs_dir>/conversations.sqlite)."
+    )
     llm_model: str | None = Field(default=None, description="pydantic-ai model name; None: no LLM.")
     llm_base_url: str | None = Field(default=None, description="OpenAI-compatible server URL for llm_model.")
     llm_api_key: str | None = Field(default=None, repr=False, description="API key for llm_base_url.")
-    run_template: str | None = Field(default=None, description="YAML run config for chat-started runs (None: the demo).")
+    run_template: str | None = Field(
+        default=None, description="YAML run config for chat-started runs (None: the demo)."
+    )
     run_tiers: Literal["plan", "template"] | None = Field(
         default=None, description="Train the plan's tiers or the template's config (None: plan iff a template is set)."
     )
@@ -57,7 +60,7 @@ class AgentSettings(Frozen):
         return "plan" if self.run_template else "template"
 
     @classmethod
-    def from_env(cls, **overrides: object) -> "AgentSettings":
+    def from_env(cls, **overrides: object) -> AgentSettings:
         """Settings from ``AEGIS_*`` environment variables; keyword arguments win."""
         env = os.environ
         values: dict[str, object] = {

@@ -19,28 +19,33 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from langchain_core.tools import StructuredTool
-from pydantic import Field
-
 from aegis.errors import AegisError
 from aegis.schema import Frozen, MemoryComponent, PlanReport, PlanRequest, Tier
+from langchain_core.tools import StructuredTool
+from pydantic import Field
 
 from aegis_agent.runs import RunManager, status_markdown
 
 __all__ = [
+    "TOOL_NAMES",
     "AegisToolkit",
     "ExplainArgs",
     "NoArgs",
-    "StartRunArgs",
-    "RunStatusArgs",
     "RunCommandArgs",
-    "TOOL_NAMES",
+    "RunStatusArgs",
+    "StartRunArgs",
     "explain_component",
 ]
 
 TOOL_NAMES = (
-    "plan_finetune", "compare_gpus", "explain_memory_component", "list_models", "list_gpus",
-    "start_run", "run_status", "send_run_command",
+    "plan_finetune",
+    "compare_gpus",
+    "explain_memory_component",
+    "list_models",
+    "list_gpus",
+    "start_run",
+    "run_status",
+    "send_run_command",
 )
 _CACHE_SIZE = 16
 
@@ -185,11 +190,15 @@ class AegisToolkit:
         fitting = [r.gpu_id for r in rows if r.fits]
         return render_comparison(rows, "markdown"), {"request": req.model_dump(exclude_none=True), "fits": fitting}
 
-    def explain_memory_component(self, component: str, request: PlanRequest | dict | None = None) -> tuple[str, dict[str, Any]]:
+    def explain_memory_component(
+        self, component: str, request: PlanRequest | dict | None = None
+    ) -> tuple[str, dict[str, Any]]:
         """Explain one line of the memory breakdown of the current plan: its size, the formula with the numbers, and
         what changes it."""
         if request is None:
-            return "Plan something first (e.g. `qlora llama-3.1-8b on 3090`), then ask about a memory line.", {"error": "no plan"}
+            return "Plan something first (e.g. `qlora llama-3.1-8b on 3090`), then ask about a memory line.", {
+                "error": "no plan"
+            }
         req = request if isinstance(request, PlanRequest) else PlanRequest(**request)
         try:
             report = self.report_for(req)
@@ -227,11 +236,16 @@ class AegisToolkit:
             return f"The run did not start: {err}", {"error": str(err)}
         cfg = self.runs.run_config(report, st.run_id)
         model = cfg.model if isinstance(cfg.model, str) else "an inline model config"
-        tiers = ("the plan's recommended config" if self.runs.settings.tiers == "plan" and report is not None
-                 else "the run template's config")
-        text = (f"Started run `{st.run_id}`: trains {model} on {cfg.data} with {tiers} "
-                f"({cfg.training.total_steps} steps, windows of {cfg.training.steps_per_window}). "
-                "Say `status` to watch it, `interrupt` to pause it; I will tell you when it needs you.")
+        tiers = (
+            "the plan's recommended config"
+            if self.runs.settings.tiers == "plan" and report is not None
+            else "the run template's config"
+        )
+        text = (
+            f"Started run `{st.run_id}`: trains {model} on {cfg.data} with {tiers} "
+            f"({cfg.training.total_steps} steps, windows of {cfg.training.steps_per_window}). "
+            "Say `status` to watch it, `interrupt` to pause it; I will tell you when it needs you."
+        )
         return text, {"run_id": st.run_id}
 
     def _run_id(self, run_id: str | None) -> str | None:
@@ -262,7 +276,7 @@ class AegisToolkit:
             return f"Not sent: {err}", {"error": str(err), "run_id": rid}
         if receipt.status is not None:
             return status_markdown(receipt.status), {"run_id": rid, "command": receipt.command}
-        where = "the run applies it at its next step" if receipt.live else f"it applies when the run resumes"
+        where = "the run applies it at its next step" if receipt.live else "it applies when the run resumes"
         return f"Sent `{receipt.command}` to run `{rid}`: {where}.", {"run_id": rid, "command": receipt.command}
 
     # ------------------------------------------------------------------ tools
@@ -270,15 +284,25 @@ class AegisToolkit:
     def tools(self) -> list[StructuredTool]:
         """Every operation as a StructuredTool (description: the method's docstring)."""
         schemas: dict[str, type[Frozen]] = {
-            "plan_finetune": PlanRequest, "compare_gpus": PlanRequest, "explain_memory_component": ExplainArgs,
-            "list_models": NoArgs, "list_gpus": NoArgs, "start_run": StartRunArgs, "run_status": RunStatusArgs,
+            "plan_finetune": PlanRequest,
+            "compare_gpus": PlanRequest,
+            "explain_memory_component": ExplainArgs,
+            "list_models": NoArgs,
+            "list_gpus": NoArgs,
+            "start_run": StartRunArgs,
+            "run_status": RunStatusArgs,
             "send_run_command": RunCommandArgs,
         }
         out = []
         for name in TOOL_NAMES:
             fn = getattr(self, name)
-            out.append(StructuredTool.from_function(
-                func=fn, name=name, description=" ".join(inspect.getdoc(fn).split()), args_schema=schemas[name],
-                response_format="content_and_artifact",
-            ))
+            out.append(
+                StructuredTool.from_function(
+                    func=fn,
+                    name=name,
+                    description=" ".join(inspect.getdoc(fn).split()),
+                    args_schema=schemas[name],
+                    response_format="content_and_artifact",
+                )
+            )
         return out

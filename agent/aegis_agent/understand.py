@@ -17,14 +17,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import Field
-
 from aegis.errors import AegisError, CommandError
 from aegis.parse import parse_request_lenient
 from aegis.schema import Frozen, PlanRequest
 from aegis.supervise.commands import COMMAND_NAMES, parse_command
+from pydantic import Field
 
-__all__ = ["ToolCall", "Understanding", "understand", "carry_over", "HELP"]
+__all__ = ["HELP", "ToolCall", "Understanding", "carry_over", "understand"]
 
 HELP = (
     "I plan fine-tunes and steer training runs. Try:\n"
@@ -39,17 +38,27 @@ HELP = (
 _CARRIED = ("model", "method", "gpu", "dataset")
 """Fields a follow-up naming a different model keeps from the previous request."""
 
-_START = re.compile(r"^\s*(?:please\s+)?(?:start|launch|kick\s+off|begin|run)\b.*\b(?:run|training|train|job|it|this)\b"
-                    r"|^\s*(?:train|run)\s+(?:it|this|that)\b", re.I)
-_STATUS = re.compile(r"\bstatus\b|\bhow(?:'s| is) (?:the |my )?(?:run|training)\b|\bprogress\b", re.I)
-_COMPARE = re.compile(r"\bcompare\b|\bwhich gpus?\b|\bwhat gpus?\b.*\bfit|\bcheapest\b", re.I)
-_MODELS = re.compile(r"^\s*(?:list|show|which|what)\b.*\bmodels\b|^\s*models\s*\??\s*$", re.I)
-_GPUS = re.compile(r"^\s*(?:list|show)\b.*\bgpus\b|^\s*gpus\s*\??\s*$", re.I)
-_EXPLAIN = re.compile(r"^\s*(?:explain|why\s+(?:is|are|does|do)|what\s+(?:is|are)|what's|tell me about|break down)\s+(.+)$", re.I)
-_HELP = re.compile(r"^\s*(?:help|hi|hello|hey|\?|what can you do\??)\s*[!.?]*\s*$", re.I)
+_START = re.compile(
+    r"^\s*(?:please\s+)?(?:start|launch|kick\s+off|begin|run)\b.*\b(?:run|training|train|job|it|this)\b"
+    r"|^\s*(?:train|run)\s+(?:it|this|that)\b",
+    re.IGNORECASE,
+)
+_STATUS = re.compile(r"\bstatus\b|\bhow(?:'s| is) (?:the |my )?(?:run|training)\b|\bprogress\b", re.IGNORECASE)
+_COMPARE = re.compile(r"\bcompare\b|\bwhich gpus?\b|\bwhat gpus?\b.*\bfit|\bcheapest\b", re.IGNORECASE)
+_MODELS = re.compile(r"^\s*(?:list|show|which|what)\b.*\bmodels\b|^\s*models\s*\??\s*$", re.IGNORECASE)
+_GPUS = re.compile(r"^\s*(?:list|show)\b.*\bgpus\b|^\s*gpus\s*\??\s*$", re.IGNORECASE)
+_EXPLAIN = re.compile(
+    r"^\s*(?:explain|why\s+(?:is|are|does|do)|what\s+(?:is|are)|what's|tell me about|break down)\s+(.+)$", re.IGNORECASE
+)
+_HELP = re.compile(r"^\s*(?:help|hi|hello|hey|\?|what can you do\??)\s*[!.?]*\s*$", re.IGNORECASE)
 _RUN_ID = re.compile(r"\b((?:run|demo|chat|slack)-[\w-]+)\b")
-_GPU_WORD = re.compile(r"\b(?:on|about|with|to|try)\s+(?:an?\s+|the\s+|\d+\s*x\s*)?([a-z]*-?\d{3,4}[a-z0-9-]*)\b", re.I)
-_FILLER = re.compile(r"\b(?:the|a|an|of|for|this|that|my|so|big|large|much|memory|component|line|figure|number|here|it|its)\b|[?.!]", re.I)
+_GPU_WORD = re.compile(
+    r"\b(?:on|about|with|to|try)\s+(?:an?\s+|the\s+|\d+\s*x\s*)?([a-z]*-?\d{3,4}[a-z0-9-]*)\b", re.IGNORECASE
+)
+_FILLER = re.compile(
+    r"\b(?:the|a|an|of|for|this|that|my|so|big|large|much|memory|component|line|figure|number|here|it|its)\b|[?.!]",
+    re.IGNORECASE,
+)
 
 
 class ToolCall(Frozen):
@@ -73,8 +82,10 @@ def carry_over(previous: PlanRequest | None, new: PlanRequest) -> PlanRequest:
         return new
     base = previous
     if new.model and new.model != previous.model:
-        base = PlanRequest(**{k: getattr(previous, k) for k in _CARRIED if getattr(previous, k) is not None},
-                           gpu_count=previous.gpu_count)
+        base = PlanRequest(
+            **{k: getattr(previous, k) for k in _CARRIED if getattr(previous, k) is not None},
+            gpu_count=previous.gpu_count,
+        )
     if new.gpu and new.gpu != base.gpu and new.gpu_count is None:
         base = base.model_copy(update={"gpu_count": None})  # "on a 4090 instead" of "2x a100": one 4090
     return base.merged(new)
@@ -97,7 +108,9 @@ def _command(text: str, run_id: str | None) -> Understanding | None:
         cmd = parse_command(text)
     except CommandError as err:
         return Understanding(reply=f"That command is malformed: {err}", source="rules")
-    return Understanding(call=ToolCall(name="send_run_command", args={"command": cmd.text, "run_id": run_id}), source="rules")
+    return Understanding(
+        call=ToolCall(name="send_run_command", args={"command": cmd.text, "run_id": run_id}), source="rules"
+    )
 
 
 def understand(
@@ -117,8 +130,10 @@ def understand(
     if cmd is not None:
         return cmd
     if _START.search(text):
-        return Understanding(call=ToolCall(name="start_run", args={"request": _request_args(request) if request else None}),
-                             source="rules")
+        return Understanding(
+            call=ToolCall(name="start_run", args={"request": _request_args(request) if request else None}),
+            source="rules",
+        )
     if _STATUS.search(text):
         return Understanding(call=ToolCall(name="run_status", args={"run_id": run}), source="rules")
     parsed = parse_request_lenient(text)
@@ -133,8 +148,13 @@ def understand(
     if explain and not parsed.request.model_dump(exclude_none=True):
         phrase = " ".join(_FILLER.sub(" ", explain.group(1)).split())
         if phrase:
-            return Understanding(call=ToolCall(name="explain_memory_component", args={
-                "component": phrase, "request": _request_args(request) if request else None}), source="rules")
+            return Understanding(
+                call=ToolCall(
+                    name="explain_memory_component",
+                    args={"component": phrase, "request": _request_args(request) if request else None},
+                ),
+                source="rules",
+            )
     if parsed.request.model_dump(exclude_none=True) and not parsed.issues:
         return _plan(carry_over(request, parsed.request), "parser")
     if extractor is not None:

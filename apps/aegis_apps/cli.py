@@ -10,15 +10,16 @@ Gradio and slack-bolt are imported only when a command runs.
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
-
 from aegis.errors import AegisError
 
-__all__ = ["chat", "slack", "app"]
+__all__ = ["app", "chat", "slack"]
 
-RunsDirOpt = Annotated[Optional[str], typer.Option("--runs-dir", help="Folder of run folders (default: $AEGIS_RUNS_DIR or runs).")]
+RunsDirOpt = Annotated[
+    str | None, typer.Option("--runs-dir", help="Folder of run folders (default: $AEGIS_RUNS_DIR or runs).")
+]
 
 
 def _fail(err: AegisError) -> None:
@@ -28,7 +29,7 @@ def _fail(err: AegisError) -> None:
 
 def chat(
     host: Annotated[str, typer.Option(help="Interface to bind (127.0.0.1: this machine only).")] = "127.0.0.1",
-    port: Annotated[Optional[int], typer.Option(help="Port (default: Gradio's, 7860 or the next free one).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: Gradio's, 7860 or the next free one).")] = None,
     share: Annotated[bool, typer.Option("--share", help="Also open a public gradio.live share link.")] = False,
     runs_dir: RunsDirOpt = None,
 ) -> None:
@@ -49,8 +50,12 @@ def chat(
 
 
 def slack(
-    http: Annotated[bool, typer.Option("--http", help="Serve Slack's HTTP request URL instead of Socket Mode.")] = False,
-    host: Annotated[str, typer.Option(help="HTTP mode: interface to bind (put an HTTPS proxy in front).")] = "127.0.0.1",
+    http: Annotated[
+        bool, typer.Option("--http", help="Serve Slack's HTTP request URL instead of Socket Mode.")
+    ] = False,
+    host: Annotated[
+        str, typer.Option(help="HTTP mode: interface to bind (put an HTTPS proxy in front).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="HTTP mode: port.")] = 3000,
     runs_dir: RunsDirOpt = None,
 ) -> None:

@@ -17,10 +17,9 @@ import os
 from typing import Any
 
 from aegis.schema import PlanReport
-
 from aegis_agent import ChatAgent, status_markdown
 
-__all__ = ["build_ui", "launch", "memory_frame", "loss_frame", "command_buttons", "MAX_COMMAND_BUTTONS"]
+__all__ = ["MAX_COMMAND_BUTTONS", "build_ui", "command_buttons", "launch", "loss_frame", "memory_frame"]
 
 MAX_COMMAND_BUTTONS = 5
 """Buttons in the run panel: the paused run's suggested commands (the supervisor's list) plus the suspects' blacklist."""
@@ -55,8 +54,10 @@ def _memory_caption(report: PlanReport | None) -> str:
         return f"**Does not fit.** {report.nothing_fits}"
     from aegis.report.format import format_bytes
 
-    return (f"**Memory total: {format_bytes(tier.memory.total_bytes)}** predicted ({tier.name}) of "
-            f"{format_bytes(report.usable_bytes, 1)} usable on the {report.gpu.name}")
+    return (
+        f"**Memory total: {format_bytes(tier.memory.total_bytes)}** predicted ({tier.name}) of "
+        f"{format_bytes(report.usable_bytes, 1)} usable on the {report.gpu.name}"
+    )
 
 
 def loss_frame(losses: tuple[float, ...] | list[float], last_step: int) -> Any:
@@ -67,8 +68,9 @@ def loss_frame(losses: tuple[float, ...] | list[float], last_step: int) -> Any:
 
     n = len(losses)
     points = [(last_step - n + 1 + i, v) for i, v in enumerate(losses) if math.isfinite(v)]
-    return pd.DataFrame({"step": pd.Series([p[0] for p in points], dtype=int),
-                         "loss": pd.Series([p[1] for p in points], dtype=float)})
+    return pd.DataFrame(
+        {"step": pd.Series([p[0] for p in points], dtype=int), "loss": pd.Series([p[1] for p in points], dtype=float)}
+    )
 
 
 def command_buttons(suggested: tuple[str, ...], suspects: tuple[str, ...]) -> list[str]:
@@ -108,9 +110,14 @@ def build_ui(agent: ChatAgent, *, refresh_s: float = 1.0) -> Any:
         details, commands = "", []
         if st.pending_reason:
             notice = agent.runs.notice(run_id, "paused")
-            details = "\n".join(x for x in (
-                f"**Anomaly:** {notice.anomaly}" if notice.anomaly else "",
-                f"**Diagnosis:** {notice.diagnosis}" if notice.diagnosis else "") if x)
+            details = "\n".join(
+                x
+                for x in (
+                    f"**Anomaly:** {notice.anomaly}" if notice.anomaly else "",
+                    f"**Diagnosis:** {notice.diagnosis}" if notice.diagnosis else "",
+                )
+                if x
+            )
             commands = command_buttons(st.suggested_actions, notice.suspected_samples)
         elif st.last_anomaly:
             details = f"**Last anomaly:** {st.last_anomaly}"
@@ -127,15 +134,29 @@ def build_ui(agent: ChatAgent, *, refresh_s: float = 1.0) -> Any:
             with gr.Column(scale=5):
                 chat = gr.Chatbot(label="Aegis", height=640, elem_id="aegis-chat")
                 with gr.Row():
-                    box = gr.Textbox(placeholder="qlora llama-3.1-8b on 3090", show_label=False, scale=5,
-                                     elem_id="aegis-input", submit_btn=True)
+                    box = gr.Textbox(
+                        placeholder="qlora llama-3.1-8b on 3090",
+                        show_label=False,
+                        scale=5,
+                        elem_id="aegis-input",
+                        submit_btn=True,
+                    )
             with gr.Column(scale=3):
                 caption = gr.Markdown(_memory_caption(None), elem_id="aegis-memory-total")
-                chart = gr.BarPlot(memory_frame(None), x="component", y="GB", title="Memory breakdown (GB)",
-                                   sort="-y", height=300, elem_id="aegis-memory-chart")
+                chart = gr.BarPlot(
+                    memory_frame(None),
+                    x="component",
+                    y="GB",
+                    title="Memory breakdown (GB)",
+                    sort="-y",
+                    height=300,
+                    elem_id="aegis-memory-chart",
+                )
                 gr.Markdown("#### Run")
                 run_status = gr.Markdown(elem_id="aegis-run-status")
-                loss = gr.LinePlot(loss_frame((), 0), x="step", y="loss", title="Loss", height=220, elem_id="aegis-loss")
+                loss = gr.LinePlot(
+                    loss_frame((), 0), x="step", y="loss", title="Loss", height=220, elem_id="aegis-loss"
+                )
                 details = gr.Markdown(elem_id="aegis-run-details")
                 with gr.Row():
                     buttons = [gr.Button(visible=False, size="sm") for _ in range(MAX_COMMAND_BUTTONS)]
@@ -148,9 +169,11 @@ def build_ui(agent: ChatAgent, *, refresh_s: float = 1.0) -> Any:
     return demo
 
 
-def launch(demo: Any, *, host: str = "127.0.0.1", port: int | None = None, share: bool = False,
-           block: bool = True) -> Any:
+def launch(
+    demo: Any, *, host: str = "127.0.0.1", port: int | None = None, share: bool = False, block: bool = True
+) -> Any:
     """Serve the app (127.0.0.1, no share link unless ``share``); with ``block=False`` returns at once."""
     _gradio()
-    return demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=not block,
-                       show_error=True, quiet=not block)
+    return demo.launch(
+        server_name=host, server_port=port, share=share, prevent_thread_lock=not block, show_error=True, quiet=not block
+    )

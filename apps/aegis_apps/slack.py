@@ -30,14 +30,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
-
 from aegis.errors import AegisError
 from aegis.schema import Frozen, PlanRequest
-
 from aegis_agent import ChatAgent, RunNotice, understand
+from pydantic import Field
 
-__all__ = ["SlackSettings", "SlackBot", "RUN_TOOLS", "interrupt_blocks"]
+__all__ = ["RUN_TOOLS", "SlackBot", "SlackSettings", "interrupt_blocks"]
 
 RUN_TOOLS = frozenset({"start_run", "send_run_command"})
 """Agent tools that change a run: allow-listed users in allow-listed channels only."""
@@ -56,19 +54,22 @@ class SlackSettings(Frozen):
 
     bot_token: str = Field(repr=False, description="xoxb- bot token (SLACK_BOT_TOKEN).")
     signing_secret: str = Field(repr=False, description="Request signing secret (SLACK_SIGNING_SECRET).")
-    app_token: str | None = Field(default=None, repr=False, description="xapp- token for Socket Mode (SLACK_APP_TOKEN).")
+    app_token: str | None = Field(
+        default=None, repr=False, description="xapp- token for Socket Mode (SLACK_APP_TOKEN)."
+    )
     allowed_users: tuple[str, ...] = Field(default=(), description="User ids that may control runs.")
     allowed_channels: tuple[str, ...] = Field(default=(), description="Channel ids where runs may be controlled.")
     channel: str | None = Field(default=None, description="Channel for run notices (default: where the run started).")
 
     @classmethod
-    def from_env(cls) -> "SlackSettings":
+    def from_env(cls) -> SlackSettings:
         env = os.environ
         missing = [k for k in ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET") if not env.get(k)]
         if missing:
             raise AegisError(f"set {' and '.join(missing)} (from your Slack app's settings) to run `aegis slack`")
         return cls(
-            bot_token=env["SLACK_BOT_TOKEN"], signing_secret=env["SLACK_SIGNING_SECRET"],
+            bot_token=env["SLACK_BOT_TOKEN"],
+            signing_secret=env["SLACK_SIGNING_SECRET"],
             app_token=env.get("SLACK_APP_TOKEN") or None,
             allowed_users=_split(env.get("AEGIS_SLACK_ALLOWED_USERS")),
             allowed_channels=_split(env.get("AEGIS_SLACK_ALLOWED_CHANNELS")),
@@ -78,7 +79,9 @@ class SlackSettings(Frozen):
 
 def _button(label: str, run_id: str, command: str, key: str, style: str | None = None) -> dict[str, Any]:
     button: dict[str, Any] = {
-        "type": "button", "action_id": f"run_command_{key}", "text": {"type": "plain_text", "text": label[:75]},
+        "type": "button",
+        "action_id": f"run_command_{key}",
+        "text": {"type": "plain_text", "text": label[:75]},
         "value": json.dumps({"run_id": run_id, "command": command}),
     }
     if style:
@@ -95,7 +98,9 @@ def _lower_lr(notice: RunNotice) -> str | None:
 
 def interrupt_blocks(notice: RunNotice) -> list[dict[str, Any]]:
     """Block Kit for a run waiting for a human: why, the diagnosis, and one button per useful command."""
-    lines = [f":double_vertical_bar: *Run `{notice.run_id}` paused at step {notice.step}*: {notice.reason or 'needs you'}"]
+    lines = [
+        f":double_vertical_bar: *Run `{notice.run_id}` paused at step {notice.step}*: {notice.reason or 'needs you'}"
+    ]
     if notice.anomaly:
         lines.append(f"*Anomaly:* {notice.anomaly}")
     if notice.diagnosis:
@@ -111,16 +116,30 @@ def interrupt_blocks(notice: RunNotice) -> list[dict[str, Any]]:
     return [
         {"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)[:3000]}},
         {"type": "actions", "elements": buttons},
-        {"type": "context", "elements": [{"type": "mrkdwn", "text":
-            "Or reply in this thread: `set_lr 1e-5`, `blacklist_samples 12 40`, `skip_batch`, `resume`, `stop`, `status`"}]},
+        {
+            "type": "context",
+            "elements": [
+                {
+                    "type": "mrkdwn",
+                    "text": "Or reply in this thread: `set_lr 1e-5`, `blacklist_samples 12 40`, `skip_batch`, `resume`, `stop`, `status`",
+                }
+            ],
+        },
     ]
 
 
 class SlackBot:
     """A bolt `App` wired to a `ChatAgent` and its `RunManager`."""
 
-    def __init__(self, settings: SlackSettings, agent: ChatAgent, *, client: Any = None,
-                 token_verification_enabled: bool = True, process_before_response: bool = True) -> None:
+    def __init__(
+        self,
+        settings: SlackSettings,
+        agent: ChatAgent,
+        *,
+        client: Any = None,
+        token_verification_enabled: bool = True,
+        process_before_response: bool = True,
+    ) -> None:
         """``process_before_response=False`` acks at once and handles in a thread (long servers); True
         answers after handling (serverless, and deterministic tests)."""
         from slack_bolt import App
@@ -128,8 +147,13 @@ class SlackBot:
         self.settings = settings
         self.agent = agent
         self.runs = agent.runs
-        self.app = App(token=settings.bot_token if client is None else None, signing_secret=settings.signing_secret, client=client,
-                       process_before_response=process_before_response, token_verification_enabled=token_verification_enabled)
+        self.app = App(
+            token=settings.bot_token if client is None else None,
+            signing_secret=settings.signing_secret,
+            client=client,
+            process_before_response=process_before_response,
+            token_verification_enabled=token_verification_enabled,
+        )
         self._threads_path = Path(self.runs.settings.runs_dir) / _THREADS_FILE
         self._threads: dict[str, dict[str, str]] = self._load_threads()
         self._run_channels: dict[str, str] = {v["run_id"]: v["channel"] for v in self._threads.values()}
@@ -164,19 +188,25 @@ class SlackBot:
 
     def may_control(self, user: str | None, channel: str | None) -> bool:
         """True for an allow-listed user in an allow-listed channel."""
-        return bool(user and channel and user in self.settings.allowed_users and channel in self.settings.allowed_channels)
+        return bool(
+            user and channel and user in self.settings.allowed_users and channel in self.settings.allowed_channels
+        )
 
     def _refuse(self, client: Any, channel: str, user: str, thread_ts: str | None = None) -> None:
-        client.chat_postEphemeral(channel=channel, user=user, thread_ts=thread_ts,
-                                  text="Sorry, only allow-listed users in allow-listed channels may start or steer runs. "
-                                       "Ask an admin to add you to AEGIS_SLACK_ALLOWED_USERS.")
+        client.chat_postEphemeral(
+            channel=channel,
+            user=user,
+            thread_ts=thread_ts,
+            text="Sorry, only allow-listed users in allow-listed channels may start or steer runs. "
+            "Ask an admin to add you to AEGIS_SLACK_ALLOWED_USERS.",
+        )
 
     # ------------------------------------------------------------------ handlers
 
     def _on_slash(self, ack: Any, command: dict[str, Any], client: Any, respond: Any) -> None:
         ack()
         text = (command.get("text") or "").strip()
-        text = re.sub(r"^plan\b\s*", "", text, flags=re.I)
+        text = re.sub(r"^plan\b\s*", "", text, flags=re.IGNORECASE)
         user, channel = command.get("user_id"), command.get("channel_id")
         thread_id = f"slack-{channel}-{user}"
         view = self.agent.conversation(thread_id)
@@ -189,7 +219,9 @@ class SlackBot:
             from aegis.report import render_blocks
             from aegis.report.markdown import verdict_line
 
-            self._post(client, respond, channel=channel, text=verdict_line(reply.report), blocks=render_blocks(reply.report))
+            self._post(
+                client, respond, channel=channel, text=verdict_line(reply.report), blocks=render_blocks(reply.report)
+            )
             return
         resp = self._post(client, respond, channel=channel, text=_mrkdwn(reply.text)[:3900])
         if resp is not None and reply.run_id and any(c.name == "start_run" for c in reply.tool_calls):
@@ -222,9 +254,13 @@ class SlackBot:
         except (AegisError, ValueError) as err:
             client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=f"The run did not start: {err}")
             return
-        resp = client.chat_postMessage(channel=self.settings.channel or channel, text=(
-            f":rocket: <@{user}> started run `{status.run_id}` ({status.total_steps} steps). "
-            "I will post here when it needs you; reply in this thread with commands."))
+        resp = client.chat_postMessage(
+            channel=self.settings.channel or channel,
+            text=(
+                f":rocket: <@{user}> started run `{status.run_id}` ({status.total_steps} steps). "
+                "I will post here when it needs you; reply in this thread with commands."
+            ),
+        )
         self._remember_thread(resp["channel"], resp["ts"], status.run_id)
 
     def _on_command_button(self, ack: Any, body: dict[str, Any], client: Any) -> None:
@@ -273,12 +309,15 @@ class SlackBot:
             return
         client = self.app.client
         if notice.kind == "paused":
-            resp = client.chat_postMessage(channel=channel, text=f"Run {notice.run_id} paused: {notice.reason}",
-                                           blocks=interrupt_blocks(notice))
+            resp = client.chat_postMessage(
+                channel=channel, text=f"Run {notice.run_id} paused: {notice.reason}", blocks=interrupt_blocks(notice)
+            )
             self._remember_thread(channel, resp["ts"], notice.run_id)
             return
         detail = f": {notice.reason}" if notice.reason else ""
-        client.chat_postMessage(channel=channel, text=f"Run `{notice.run_id}` {notice.kind} at step {notice.step}{detail}")
+        client.chat_postMessage(
+            channel=channel, text=f"Run `{notice.run_id}` {notice.kind} at step {notice.step}{detail}"
+        )
 
     # ------------------------------------------------------------------ serving
 
@@ -299,7 +338,7 @@ class SlackBot:
         app = self.app
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 if self.path.split("?")[0] != path:
                     self.send_error(404)
                     return
@@ -323,4 +362,4 @@ class SlackBot:
 def _mrkdwn(markdown: str) -> str:
     """Chat Markdown → Slack mrkdwn (bold, headings); tables stay as text."""
     text = re.sub(r"\*\*(.+?)\*\*", r"*\1*", markdown)
-    return re.sub(r"^#{1,6}\s*(.+)$", r"*\1*", text, flags=re.M)
+    return re.sub(r"^#{1,6}\s*(.+)$", r"*\1*", text, flags=re.MULTILINE)

@@ -31,7 +31,11 @@ def enable_compile_cache(config: Any) -> Path:
     import jax
 
     provider = getattr(config, "cache", None)
-    cache = Path(str(provider.mkdir("aegis-jax-compile"))) if provider else Path(tempfile.gettempdir()) / "aegis-jax-compile"
+    cache = (
+        Path(str(provider.mkdir("aegis-jax-compile")))
+        if provider
+        else Path(tempfile.gettempdir()) / "aegis-jax-compile"
+    )
     jax.config.update("jax_compilation_cache_dir", str(cache))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     return cache

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import importlib
 
-import pytest
-
 import aegis_agent
+import pytest
 from aegis_agent import AgentSettings
 
 
@@ -28,4 +27,3 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     assert s.tiers == "template"  # the bundled demo trains its own config
     assert AgentSettings.from_env(runs_dir="elsewhere", run_template="t.yaml").tiers == "plan"
     assert "llm_api_key" not in repr(AgentSettings(llm_api_key="secret"))
-

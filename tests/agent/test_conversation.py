@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from aegis.supervise import Supervisor
 from aegis_agent import AgentSettings, ChatAgent, RunManager
 
@@ -64,7 +63,9 @@ def test_scripted_conversation(tmp_path: Path, fast_template: Path, jax_compile_
     reply, calls = say("status")
     assert calls == [("run_status", {"run_id": run_id})] and "completed" in reply.text
 
-    applied = [e.data.get("command") for e in Supervisor(settings.runs_dir).events(run_id) if e.kind == "command_applied"]
+    applied = [
+        e.data.get("command") for e in Supervisor(settings.runs_dir).events(run_id) if e.kind == "command_applied"
+    ]
     assert applied[:3] == ["interrupt", "set_lr 1e-05", "resume"]
     assert [n.kind for n in notices if n.run_id == run_id][:1] == ["paused"] and notices[-1].kind == "completed"
     agent.close()

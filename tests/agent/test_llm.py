@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from aegis.schema import PlanRequest
+from aegis_agent import AgentSettings, ChatAgent, RequestExtractor, understand
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
-
-from aegis_agent import AgentSettings, ChatAgent, RequestExtractor, understand
-from aegis.schema import PlanRequest
 
 FREE_FORM = "I'd like to teach a small qwen to write SQL on my gaming card"
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import aegis
+import pytest
 from aegis.report import render_markdown
 from aegis_agent import TOOL_NAMES, AegisToolkit, AgentSettings, RunManager, explain_component
 
@@ -36,8 +35,11 @@ def test_plan_tool_renders_the_sdk_markdown(toolkit: AegisToolkit) -> None:
     content, artifact = _call(toolkit, "plan_finetune", {"model": "llama-3.1-8b", "method": "qlora", "gpu": "3090"})
     report = aegis.plan("qlora llama-3.1-8b on 3090")
     assert content == render_markdown(report)
-    assert artifact == {"request": report.request.model_dump(exclude_none=True), "fits": True,
-                        "total_bytes": report.recommended.memory.total_bytes}
+    assert artifact == {
+        "request": report.request.model_dump(exclude_none=True),
+        "fits": True,
+        "total_bytes": report.recommended.memory.total_bytes,
+    }
 
 
 @pytest.mark.parametrize(
@@ -56,7 +58,9 @@ def test_plan_failures_come_back_as_text(toolkit: AegisToolkit, args: dict, expe
 def test_nothing_fits_says_what_would(toolkit: AegisToolkit) -> None:
     content, artifact = _call(toolkit, "plan_finetune", {"model": "llama-3.1-70b", "method": "full", "gpu": "3090"})
     assert "Does not fit" in content and "What would fit" in content and artifact["fits"] is False
-    content, artifact = _call(toolkit, "start_run", {"request": {"model": "llama-3.1-70b", "method": "full", "gpu": "3090"}})
+    content, artifact = _call(
+        toolkit, "start_run", {"request": {"model": "llama-3.1-70b", "method": "full", "gpu": "3090"}}
+    )
     assert content.startswith("Nothing fits") and artifact == {"error": "nothing fits"}
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from aegis.parse import parse_request
 from aegis.schema import PlanRequest
 from aegis_agent.understand import carry_over, understand
@@ -35,10 +34,16 @@ def test_follow_ups_change_one_field_and_keep_the_rest(text: str, changed: dict)
 
 
 def test_a_new_model_keeps_method_gpu_dataset_but_not_tuning() -> None:
-    prev = PlanRequest(model="meta-llama/Llama-3.1-8B", method="qlora", gpu="rtx-3090", dataset="./d.jsonl", lora_rank=64)
+    prev = PlanRequest(
+        model="meta-llama/Llama-3.1-8B", method="qlora", gpu="rtx-3090", dataset="./d.jsonl", lora_rank=64
+    )
     new = carry_over(prev, parse_request("qwen2.5-7b"))
     assert new.model_dump(exclude_none=True) == {
-        "model": "Qwen/Qwen2.5-7B", "method": "qlora", "gpu": "rtx-3090", "dataset": "./d.jsonl"}
+        "model": "Qwen/Qwen2.5-7B",
+        "method": "qlora",
+        "gpu": "rtx-3090",
+        "dataset": "./d.jsonl",
+    }
 
 
 def test_switching_gpu_drops_a_count_not_said_again() -> None:
@@ -54,17 +59,27 @@ def test_switching_gpu_drops_a_count_not_said_again() -> None:
         ("blacklist_samples 12 40", "send_run_command", {"command": "blacklist_samples 12 40", "run_id": "run-1"}),
         ("resume", "send_run_command", {"command": "resume", "run_id": "run-1"}),
         ("interrupt", "send_run_command", {"command": "interrupt", "run_id": "run-1"}),
-        ("stop chat-20260101-000000-ab12", "send_run_command", {"command": "stop", "run_id": "chat-20260101-000000-ab12"}),
+        (
+            "stop chat-20260101-000000-ab12",
+            "send_run_command",
+            {"command": "stop", "run_id": "chat-20260101-000000-ab12"},
+        ),
         ("status", "run_status", {"run_id": "run-1"}),
         ("how is the run going?", "run_status", {"run_id": "run-1"}),
         ("start the run", "start_run", {"request": BASE.model_dump(exclude_none=True)}),
         ("compare gpus", "compare_gpus", BASE.model_dump(exclude_none=True)),
         ("list models", "list_models", {}),
         ("list gpus", "list_gpus", {}),
-        ("explain the optimizer states", "explain_memory_component",
-         {"component": "optimizer states", "request": BASE.model_dump(exclude_none=True)}),
-        ("why are the logits so big?", "explain_memory_component",
-         {"component": "logits", "request": BASE.model_dump(exclude_none=True)}),
+        (
+            "explain the optimizer states",
+            "explain_memory_component",
+            {"component": "optimizer states", "request": BASE.model_dump(exclude_none=True)},
+        ),
+        (
+            "why are the logits so big?",
+            "explain_memory_component",
+            {"component": "logits", "request": BASE.model_dump(exclude_none=True)},
+        ),
     ],
 )
 def test_intents(text: str, tool: str, args: dict) -> None:

@@ -14,7 +14,6 @@ import pytest
 
 from tests.agent._runs import enable_compile_cache, write_template
 
-
 NOT_IN_CHANNEL = "CNOTIN"
 """A channel the fake Slack refuses posts to, as Slack does where the bot was not invited."""
 
@@ -31,7 +30,7 @@ class FakeSlack:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
                 if "json" in (self.headers.get("Content-Type") or ""):
                     params = json.loads(raw or "{}")

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
-
 from aegis_apps.cli import app
+from typer.testing import CliRunner
 
 runner = CliRunner()
 

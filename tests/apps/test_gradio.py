@@ -6,9 +6,8 @@ import os
 import socket
 from pathlib import Path
 
-import pytest
-
 import aegis
+import pytest
 from aegis.report.format import format_bytes
 from aegis_agent import AgentSettings, ChatAgent, RunManager
 from aegis_apps.gradio_app import command_buttons, loss_frame, memory_frame
@@ -37,16 +36,19 @@ def test_loss_frame_and_buttons() -> None:
     frame = loss_frame((3.0, float("nan"), 2.0), last_step=12)
     assert list(frame["step"]) == [10, 12] and list(frame["loss"]) == [3.0, 2.0]
     assert command_buttons(("set_lr 0.0003", "resume", "stop"), ("toxic-0001",)) == [
-        "set_lr 0.0003", "blacklist_samples toxic-0001", "resume", "stop"]
+        "set_lr 0.0003",
+        "blacklist_samples toxic-0001",
+        "resume",
+        "stop",
+    ]
 
 
 @pytest.mark.browser
 def test_browser_plan_shows_total_chart_and_recommended_config(tmp_path: Path) -> None:
     if not CHROMIUM.exists():
         pytest.skip("/usr/bin/chromium is missing: `apt-get install -y chromium` (CI installs it)")
-    from playwright.sync_api import sync_playwright
-
     from aegis_apps.gradio_app import build_ui, launch
+    from playwright.sync_api import sync_playwright
 
     settings = AgentSettings(runs_dir=str(tmp_path / "runs"))
     agent = ChatAgent(settings, runs=RunManager(settings, compile_cache=False))
@@ -87,12 +89,13 @@ def test_browser_plan_shows_total_chart_and_recommended_config(tmp_path: Path) -
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_browser_run_panel_buttons_steer_a_paused_run(tmp_path: Path, fast_template: Path, jax_compile_cache: Path) -> None:
+def test_browser_run_panel_buttons_steer_a_paused_run(
+    tmp_path: Path, fast_template: Path, jax_compile_cache: Path
+) -> None:
     if not CHROMIUM.exists():
         pytest.skip("/usr/bin/chromium is missing: `apt-get install -y chromium` (CI installs it)")
-    from playwright.sync_api import expect, sync_playwright
-
     from aegis_apps.gradio_app import build_ui, launch
+    from playwright.sync_api import expect, sync_playwright
 
     settings = AgentSettings(runs_dir=str(tmp_path / "runs"), run_template=str(fast_template), run_tiers="template")
     runs = RunManager(settings, compile_cache=False)
@@ -107,8 +110,11 @@ def test_browser_run_panel_buttons_steer_a_paused_run(tmp_path: Path, fast_templ
             page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
             box = page.locator("#aegis-input textarea")
             chat = page.locator("#aegis-chat")
-            for text, answer in [("qlora llama-3.1-8b on 3090", "Fits."), ("start the run", "Started run"),
-                                 ("interrupt", "Sent interrupt")]:
+            for text, answer in [
+                ("qlora llama-3.1-8b on 3090", "Fits."),
+                ("start the run", "Started run"),
+                ("interrupt", "Sent interrupt"),
+            ]:
                 box.fill(text)
                 box.press("Enter")
                 chat.get_by_text(answer).first.wait_for(timeout=60_000)

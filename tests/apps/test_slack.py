@@ -9,16 +9,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-import pytest
-from slack_bolt.request import BoltRequest
-from slack_sdk import WebClient
-from slack_sdk.signature import SignatureVerifier
-
 import aegis
+import pytest
 from aegis.report.format import format_bytes
 from aegis.supervise.runs import open_run
 from aegis_agent import AgentSettings, ChatAgent, RunManager
 from aegis_apps.slack import SlackBot, SlackSettings
+from slack_bolt.request import BoltRequest
+from slack_sdk import WebClient
+from slack_sdk.signature import SignatureVerifier
 
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 ALLOWED, EVIL, CHANNEL = "UALLOW", "UEVIL", "CALLOW"
@@ -31,26 +30,59 @@ def signed(body: str, content_type: str, *, secret: str = SECRET, age_s: float =
     return BoltRequest(body=body, headers=headers)
 
 
-def slash(text: str, user: str = ALLOWED, channel: str = CHANNEL, response_url: str = "http://127.0.0.1:9/unused",
-          **kw: Any) -> BoltRequest:
-    body = urlencode({"command": "/aegis", "text": text, "user_id": user, "channel_id": channel, "team_id": "T1",
-                      "response_url": response_url, "trigger_id": "1.2.3"})
+def slash(
+    text: str, user: str = ALLOWED, channel: str = CHANNEL, response_url: str = "http://127.0.0.1:9/unused", **kw: Any
+) -> BoltRequest:
+    body = urlencode(
+        {
+            "command": "/aegis",
+            "text": text,
+            "user_id": user,
+            "channel_id": channel,
+            "team_id": "T1",
+            "response_url": response_url,
+            "trigger_id": "1.2.3",
+        }
+    )
     return signed(body, "application/x-www-form-urlencoded", **kw)
 
 
 def thread_reply(text: str, thread_ts: str, user: str = ALLOWED) -> BoltRequest:
-    event = {"type": "message", "text": text, "user": user, "channel": CHANNEL, "ts": f"{time.time():.6f}",
-             "thread_ts": thread_ts, "channel_type": "channel"}
-    body = json.dumps({"type": "event_callback", "team_id": "T1", "api_app_id": "A1", "event": event,
-                       "event_id": f"Ev{time.time_ns()}", "event_time": int(time.time())})
+    event = {
+        "type": "message",
+        "text": text,
+        "user": user,
+        "channel": CHANNEL,
+        "ts": f"{time.time():.6f}",
+        "thread_ts": thread_ts,
+        "channel_type": "channel",
+    }
+    body = json.dumps(
+        {
+            "type": "event_callback",
+            "team_id": "T1",
+            "api_app_id": "A1",
+            "event": event,
+            "event_id": f"Ev{time.time_ns()}",
+            "event_time": int(time.time()),
+        }
+    )
     return signed(body, "application/json")
 
 
 def click(action_id: str, value: str, user: str = ALLOWED, message_ts: str = "1.0") -> BoltRequest:
-    payload = {"type": "block_actions", "user": {"id": user}, "team": {"id": "T1"}, "api_app_id": "A1",
-               "channel": {"id": CHANNEL}, "message": {"ts": message_ts}, "container": {"type": "message"},
-               "trigger_id": "1.2.3", "response_url": "http://127.0.0.1:9/unused",
-               "actions": [{"action_id": action_id, "block_id": "b", "value": value, "type": "button"}]}
+    payload = {
+        "type": "block_actions",
+        "user": {"id": user},
+        "team": {"id": "T1"},
+        "api_app_id": "A1",
+        "channel": {"id": CHANNEL},
+        "message": {"ts": message_ts},
+        "container": {"type": "message"},
+        "trigger_id": "1.2.3",
+        "response_url": "http://127.0.0.1:9/unused",
+        "actions": [{"action_id": action_id, "block_id": "b", "value": value, "type": "button"}],
+    }
     return signed(urlencode({"payload": json.dumps(payload)}), "application/x-www-form-urlencoded")
 
 
@@ -62,8 +94,13 @@ def _texts(blocks: list[dict]) -> str:
 def bot_env(tmp_path: Path, fake_slack: Any, fast_template: Path):
     settings = AgentSettings(runs_dir=str(tmp_path / "runs"), run_template=str(fast_template), run_tiers="template")
     agent = ChatAgent(settings, runs=RunManager(settings, compile_cache=False))
-    slack = SlackSettings(bot_token="xoxb-test", signing_secret=SECRET, allowed_users=(ALLOWED,),
-                          allowed_channels=(CHANNEL,), channel=CHANNEL)
+    slack = SlackSettings(
+        bot_token="xoxb-test",
+        signing_secret=SECRET,
+        allowed_users=(ALLOWED,),
+        allowed_channels=(CHANNEL,),
+        channel=CHANNEL,
+    )
     bot = SlackBot(slack, agent, client=WebClient(token="xoxb-test", base_url=fake_slack.url))
     yield bot, fake_slack
     agent.runs.shutdown()
@@ -80,17 +117,26 @@ def test_plan_reply_is_block_kit_with_the_memory_total(bot_env) -> None:
     assert format_bytes(report.recommended.memory.total_bytes) in blocks
     assert "VRAM breakdown" in blocks and "Recommended" in blocks
     assert post["channel"] == CHANNEL
-    assert any(el.get("action_id") == "start_run" for b in post["blocks"] if b["type"] == "actions" for el in b["elements"])
+    assert any(
+        el.get("action_id") == "start_run" for b in post["blocks"] if b["type"] == "actions" for el in b["elements"]
+    )
 
     bot.app.dispatch(slash("on a 4090 instead"))  # a follow-up in the same channel/user conversation
     post = fake.wait_for(lambda p: "RTX 4090" in _texts(p.get("blocks", [])))
-    assert format_bytes(aegis.plan("qlora llama-3.1-8b on 4090").recommended.memory.total_bytes) in _texts(post["blocks"])
+    assert format_bytes(aegis.plan("qlora llama-3.1-8b on 4090").recommended.memory.total_bytes) in _texts(
+        post["blocks"]
+    )
 
 
 def test_channel_the_bot_is_not_in_gets_the_answer_through_response_url(bot_env) -> None:
     bot, fake = bot_env
     hook = fake.url.replace("/api/", "/hooks/response")
-    assert bot.app.dispatch(slash("plan qlora llama-3.1-8b on 3090", channel=fake.not_in_channel, response_url=hook)).status == 200
+    assert (
+        bot.app.dispatch(
+            slash("plan qlora llama-3.1-8b on 3090", channel=fake.not_in_channel, response_url=hook)
+        ).status
+        == 200
+    )
     answer = fake.wait_for(lambda p: "blocks" in p, method="response")
     assert answer["response_type"] == "in_channel" and "VRAM breakdown" in _texts(answer["blocks"])
 
@@ -203,16 +249,31 @@ def test_interrupt_blocks_offer_the_diagnosis_and_its_repairs() -> None:
     from aegis_agent import RunNotice
     from aegis_apps.slack import interrupt_blocks
 
-    notice = RunNotice(run_id="r1", kind="paused", step=57, reason="3 repairs without a clean window",
-                       anomaly="loss 9.1 > 4.2 (mean + 3 sigma)", diagnosis="outliers: suspects toxic-0001",
-                       suspected_samples=("toxic-0001", "toxic-0002"), suggested_actions=("set_lr 0.0003", "resume", "stop"),
-                       lr=3e-3)
+    notice = RunNotice(
+        run_id="r1",
+        kind="paused",
+        step=57,
+        reason="3 repairs without a clean window",
+        anomaly="loss 9.1 > 4.2 (mean + 3 sigma)",
+        diagnosis="outliers: suspects toxic-0001",
+        suspected_samples=("toxic-0001", "toxic-0002"),
+        suggested_actions=("set_lr 0.0003", "resume", "stop"),
+        lr=3e-3,
+    )
     blocks = interrupt_blocks(notice)
     text = blocks[0]["text"]["text"]
     assert "step 57" in text and "loss 9.1" in text and "suspects toxic-0001" in text
     commands = [json.loads(b["value"]) for b in blocks[1]["elements"]]
-    assert [c["command"] for c in commands] == ["resume", "set_lr 0.0003", "blacklist_samples toxic-0001 toxic-0002", "stop"]
+    assert [c["command"] for c in commands] == [
+        "resume",
+        "set_lr 0.0003",
+        "blacklist_samples toxic-0001 toxic-0002",
+        "stop",
+    ]
     assert {c["run_id"] for c in commands} == {"r1"}
     no_hint = notice.model_copy(update={"suggested_actions": (), "suspected_samples": ()})
     assert [json.loads(b["value"])["command"] for b in interrupt_blocks(no_hint)[1]["elements"]] == [
-        "resume", "set_lr 0.0003", "stop"]  # lower LR defaults to a tenth of the current LR
+        "resume",
+        "set_lr 0.0003",
+        "stop",
+    ]  # lower LR defaults to a tenth of the current LR

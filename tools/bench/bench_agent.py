@@ -32,8 +32,18 @@ FIRST = (
     "print(time.perf_counter() - t)"
 )
 GPUS = ("3090", "4090", "a100 40gb", "a100 80gb", "h100", "l40s", "a10g", "rtx 5090", "h200", "l4")
-FOLLOW_UPS = ("rank 32", "with 8-bit adam", "seq 2048", "rank 64", "effective batch 32", "on a 4090 instead",
-              "rank 8", "seq 512", "with paged 8-bit adam", "3 epochs")
+FOLLOW_UPS = (
+    "rank 32",
+    "with 8-bit adam",
+    "seq 2048",
+    "rank 64",
+    "effective batch 32",
+    "on a 4090 instead",
+    "rank 8",
+    "seq 512",
+    "with paged 8-bit adam",
+    "3 epochs",
+)
 
 
 def _first_reply(folder: str) -> float:
@@ -95,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, med, best, goal, ratio in rows:
         print(f"{name:<46} {med:>9.3f} {best:>8.3f} {goal:>7} {ratio:>9}")
     overhead = statistics.median(new_conv) / statistics.median(direct_new)
-    print(f"agent / direct planner (new request): {overhead:.2f}x; "
-          f"(follow-up): {statistics.median(follow) / statistics.median(direct_follow):.2f}x")
+    print(
+        f"agent / direct planner (new request): {overhead:.2f}x; "
+        f"(follow-up): {statistics.median(follow) / statistics.median(direct_follow):.2f}x"
+    )
     return 0
 
 
