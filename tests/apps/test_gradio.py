@@ -77,6 +77,7 @@ def test_browser_plan_shows_total_chart_and_recommended_config(tmp_path: Path) -
             assert f"{total} predicted" in chat_text
             assert f"micro batch {cfg.micro_batch_size} x grad accum {cfg.gradient_accumulation_steps}" in chat_text
             assert "RTX 3090" in chat_text
+            chat.get_by_role("heading", name="Aegis plan:").evaluate("e => e.scrollIntoView()")  # the verdict
             page.wait_for_timeout(1500)  # let vega draw the bars before the screenshot
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "gradio-chat.png"), full_page=True)
