@@ -159,12 +159,19 @@ def _benchmark_text(result) -> str:
 
 
 def _mount_run_commands() -> None:
-    """The supervisor's commands (run, resume, status, interrupt, command) live in aegis.supervise.cli."""
+    """The supervisor's commands (run, resume, status, interrupt, command) live in aegis.supervise.cli;
+    `chat` and `slack` in aegis_apps.cli."""
     try:
         from aegis.supervise.cli import register
     except ImportError:  # the supervisor's CLI module is optional in a planner-only install
         return
     register(app)
+    try:
+        from aegis_apps.cli import chat, slack
+    except ImportError:  # the chat and Slack front ends are installed with the `apps` extra
+        return
+    app.command("chat")(chat)
+    app.command("slack")(slack)
 
 
 _PLANNER_COMMANDS = frozenset({"plan", "compare", "models", "gpus", "benchmark"})
