@@ -22,13 +22,18 @@ TRAIN, HELD = split_examples(EXAMPLES, 0.15, seed=0)
 
 
 @pytest.fixture(scope="module")
-def trainer() -> Trainer:
+def trainer(tmp_path_factory) -> Trainer:
+    """One trainer (one compile) shared by the tests; its initial state is saved as ``trainer.initial``."""
     tc = TrainConfig(method="full", micro_batch_size=8, seq_len=64, precision="fp32")
     settings = OptimizerSettings(learning_rate=3e-3, warmup_steps=3, total_steps=200, weight_decay=0.01)
-    return Trainer(tiny_llama_config(), tc, TRAIN, eval_examples=HELD, optimizer=settings, seed=0)
+    tr = Trainer(tiny_llama_config(), tc, TRAIN, eval_examples=HELD, optimizer=settings, seed=0)
+    tr.initial = tr.save(tmp_path_factory.mktemp("initial") / "ckpt")
+    return tr
 
 
 def test_tiny_llama_loss_falls_on_the_toy_dataset(trainer):
+    trainer.restore(trainer.initial)  # tests may run in any order (xdist): start from step 0
+    assert trainer.step == 0
     before = trainer.eval()
     infos = list(trainer.train(40))
     after = trainer.eval()
@@ -51,7 +56,7 @@ def test_hooks_fire_on_their_interval(trainer):
 
 
 def test_lr_and_clip_are_live_and_do_not_recompile(trainer):
-    list(trainer.train(1))
+    list(trainer.train(4))  # past the 3 warmup steps, whatever ran before
     compiled = trainer._step._cache_size()
     (base,) = trainer.train(1)
     trainer.set_lr(trainer.lr / 10)
@@ -83,6 +88,7 @@ def test_blacklist_set_mid_window_applies_to_the_very_next_step(trainer):
 
 
 def test_domain_weights_change_the_mix_without_recompiling(trainer):
+    list(trainer.train(1))
     compiled = trainer._step._cache_size()
     trainer.set_domain_weights({"arithmetic": 1.0})
     domains = Counter(
