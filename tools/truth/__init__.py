@@ -8,4 +8,6 @@
 
     python -m tools.truth.build --only llama-3.1-8b      # regenerate rows
     python -m tools.truth.show                           # print the table
+    python -m tools.truth.explain meta-llama/Llama-3.2-1B --method lora -b 2 -s 1024
+                                                         # what is live at the peak, by op
 """

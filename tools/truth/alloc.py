@@ -11,11 +11,14 @@ trace be validated against a real run.
         tracker.phase("forward")
         loss = model(**batch).loss
         ...
-    tracker.phase_peaks["forward"], tracker.peak_bytes, tracker.peak_snapshot
+    tracker.phase_peaks["forward"], tracker.peak_bytes, tracker.peak_breakdown()
 
 At each new peak the set of live storages is remembered lazily (copied only when the
-first free after the peak happens), so `classify_peak()` can split the peak into
-parameters / gradients / optimizer state / other (activations and temporaries).
+first free after the peak happens), so `peak_breakdown()` can split the peak into the
+groups `groups_fn` names (parameters / gradients / optimizer state) and other
+(activations and temporaries). `groups_fn` is only called from dispatch, never from the
+weakref callbacks, which run while a tensor is being destroyed. With `record_origin` the
+op, phase, shape and dtype that allocated each storage are kept (see `explain.py`).
 """
 
 from __future__ import annotations
@@ -57,8 +60,14 @@ def storage_bytes_of(tensors: Iterable[torch.Tensor]) -> int:
 class LiveBytes(TorchDispatchMode):
     """Track live storage bytes, the overall peak, per-phase peaks and the peak's live set."""
 
-    def __init__(self, groups_fn: Callable[[], dict[str, set[int]]] | None = None) -> None:
+    def __init__(
+        self, groups_fn: Callable[[], dict[str, set[int]]] | None = None, *, record_origin: bool = False
+    ) -> None:
         super().__init__()
+        self.record_origin = record_origin
+        self.origin: dict[int, tuple[str, str, tuple[int, ...], str]] = {}
+        self.peak_origin: dict[int, tuple[str, str, tuple[int, ...], str]] = {}
+        self._op = "external"
         self.groups_fn = groups_fn
         self.peak_groups: dict[str, set[int]] = {}
         self._groups: dict[str, set[int]] = {}
@@ -95,6 +104,8 @@ class LiveBytes(TorchDispatchMode):
             return
         size = rounded_bytes(st.nbytes())
         self.live[key] = size
+        if self.record_origin:
+            self.origin[key] = (self.current_phase, self._op, tuple(t.shape), str(t.dtype).replace("torch.", ""))
         self._refs[key] = weakref.ref(st, lambda _r, k=key: self._free(k))
         self.total_bytes += size
         self._note_peak()
@@ -117,6 +128,7 @@ class LiveBytes(TorchDispatchMode):
             self._take_snapshot()
         del self.live[key]
         self._refs.pop(key, None)
+        self.origin.pop(key, None)
         self.total_bytes -= size
 
     def _refresh_groups(self) -> None:
@@ -130,6 +142,8 @@ class LiveBytes(TorchDispatchMode):
         # Pure-Python: may run inside a weakref callback.
         self.peak_snapshot = dict(self.live)
         self.peak_groups = self._groups
+        if self.record_origin:
+            self.peak_origin = dict(self.origin)
         self._snapshot_stale = False
 
     def phase(self, name: str) -> None:
@@ -159,6 +173,8 @@ class LiveBytes(TorchDispatchMode):
             # The op that raised the peak has returned and autograd has attached its
             # results (e.g. `.grad`): classify the live set as of now.
             self._refresh_groups()
+        if self.record_origin:
+            self._op = str(func.overloadpacket.__name__)
         out = func(*args, **(kwargs or {}))
         flat, _ = tree_flatten(out)
         for t in flat:

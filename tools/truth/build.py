@@ -46,7 +46,7 @@ def row_key(model_id: str, setup: TraceSetup) -> str:
     lora = f"|r{setup.lora_rank}a{setup.lora_alpha}|{','.join(setup.lora_targets)}" if setup.method != "full" else ""
     return (
         f"{model_id}|{setup.method}|{setup.precision}|{setup.optimizer}|b{setup.micro_batch_size}|s{setup.seq_len}"
-        f"|gc{int(setup.gradient_checkpointing)}|{setup.attention}{lora}"
+        f"|gc{int(setup.gradient_checkpointing)}|{setup.attention}{lora}{'|autocast' if setup.autocast else ''}"
     )
 
 
@@ -98,6 +98,7 @@ def trace_row(model_id: str, setup_json: str) -> dict[str, Any]:
         "seq_len": setup.seq_len,
         "gradient_checkpointing": setup.gradient_checkpointing,
         "attention": setup.attention,
+        "autocast": setup.autocast or (setup.method == "full" and setup.precision == "bf16_mixed"),
         "lora_rank": setup.lora_rank if lora else None,
         "lora_alpha": setup.lora_alpha if lora else None,
         "lora_targets": list(setup.lora_targets) if lora else None,
@@ -126,6 +127,8 @@ def load_table(path: Path = TABLE) -> dict[str, Any]:
 def write_table(rows: list[dict[str, Any]], path: Path = TABLE) -> None:
     """Write rows (sorted by model, method, size) atomically."""
     order = {"full": 0, "lora": 1, "qlora": 2}
+    for r in rows:  # rows traced before the autocast option existed ran without it, except bf16_mixed
+        r.setdefault("autocast", r["method"] == "full" and r["precision"] == "bf16_mixed")
     rows = sorted(
         rows,
         key=lambda r: (

@@ -35,6 +35,13 @@ class TraceSetup(BaseModel):
     seq_len: int = Field(ge=2, description="Tokens per sequence (unpadded).")
     gradient_checkpointing: bool = Field(default=False, description="Non-reentrant activation checkpointing.")
     attention: Literal["sdpa", "eager"] = Field(default="sdpa", description="transformers attn_implementation.")
+    autocast: bool = Field(
+        default=False,
+        description=(
+            "Run forward and loss under torch.autocast(bf16), as HF Trainer does with bf16=True. Implied by "
+            "precision='bf16_mixed'; for LoRA/QLoRA it casts the fp32 adapters' and upcast layers' matmuls to bf16."
+        ),
+    )
     lora_rank: int = Field(default=16, ge=1, description="LoRA r.")
     lora_alpha: int = Field(default=32, ge=1, description="LoRA alpha.")
     lora_targets: tuple[str, ...] = Field(default=DEFAULT_LORA_TARGETS, description="PEFT target_modules.")

@@ -25,7 +25,7 @@ def _gib(value: int) -> str:
 def format_rows(rows: list[dict[str, Any]], *, phases: bool = False) -> str:
     """The table as aligned text."""
     head = (
-        f"{'model':<28} {'method':<6} {'prec':<10} {'b':>2} {'seq':>5} {'gc':>2} {'attn':<5} {'lora_par':>10} "
+        f"{'model':<28} {'method':<6} {'prec':<10} {'opt':<7} {'ac':>2} {'b':>2} {'seq':>5} {'gc':>2} {'attn':<5} {'lora_par':>10} "
         f"{'peak':>8} {'phase':<9} | {'params':>8} {'grads':>8} {'optim':>8} {'other':>8}  (at peak)"
     )
     if phases:
@@ -34,7 +34,8 @@ def format_rows(rows: list[dict[str, Any]], *, phases: bool = False) -> str:
     for r in rows:
         b = r["peak_breakdown_bytes"]
         line = (
-            f"{r['model_id'][:28]:<28} {r['method']:<6} {r['precision']:<10} {r['micro_batch_size']:>2} "
+            f"{r['model_id'][:28]:<28} {r['method']:<6} {r['precision']:<10} {r['optimizer'][6:]:<7} "
+            f"{'y' if r.get('autocast') else 'n':>2} {r['micro_batch_size']:>2} "
             f"{r['seq_len']:>5} {'y' if r['gradient_checkpointing'] else 'n':>2} {r['attention']:<5} "
             f"{r['lora_param_count']:>10} {_gib(r['peak_bytes'])} {r['peak_phase']:<9} | "
             f"{_gib(b.get('params', 0))} {_gib(b.get('grads', 0))} {_gib(b.get('optimizer_state', 0))} "

@@ -9,8 +9,8 @@ forward with `labels=` (the model's own loss: logits upcast to fp32, cross-entro
 `loss.backward()`, `clip_grad_norm_(max_norm=1.0, foreach=True)`, `AdamW.step()`
 (lr 5e-5, weight decay 0.0, two param groups as `Trainer.create_optimizer` builds them,
 foreach=True as on CUDA, or fused=True), `zero_grad(set_to_none=True)`. Two steps, so the
-second runs with optimizer state allocated. `bf16_mixed` runs forward and loss under
-`torch.autocast("cpu", dtype=torch.bfloat16)` (HF's `bf16=True` on an fp32 model).
+second runs with optimizer state allocated. `bf16_mixed` (and `autocast=True`) runs forward
+and loss under `torch.autocast("cpu", dtype=torch.bfloat16)` (HF's `bf16=True`).
 
 `fake=True` (default) runs everything under `FakeTensorMode` on a fake CPU device: no real
 memory is used and an 8B model traces in seconds. `fake=False` runs the same code on real
@@ -64,7 +64,7 @@ def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
 
 
-def _run(config: dict[str, Any] | str, setup: TraceSetup) -> TraceResult:
+def _run(config: dict[str, Any] | str, setup: TraceSetup, record_origin: bool = False) -> tuple[TraceResult, LiveBytes]:
     start = time.perf_counter()
     holder: dict[str, Any] = {}
 
@@ -81,7 +81,7 @@ def _run(config: dict[str, Any] | str, setup: TraceSetup) -> TraceResult:
         out["optimizer_state"] = _storage_keys(_state_tensors(opt)) if opt is not None else set()
         return out
 
-    tracker = LiveBytes(groups_fn=groups)
+    tracker = LiveBytes(groups_fn=groups, record_origin=record_origin)
     with tracker:
         prepared = build_model(config, setup)
         model = prepared.model
@@ -106,7 +106,7 @@ def _run(config: dict[str, Any] | str, setup: TraceSetup) -> TraceResult:
 
         autocast = (
             torch.autocast("cpu", dtype=torch.bfloat16)
-            if setup.method == "full" and setup.precision == "bf16_mixed"
+            if setup.autocast or (setup.method == "full" and setup.precision == "bf16_mixed")
             else contextlib.nullcontext()
         )
         step_of_peak = 1
@@ -163,7 +163,7 @@ def _run(config: dict[str, Any] | str, setup: TraceSetup) -> TraceResult:
             seconds=round(time.perf_counter() - start, 2),
         )
         holder.clear()
-    return result
+    return result, tracker
 
 
 def _import_outside_modes(config: dict[str, Any] | str) -> None:
@@ -188,11 +188,19 @@ def trace_training(config: dict[str, Any] | str, setup: TraceSetup, *, fake: boo
 
     ``fake=True`` uses `FakeTensorMode` (no real memory); ``fake=False`` runs for real on CPU.
     """
+    return trace_with_tracker(config, setup, fake=fake)[0]
+
+
+def trace_with_tracker(
+    config: dict[str, Any] | str, setup: TraceSetup, *, fake: bool = True, record_origin: bool = False
+) -> tuple[TraceResult, LiveBytes]:
+    """`trace_training` that also returns the tracker (with the op that allocated each
+    storage live at the peak in ``tracker.peak_origin`` when ``record_origin``)."""
     _import_outside_modes(config)
     with unpadded_inputs():
         if not fake:
-            return _run(config, setup)
+            return _run(config, setup, record_origin)
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         with settable_fake_params(), fp32_grouped_mm(), FakeTensorMode(allow_non_fake_inputs=True):
-            return _run(config, setup)
+            return _run(config, setup, record_origin)
