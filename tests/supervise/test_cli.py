@@ -49,3 +49,24 @@ def test_demo_detects_diagnoses_and_repairs_in_under_two_minutes(tmp_path):
     assert cmd.exit_code == 2 and "completed" in cmd.output
     exported = json.loads((tmp_path / "runs" / "demo" / "blacklist.json").read_text())
     assert exported["blacklist"] == ["toxic-0001"]
+
+
+@pytest.mark.slow
+def test_run_from_a_plan_with_a_config_for_the_other_sections(tmp_path):
+    import aegis
+
+    report = aegis.plan("full llama-3.2-1b on h100", seq_len=64, precision="fp32")
+    (tmp_path / "plan.json").write_text(report.model_dump_json())
+    (tmp_path / "over.yaml").write_text(
+        "model: tiny-llama\ndata: toy\ntraining: {steps_per_window: 2, total_steps: 4, lr: 1.0e-3}\n"
+    )
+    runs = tmp_path / "runs"
+    result = runner.invoke(
+        app, ["run", "--plan", str(tmp_path / "plan.json"), "--config", str(tmp_path / "over.yaml"),
+              "--run-id", "planned", "--runs-dir", str(runs), "--quiet"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "completed run planned at step 4" in " ".join(result.output.split())
+    saved = json.loads((runs / "planned" / "config.json").read_text())
+    assert saved["train_config"] == report.recommended.config.model_dump(mode="json")
+    assert len(saved["fallbacks"]) == len(report.fallbacks)

@@ -64,3 +64,15 @@ def test_plan_supplies_config_and_fallback_chain(tmp_path):
     (tmp_path / "empty.json").write_text("{}")
     with pytest.raises(InvalidConfigError, match="recommended"):
         run_config_from_plan(tmp_path / "empty.json")
+
+
+def test_a_real_plan_report_becomes_a_run_config(tmp_path):
+    import aegis
+
+    report = aegis.plan("full llama-3.2-1b on h100", seq_len=64)
+    (tmp_path / "plan.json").write_text(report.model_dump_json())
+    cfg = run_config_from_plan(tmp_path / "plan.json", {"training": {"total_steps": 4}})
+    assert cfg.tiers[0] == report.recommended.config
+    assert list(cfg.tiers[1:]) == [t.config for t in report.fallbacks]
+    assert cfg.model["architectures"] == ["LlamaForCausalLM"] and cfg.model["num_hidden_layers"] == 16
+    assert cfg.training.total_steps == 4

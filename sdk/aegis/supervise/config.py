@@ -272,8 +272,10 @@ def load_run_config(path: str | Path) -> RunConfig:
 def run_config_from_plan(plan_path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
     """A RunConfig whose train config and fallback chain come from a plan JSON (`aegis plan --json`).
 
-    The plan must hold ``recommended`` (a TrainConfig, or an object with a ``config`` TrainConfig)
+    The plan must hold ``recommended`` (a TrainConfig, or a tier with a ``config`` TrainConfig)
     and optionally ``fallbacks`` (a list of the same); ``overrides`` supplies the other sections.
+    Without ``model``/``data`` overrides, the plan request's model (resolved to its config.json by
+    :func:`aegis.hub.resolve_model`) and dataset path are used.
     """
     p = Path(plan_path)
     try:
@@ -286,7 +288,16 @@ def run_config_from_plan(plan_path: str | Path, overrides: dict[str, Any] | None
 
     if not isinstance(plan, dict) or "recommended" not in plan:
         raise InvalidConfigError(f"plan {p} has no 'recommended' configuration; write it with `aegis plan --json`")
+    if plan["recommended"] is None:
+        raise InvalidConfigError(f"plan {p} has no configuration that fits (nothing_fits); re-plan with a larger GPU")
     data = dict(overrides or {})
+    request = plan.get("request") or {}
+    if "model" not in data and request.get("model"):
+        from aegis.hub import resolve_model
+
+        data["model"] = dict(resolve_model(request["model"]).config)
+    if "data" not in data and request.get("dataset"):
+        data["data"] = request["dataset"]
     data["train_config"] = as_config(plan["recommended"])
     data["fallbacks"] = [as_config(f) for f in plan.get("fallbacks", [])]
     return parse_run_config(data, str(p))
