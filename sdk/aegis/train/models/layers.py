@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from aegis.errors import UnsupportedArchitectureError
 from aegis.train.models.rope import apply_rope
 from aegis.train.models.spec import ArchSpec
-from aegis.train.nf4 import maybe_dequantize
+from aegis.train.nf4 import NF4Tensor, dequantize, maybe_dequantize
 
 __all__ = [
     "Ctx",
@@ -85,10 +85,25 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, gemma: bool = False
     return weight.astype(x.dtype) * normed.astype(x.dtype)
 
 
+def _nf4_matmul(x: jax.Array, w: NF4Tensor, dtype: Any) -> jax.Array:
+    return jnp.einsum("...i,oi->...o", x, dequantize(w, dtype))
+
+
+# Dequantise inside a rematerialised region: the backward pass recomputes the dense weight from the
+# NF4 codes instead of keeping every layer's dense copy alive as a residual (which would undo QLoRA).
+_nf4_matmul_remat = jax.checkpoint(_nf4_matmul, static_argnums=(2,))
+
+
+def _matmul(x: jax.Array, w: Any, dtype: Any) -> jax.Array:
+    """``x @ w.T`` for a dense or NF4 weight in HF layout ``[out, in]``."""
+    if isinstance(w, NF4Tensor):
+        return _nf4_matmul_remat(x, w, dtype)
+    return jnp.einsum("...i,oi->...o", x, w.astype(dtype))
+
+
 def linear(p: dict[str, Any], x: jax.Array, ctx: Ctx, lora: dict[str, Any] | None = None, name: str = "") -> jax.Array:
     """``x @ W.T + b`` with ``W`` in HF layout ``[out, in]`` (NF4 dequantised on the fly) plus a LoRA update."""
-    w = maybe_dequantize(p["weight"], ctx.dtype)
-    y = jnp.einsum("...i,oi->...o", x, w)
+    y = _matmul(x, p["weight"], ctx.dtype)
     if "bias" in p:
         y = y + p["bias"].astype(ctx.dtype)
     if lora:
@@ -192,6 +207,20 @@ def mlp_block(
     return linear(p["down_proj"], act(gate) * up, ctx, _sub(lora, "down_proj"), prefix + "down_proj")
 
 
+def _grouped(x: jax.Array, w: Any, group_sizes: jax.Array, dtype: Any) -> jax.Array:
+    return jax.lax.ragged_dot(x, jnp.swapaxes(maybe_dequantize(w, dtype), 1, 2), group_sizes)
+
+
+_grouped_remat = jax.checkpoint(_grouped, static_argnums=(3,))
+
+
+def _grouped_matmul(x: jax.Array, w: Any, group_sizes: jax.Array, dtype: Any) -> jax.Array:
+    """Rows of ``x`` (sorted by expert) times their expert's ``w[e].T``; NF4 experts dequantised in a remat region."""
+    if isinstance(w, NF4Tensor):
+        return _grouped_remat(x, w, group_sizes, dtype)
+    return _grouped(x, w, group_sizes, dtype)
+
+
 def moe_block(
     spec: ArchSpec, p: dict[str, Any], x: jax.Array, ctx: Ctx, lora: dict[str, Any] | None = None
 ) -> jax.Array:
@@ -214,12 +243,10 @@ def moe_block(
     token = order // m.top_k
     group_sizes = jnp.bincount(flat_e, length=m.num_experts).astype(jnp.int32)
     xs = xf[token]
-    gate_up = maybe_dequantize(p["experts"]["gate_up_proj"], ctx.dtype)  # [E, 2I, D]
-    down = maybe_dequantize(p["experts"]["down_proj"], ctx.dtype)  # [E, D, I]
-    h = jax.lax.ragged_dot(xs, jnp.swapaxes(gate_up, 1, 2), group_sizes)
+    h = _grouped_matmul(xs, p["experts"]["gate_up_proj"], group_sizes, ctx.dtype)  # experts [E, 2I, D]
     gate, up = jnp.split(h, 2, axis=-1)
     h = activation(spec.hidden_act)(gate) * up
-    out = jax.lax.ragged_dot(h, jnp.swapaxes(down, 1, 2), group_sizes)
+    out = _grouped_matmul(h, p["experts"]["down_proj"], group_sizes, ctx.dtype)  # experts [E, D, I]
     weights = top_w.reshape(-1)[order]
     out = (out.astype(jnp.float32) * weights[:, None]).astype(ctx.dtype)
     y = jnp.zeros((b * s, d), ctx.dtype).at[token].add(out)
