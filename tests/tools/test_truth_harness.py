@@ -1,0 +1,296 @@
+"""The memory truth harness: fake-tensor traces equal real CPU runs, and the table is sound.
+
+The validation runs the same two training steps twice on tiny models: once under
+`FakeTensorMode` (what the table uses at real sizes) and once for real on CPU, both tracked
+by the same dispatch mode. Peaks, per-phase peaks and the breakdown must be identical.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+pytest.importorskip("bitsandbytes")
+
+from tools.truth.alloc import LiveBytes, rounded_bytes  # noqa: E402
+from tools.truth.build import TABLE, config_path, row_key  # noqa: E402
+from tools.truth.explain import peak_allocations  # noqa: E402
+from tools.truth.model import load_config  # noqa: E402
+from tools.truth.setup import DEFAULT_LORA_TARGETS, TraceSetup  # noqa: E402
+from tools.truth.show import format_rows  # noqa: E402
+from tools.truth.trace import trace_training, trace_with_tracker  # noqa: E402
+
+TINY_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+}
+TINY_QWEN2 = {
+    "model_type": "qwen2",
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 300,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
+}
+TINY_MIXTRAL = {
+    "model_type": "mixtral",
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+}
+TINY_GEMMA3 = {
+    "model_type": "gemma3_text",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+    "vocab_size": 256,
+    "sliding_window": 16,
+    "max_position_embeddings": 512,
+}
+
+CASES = [
+    ("llama-full-bf16", TINY_LLAMA, {"method": "full"}),
+    ("llama-full-gc", TINY_LLAMA, {"method": "full", "gradient_checkpointing": True}),
+    ("llama-full-bf16-mixed", TINY_LLAMA, {"method": "full", "precision": "bf16_mixed"}),
+    ("llama-full-fused-adamw", TINY_LLAMA, {"method": "full", "optimizer": "adamw_fused"}),
+    ("llama-lora-eager", TINY_LLAMA, {"method": "lora", "attention": "eager"}),
+    ("qwen2-lora", TINY_QWEN2, {"method": "lora"}),
+    ("qwen2-qlora", TINY_QWEN2, {"method": "qlora"}),
+    ("qwen2-qlora-autocast", TINY_QWEN2, {"method": "qlora", "autocast": True}),
+    ("llama-qlora-gc", TINY_LLAMA, {"method": "qlora", "gradient_checkpointing": True}),
+    ("mixtral-lora", TINY_MIXTRAL, {"method": "lora"}),
+    ("gemma3-lora-sliding", TINY_GEMMA3, {"method": "lora"}),
+]
+
+
+def _trace(config, setup, fake):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return trace_training(config, setup, fake=fake)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("config", "overrides"), [(c, o) for _, c, o in CASES], ids=[n for n, _, _ in CASES])
+def test_fake_trace_equals_real_cpu_run(config, overrides):
+    setup = TraceSetup(micro_batch_size=2, seq_len=32, **overrides)
+    fake = _trace(config, setup, fake=True)
+    real = _trace(config, setup, fake=False)
+    assert fake.peak_bytes == real.peak_bytes
+    assert fake.peak_phase == real.peak_phase
+    assert fake.phase_peak_bytes == real.phase_peak_bytes
+    assert fake.peak_breakdown_bytes == real.peak_breakdown_bytes
+    assert fake.grad_bytes == real.grad_bytes
+    assert fake.optimizer_state_bytes == real.optimizer_state_bytes
+    assert fake.param_bytes_frozen == real.param_bytes_frozen
+    assert fake.param_bytes_trainable == real.param_bytes_trainable
+    assert fake.lora_param_count == real.lora_param_count
+    # The breakdown partitions the peak, and the peak is the largest phase peak.
+    assert sum(fake.peak_breakdown_bytes.values()) == fake.peak_bytes
+    assert fake.peak_bytes == max(fake.phase_peak_bytes.values())
+    assert fake.phase_peak_bytes[fake.peak_phase] == fake.peak_bytes
+
+
+def _per_tensor_bytes(shapes, itemsize):
+    return sum(rounded_bytes(math.prod(s) * itemsize) for s in shapes)
+
+
+def test_full_bf16_parameters_grads_and_adamw_states_match_the_formula():
+    cfg = TINY_LLAMA
+    h, i, layers, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    kv = h // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
+    layer = [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i), (h,), (h,)]
+    shapes = [(v, h), (v, h), (h,)] + layer * layers
+    result = _trace(cfg, TraceSetup(method="full", micro_batch_size=1, seq_len=16), fake=True)
+    weights = _per_tensor_bytes(shapes, 2)
+    assert result.param_bytes_trainable == weights
+    assert result.grad_bytes == weights
+    # exp_avg + exp_avg_sq in the parameter dtype (bf16) + one fp32 `step` scalar per parameter.
+    assert result.optimizer_state_bytes == 2 * weights + len(shapes) * rounded_bytes(4)
+    assert result.param_count_total == sum(math.prod(s) for s in shapes)
+
+
+def test_lora_parameter_count_matches_module_shapes_and_adapters_are_fp32():
+    cfg = TINY_QWEN2
+    h, i, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    kv = h // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
+    r = 8
+    dims = {"q": (h, h), "k": (h, kv), "v": (h, kv), "o": (h, h), "gate": (h, i), "up": (h, i), "down": (i, h)}
+    expected = layers * sum(r * (a + b) for a, b in dims.values())
+    setup = TraceSetup(method="lora", lora_rank=r, lora_alpha=16, micro_batch_size=1, seq_len=16)
+    result = _trace(cfg, setup, fake=True)
+    assert result.lora_param_count == expected
+    assert result.param_count_trainable == expected
+    assert result.lora_module_count == layers * len(DEFAULT_LORA_TARGETS)
+    adapter_shapes = [(r, a) for a, _ in dims.values()] + [(b, r) for _, b in dims.values()]
+    assert result.param_bytes_trainable == layers * _per_tensor_bytes(adapter_shapes, 4)
+
+
+def test_qlora_quantizes_every_linear_but_lm_head_and_upcasts_the_rest():
+    cfg = TINY_LLAMA
+    result = _trace(cfg, TraceSetup(method="qlora", micro_batch_size=1, seq_len=16), fake=True)
+    assert result.quantized_modules == 7 * cfg["num_hidden_layers"]
+    assert "lm_head.weight" in result.upcast_to_fp32
+    assert "embed_tokens.weight" in result.upcast_to_fp32
+    h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    kv = h // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
+    numels = [h * h, kv * h, kv * h, h * h, i * h, i * h, h * i] * cfg["num_hidden_layers"]
+
+    def nf4_bytes(n):
+        blocks = math.ceil(n / 64)
+        # packed 4-bit weight, uint8 absmax per 64-block, fp32 absmax per 256 of those,
+        # 16-entry NF4 code, 256-entry dynamic code, fp32 offset.
+        parts = [math.ceil(n / 2), blocks, math.ceil(blocks / 256) * 4, 16 * 4, 256 * 4, 4]
+        return sum(rounded_bytes(p) for p in parts)
+
+    unquantized_fp32 = _per_tensor_bytes([(v, h), (v, h), (h,)] + [(h,), (h,)] * cfg["num_hidden_layers"], 4)
+    assert result.param_bytes_frozen == sum(nf4_bytes(n) for n in numels) + unquantized_fp32
+
+
+def test_live_bytes_counts_storages_once_rounds_to_512_and_frees():
+    assert [rounded_bytes(n) for n in (0, 1, 512, 513, 4096)] == [0, 512, 512, 1024, 4096]
+    tracker = LiveBytes()
+    with tracker:
+        a = torch.empty(1000, dtype=torch.float32)  # 4000 B -> 4096
+        view = a[10:20]
+        b = a.view(10, 100)
+        assert tracker.total_bytes == 4096
+        c = torch.empty(3, dtype=torch.bfloat16)  # 6 B -> 512
+        assert tracker.total_bytes == 4608
+        del a, view, b
+        assert tracker.total_bytes == 512
+        del c
+    assert tracker.total_bytes == 0
+    assert tracker.peak_bytes == 4608
+
+
+def test_tracker_peak_breakdown_uses_groups_live_at_the_peak():
+    keep = {}
+
+    def groups():
+        return {"kept": {t.untyped_storage()._cdata for t in keep.values()}}
+
+    tracker = LiveBytes(groups_fn=groups)
+    with tracker:
+        keep["w"] = torch.empty(256, dtype=torch.float32)  # 1024
+        tmp = torch.empty(1024, dtype=torch.float32)  # 4096, freed after the peak
+        del tmp
+        small = torch.empty(10)  # 512: below the earlier peak
+        del small
+    assert tracker.peak_bytes == 5120
+    assert tracker.peak_breakdown() == {"kept": 1024, "other": 4096}
+
+
+def test_eager_attention_stores_scores_that_sdpa_does_not():
+    base = {"micro_batch_size": 1, "seq_len": 128, "method": "full"}
+    sdpa = _trace(TINY_LLAMA, TraceSetup(**base), fake=True)
+    eager = _trace(TINY_LLAMA, TraceSetup(attention="eager", **base), fake=True)
+    scores = TINY_LLAMA["num_attention_heads"] * 128 * 128 * 2  # one layer's bf16 (h, s, s)
+    assert eager.phase_peak_bytes["forward"] - sdpa.phase_peak_bytes["forward"] >= scores
+
+
+def test_explain_accounts_for_the_other_bytes_and_finds_the_fp32_loss_buffers():
+    setup = TraceSetup(method="lora", micro_batch_size=2, seq_len=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result, tracker = trace_with_tracker(TINY_LLAMA, setup, record_origin=True)
+    rows = peak_allocations(tracker)
+    assert sum(r["bytes"] for r in rows) == result.peak_breakdown_bytes["other"]
+    logits = [r for r in rows if r["op"] == "_log_softmax"]
+    assert logits and logits[0]["dtype"] == "float32"
+    assert logits[0]["shape"] == [2 * 32, TINY_LLAMA["vocab_size"]]
+
+
+# --- the committed truth table -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def table():
+    return json.loads(TABLE.read_text(encoding="utf-8"))
+
+
+def test_truth_table_covers_families_methods_sizes_and_checkpointing(table):
+    rows = table["rows"]
+    assert len(rows) >= 36
+    families = {r["config_file"].split("--")[1].split("-")[0].lower() for r in rows}
+    assert len(families) >= 4
+    for method in ("full", "lora", "qlora"):
+        assert any(r["method"] == method for r in rows)
+        assert {r["gradient_checkpointing"] for r in rows if r["method"] == method} == {False, True}
+    assert len({(r["micro_batch_size"], r["seq_len"]) for r in rows}) >= 3
+    assert any("MoE" in r["model_id"] or "Mixtral" in r["model_id"] or "A3B" in r["model_id"] for r in rows)
+
+
+def test_truth_table_rows_are_consistent(table):
+    keys = set()
+    for r in table["rows"]:
+        setup = TraceSetup(
+            method=r["method"],
+            precision=r["precision"],
+            optimizer=r["optimizer"],
+            micro_batch_size=r["micro_batch_size"],
+            seq_len=r["seq_len"],
+            gradient_checkpointing=r["gradient_checkpointing"],
+            attention=r["attention"],
+            autocast=r["autocast"] and r["precision"] != "bf16_mixed",
+            **(
+                {"lora_rank": r["lora_rank"], "lora_alpha": r["lora_alpha"], "lora_targets": tuple(r["lora_targets"])}
+                if r["method"] != "full"
+                else {}
+            ),
+        )
+        assert r["key"] == row_key(r["model_id"], setup)
+        assert r["key"] not in keys
+        keys.add(r["key"])
+        assert config_path(r["model_id"]).name == r["config_file"]
+        assert sum(r["peak_breakdown_bytes"].values()) == r["peak_bytes"]
+        assert r["phase_peak_bytes"][r["peak_phase"]] == r["peak_bytes"]
+        assert r["peak_bytes"] % 512 == 0
+        assert r["peak_bytes"] >= r["after_setup_bytes"]
+        assert r["how"] and r["date"] and r["versions"]["transformers"]
+        if r["method"] == "full":
+            assert r["lora_param_count"] == 0
+            assert r["grad_bytes"] == r["param_bytes_trainable"]
+        else:
+            assert r["lora_param_count"] == r["param_count_trainable"] > 0
+
+
+def test_truth_table_parameter_counts_equal_transformers_meta_count(table):
+    from transformers import AutoModelForCausalLM
+
+    full_rows = {r["model_id"]: r for r in table["rows"] if r["method"] == "full"}
+    for model_id in sorted(full_rows)[:3]:
+        config = load_config(str(config_path(model_id)))
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = AutoModelForCausalLM.from_config(config)
+        assert full_rows[model_id]["param_count_total"] == sum(p.numel() for p in model.parameters())
+
+
+def test_show_formats_every_row(table):
+    text = format_rows(table["rows"], phases=True)
+    assert len(text.splitlines()) == len(table["rows"]) + 2
