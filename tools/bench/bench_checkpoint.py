@@ -22,8 +22,8 @@ from pathlib import Path
 MODELS = {
     "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "head_dim": 16},
-    "small": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4, "num_attention_heads": 8,
-              "num_key_value_heads": 4, "head_dim": 64},
+    "small": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 8,
+              "num_key_value_heads": 4, "head_dim": 32},
 }
 
 
