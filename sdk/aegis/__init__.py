@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from aegis.parse import parse_request
     from aegis.planner import plan
     from aegis.solver import solve
+    from aegis.supervise import Supervisor, load_run_config
 
 __version__ = "0.1.0"
 
@@ -46,6 +47,8 @@ _LAZY = {
     "parse_request": "aegis.parse",
     "plan": "aegis.planner",
     "solve": "aegis.solver",
+    "Supervisor": "aegis.supervise",
+    "load_run_config": "aegis.supervise",
 }
 
 __all__ = [
@@ -58,12 +61,14 @@ __all__ = [
     "ModelProfile",
     "PlanReport",
     "PlanRequest",
+    "Supervisor",
     "Tier",
     "TrainConfig",
     "analyze_dataset",
     "estimate_memory",
     "find_gpu",
     "list_gpus",
+    "load_run_config",
     "parse_request",
     "plan",
     "resolve_model",

@@ -183,7 +183,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args or args[0] not in _PLANNER_COMMANDS:
         _mount_run_commands()  # keeps `aegis plan` from importing the supervisor
     try:
-        app(args=args, standalone_mode=False)
+        rc = app(args=args, standalone_mode=False)
+        if isinstance(rc, int) and rc:  # typer.Exit(n) is returned, not raised, outside standalone mode
+            raise SystemExit(rc)
     except AegisError as err:
         typer.secho(f"error: {err}", err=True, fg="red")
         raise SystemExit(2) from None
