@@ -108,19 +108,35 @@ def _decay_mask(tree: Any) -> Any:
     return jax.tree.map(lambda x: getattr(x, "ndim", 0) >= 2, tree)
 
 
+def _fp32_update(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """Keep Adam's moments and do its arithmetic in fp32 for low-precision params: in bf16, b2 = 0.999
+    rounds to 1.0, so the second moment never grows and the bias correction divides by zero."""
+
+    def up(tree: Any) -> Any:
+        return jax.tree.map(lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+    def init(params: Any) -> Any:
+        return tx.init(up(params))
+
+    def update(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        return tx.update(up(grads), state, None if params is None else up(params))
+
+    return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(train_config: TrainConfig, settings: OptimizerSettings) -> optax.GradientTransformation:
     """The optax optimizer for ``train_config.optimizer``, its learning rate injectable (set every step)."""
     name = train_config.optimizer
     if name == "adamw":
         # static: inject_hyperparams would otherwise call the mask like a schedule, with the step count
-        return optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
+        return _fp32_update(optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
             learning_rate=settings.learning_rate,
             b1=settings.b1,
             b2=settings.b2,
             eps=settings.eps,
             weight_decay=settings.weight_decay,
             mask=_decay_mask,
-        )
+        ))
     if name == "sgd":
         return optax.inject_hyperparams(optax.sgd)(learning_rate=settings.learning_rate, momentum=settings.b1)
     if name == "adafactor":
