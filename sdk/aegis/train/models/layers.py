@@ -98,7 +98,9 @@ def _matmul(x: jax.Array, w: Any, dtype: Any) -> jax.Array:
     """``x @ w.T`` for a dense or NF4 weight in HF layout ``[out, in]``."""
     if isinstance(w, NF4Tensor):
         return _nf4_matmul_remat(x, w, dtype)
-    return jnp.einsum("...i,oi->...o", x, w.astype(dtype))
+    lead = x.shape[:-1]
+    y = jax.lax.dot_general(x.reshape(-1, x.shape[-1]), w.astype(dtype), (((1,), (1,)), ((), ())))
+    return y.reshape(*lead, y.shape[-1])
 
 
 def linear(p: dict[str, Any], x: jax.Array, ctx: Ctx, lora: dict[str, Any] | None = None, name: str = "") -> jax.Array:
@@ -174,15 +176,21 @@ def attention_block(
         window = ctx.window if ctx.window is not None else s + 1
         mask = jnp.broadcast_to(((dist >= 0) & (dist < window))[None], (b, s, s))
     groups = spec.num_heads // hkv
-    q = q.reshape(b, s, hkv, groups, hd)
-    scores = jnp.einsum("bqhgd,bkhd->bhgqk", q, k) * jnp.asarray(spec.attn_scale, q.dtype)
+    # Canonical batched matmuls over (batch, kv head): the query heads of a group are stacked along
+    # the query axis ([b, hkv, groups*s, hd]), so XLA:CPU runs plain GEMMs without layout copies.
+    qg = q.reshape(b, s, hkv, groups, hd).transpose(0, 2, 3, 1, 4).reshape(b, hkv, groups * s, hd)
+    kt = k.transpose(0, 2, 1, 3)  # [b, hkv, s, hd]
+    vt = v.transpose(0, 2, 1, 3)
+    batch_dims = ((0, 1), (0, 1))
+    scores = jax.lax.dot_general(qg, kt, (((3,), (3,)), batch_dims)) * jnp.asarray(spec.attn_scale, q.dtype)
     if spec.attn_softcap is not None:
         cap = jnp.asarray(spec.attn_softcap, scores.dtype)
         scores = jnp.tanh(scores / cap) * cap
-    scores = scores.astype(jnp.float32)
+    scores = scores.astype(jnp.float32).reshape(b, hkv, groups, s, s)
     scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bhgqk,bkhd->bqhgd", probs, v).reshape(b, s, spec.q_size)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, hkv, groups * s, s)
+    out = jax.lax.dot_general(probs, vt, (((3,), (2,)), batch_dims))  # [b, hkv, groups*s, hd]
+    out = out.reshape(b, hkv, groups, s, hd).transpose(0, 3, 1, 2, 4).reshape(b, s, spec.q_size)
     return linear(p["o_proj"], out, ctx, _sub(lora, "o_proj"), "o_proj")
 
 
