@@ -116,7 +116,7 @@ def linear(p: dict[str, Any], x: jax.Array, ctx: Ctx, lora: dict[str, Any] | Non
         if key is not None:
             keep = jax.random.bernoulli(key, 1.0 - ctx.lora_dropout, x.shape)
             xin = jnp.where(keep, x / (1.0 - ctx.lora_dropout), 0).astype(x.dtype)
-        y = y + (jnp.einsum("...i,ri->...r", xin, a) @ b.T) * jnp.asarray(ctx.lora_scale, ctx.dtype)
+        y = y + _matmul(_matmul(xin, a, ctx.dtype), b, ctx.dtype) * jnp.asarray(ctx.lora_scale, ctx.dtype)
     return y
 
 
