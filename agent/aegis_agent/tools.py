@@ -20,6 +20,7 @@ from collections import OrderedDict
 from typing import Any
 
 from aegis.errors import AegisError
+from aegis.units import gib
 from aegis.schema import Frozen, MemoryComponent, PlanReport, PlanRequest, Tier
 from langchain_core.tools import StructuredTool
 from pydantic import Field
@@ -81,7 +82,7 @@ class RunCommandArgs(Frozen):
 
 
 def _gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB"
+    return gib(n, 2)
 
 
 def _breakdown_tier(report: PlanReport) -> Tier | None:

@@ -16,6 +16,7 @@ Binds 127.0.0.1, analytics off, no share link unless asked.
 import os
 from typing import Any
 
+from aegis.units import GIB
 from aegis.schema import PlanReport
 from aegis_agent import ChatAgent, status_markdown
 
@@ -38,12 +39,12 @@ def memory_frame(report: PlanReport | None) -> Any:
 
     tier = None if report is None else (report.recommended or (report.fallbacks[-1] if report.fallbacks else None))
     if tier is None:  # typed columns: the chart's axes are fixed by the first value's dtypes
-        return pd.DataFrame({"component": pd.Series([], dtype=str), "GB": pd.Series([], dtype=float)})
+        return pd.DataFrame({"component": pd.Series([], dtype=str), "GiB": pd.Series([], dtype=float)})
     mem = tier.memory
-    rows = [(c.key, c.bytes / 1e9) for c in mem.components if c.in_peak]
+    rows = [(c.key, c.bytes / GIB) for c in mem.components if c.in_peak]
     if mem.overhead_bytes:
-        rows.append(("overhead", mem.overhead_bytes / 1e9))
-    return pd.DataFrame({"component": [r[0] for r in rows], "GB": [round(r[1], 3) for r in rows]})
+        rows.append(("overhead", mem.overhead_bytes / GIB))
+    return pd.DataFrame({"component": [r[0] for r in rows], "GiB": [round(r[1], 3) for r in rows]})
 
 
 def _memory_caption(report: PlanReport | None) -> str:
@@ -146,8 +147,8 @@ def build_ui(agent: ChatAgent, *, refresh_s: float = 1.0) -> Any:
                 chart = gr.BarPlot(
                     memory_frame(None),
                     x="component",
-                    y="GB",
-                    title="Memory breakdown (GB)",
+                    y="GiB",
+                    title="Memory breakdown (GiB)",
                     sort="-y",
                     height=300,
                     elem_id="aegis-memory-chart",

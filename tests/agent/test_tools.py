@@ -69,7 +69,7 @@ def test_explain_names_size_formula_and_share() -> None:
     opt = report.recommended.memory.component("optimizer")
     text, comp = explain_component(report, "optimizer states")
     assert comp == opt
-    assert f"{opt.bytes / 1e9:.2f} GB" in text and opt.formula in text and opt.note in text
+    assert f"{opt.bytes / 2**30:.2f} GiB" in text and opt.formula in text and opt.note in text
     assert f"{opt.bytes / report.recommended.memory.total_bytes:.0%}" in text
     for c in report.recommended.memory.components:  # every line can be asked for by its own name
         assert explain_component(report, c.name)[1] == c

@@ -27,7 +27,7 @@ def test_memory_frame_sums_to_the_total() -> None:
     report = aegis.plan("qlora llama-3.1-8b on 3090")
     frame = memory_frame(report)
     mem = report.recommended.memory
-    assert frame["GB"].sum() == pytest.approx(mem.total_bytes / 1e9, abs=0.01)
+    assert frame["GiB"].sum() == pytest.approx(mem.total_bytes / 2**30, abs=0.01)
     assert list(frame["component"]) == [c.key for c in mem.components if c.in_peak] + ["overhead"]
     assert memory_frame(None).empty and memory_frame(aegis.plan("full llama-3.1-70b on 3090")).empty
 
