@@ -43,8 +43,6 @@ def unmodelled_reason(row: dict[str, Any]) -> str | None:
     """Why the engine does not (yet) model a traced configuration; None when it does."""
     if row.get("autocast") and row["precision"] == "bf16":
         return "bf16 model under torch.autocast (HF Trainer bf16=True): TrainConfig has no autocast option yet"
-    if "experts" in (row.get("lora_wrapped") or []):
-        return "PEFT wrapped the fused MoE experts (Qwen3-MoE): the engine assumes LoRA targets miss them"
     return None
 
 

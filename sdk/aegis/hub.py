@@ -145,14 +145,15 @@ def profile_from_config(config: Any, *, model_id: str, source: str) -> ModelProf
     merged: dict[tuple, int] = {}
     for layer in layers:
         for lin in layer.linears:
-            key = (lin.name, lin.in_features, lin.out_features, lin.bias, lin.matched_by, lin.lora_targetable, lin.quantizable)
+            key = (lin.name, lin.in_features, lin.out_features, lin.bias, lin.matched_by, lin.lora_targetable, lin.quantizable,
+                   lin.lora_rank_factor)
             merged[key] = merged.get(key, 0) + lin.count
     modules = tuple(
         LinearModule(
             name=name, in_features=i, out_features=o, count=n, bias=b,
-            matched_by=mb or (name,), lora_targetable=lt, quantizable=qz,
+            matched_by=mb or (name,), lora_targetable=lt, quantizable=qz, lora_rank_factor=rf,
         )
-        for (name, i, o, b, mb, lt, qz), n in merged.items()
+        for (name, i, o, b, mb, lt, qz, rf), n in merged.items()
     )
     sliding = next((layer.sliding_window for layer in layers if layer.sliding_window), None)
     moe = next((layer for layer in layers if layer.num_experts), None)

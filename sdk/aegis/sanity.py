@@ -63,8 +63,10 @@ def risks_and_notes(report: PlanReport, profile: ModelProfile) -> tuple[list[Ris
             "compute follows the active count, memory the total"
         )
         if report.method != "full":
-            notes.append("transformers 5 stores experts as fused 3-D tensors: LoRA target names reach attention (and shared "
-                         "experts), not the routed experts, which stay unquantized under QLoRA")
+            wrapped = any(m.name.startswith("experts.") and m.lora_targetable for m in profile.linear_modules)
+            notes.append("transformers 5 stores experts as fused 3-D tensors: bitsandbytes leaves them unquantized under QLoRA; "
+                         + ("PEFT wraps them with per-expert adapters (rank 2r on gate_up)" if wrapped
+                            else "LoRA target names reach attention (and shared experts), not the routed experts"))
     if report.method == "qlora":
         notes.append("QLoRA as HF runs it: prepare_model_for_kbit_training upcasts embeddings, head and norms to fp32, so "
                      "the residual stream and logits are fp32")

@@ -82,6 +82,7 @@ class LinearModule(Frozen):
     matched_by: tuple[str, ...] = Field(
         default=(), description="LoRA target names that select it (its own, plus q_proj etc. for fused projections)."
     )
+    lora_rank_factor: int = Field(default=1, description="LoRA rank multiple PEFT uses here (2: fused gate+up experts).")
 
 
 class ModelProfile(Frozen):
@@ -124,7 +125,7 @@ class ModelProfile(Frozen):
             return self.total_params
         lora = lora or LoRAConfig()
         return sum(
-            m.count * lora.rank * (m.in_features + m.out_features)
+            m.count * lora.rank * m.lora_rank_factor * (m.in_features + m.out_features)
             for m in self.linear_modules
             if m.lora_targetable and set(m.matched_by or (m.name,)) & set(lora.target_modules)
         )

@@ -31,6 +31,8 @@ class Linear:
     """LoRA target names that select this module (its own name, plus e.g. q_proj for a fused qkv_proj)."""
     lora_targetable: bool = True
     quantizable: bool = True
+    lora_rank_factor: int = 1
+    """LoRA rank multiple PEFT gives this module (2 for a fused gate+up expert tensor)."""
 
     @property
     def params(self) -> int:

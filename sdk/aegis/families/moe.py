@@ -86,10 +86,19 @@ class Qwen2MoeFamily(_MoEFamily):
 
 
 class Qwen3MoeFamily(_MoEFamily):
-    """Qwen3-MoE: q/k norm, no shared expert."""
+    """Qwen3-MoE: q/k norm, no shared expert. PEFT (0.21) wraps its fused expert tensors with a
+    ParamWrapper when gate/up/down_proj are targeted: rank r per expert on down_proj, 2r on gate_up_proj."""
 
     name = "qwen3_moe"
     model_types = ("qwen3_moe",)
+
+    def experts(self, c: dict[str, Any]) -> list[Linear]:
+        h, w, e = self.hidden(c), self.expert_width(c), self.num_experts(c)
+        return [
+            Linear("experts.gate_up_proj", h, 2 * w, count=e, quantizable=False, lora_rank_factor=2,
+                   matched_by=("gate_proj", "up_proj", "gate_up_proj")),
+            Linear("experts.down_proj", w, h, count=e, quantizable=False, matched_by=("down_proj",)),
+        ]
 
     def layer_norm_params(self, c: dict[str, Any]) -> int:
         return 2 * self.hidden(c) + 2 * self.head_dim(c)

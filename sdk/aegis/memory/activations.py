@@ -152,6 +152,10 @@ def _moe(acc: _Acc, s: Setting, fam: Family, c: dict, layer: LayerShape, y: int,
     if s.base_trainable:
         per_pair += h * y + w * d_e  # gathered tokens and act*up, for the expert weights' grads
     acc.add("MoE experts (top-k)", k * per_pair)
+    lora_experts = [lin for lin in layer.linears if lin.name.startswith("experts.") and lin.lora_targetable
+                    and set(lin.matched_by) & s.lora_targets]
+    for lin in lora_experts:  # PEFT ParamWrapper: the routed rows cast to the adapter dtype, and lora_A's output
+        acc.add("MoE experts (LoRA)", k * s.adapter_bytes * (lin.in_features + s.lora_rank * lin.lora_rank_factor))
     if layer.shared_expert_intermediate:
         shared = lambda n: lin_names(f"shared_expert.{n}")  # noqa: E731
         d_s = _mlp(acc, s, fam, y, h, layer.shared_expert_intermediate, "MoE shared expert", shared)

@@ -259,7 +259,7 @@ def _trainable_per_layer(profile, cfg, lora, layers, fam) -> list[int]:
     out = []
     for layer in layers:
         out.append(sum(
-            lin.count * lora.rank * (lin.in_features + lin.out_features)
+            lin.count * lora.rank * lin.lora_rank_factor * (lin.in_features + lin.out_features)
             for lin in layer.linears
             if lin.lora_targetable and set(lin.matched_by or (lin.name,)) & set(lora.target_modules)
         ))
