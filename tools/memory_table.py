@@ -36,13 +36,14 @@ def config_of(row: dict[str, Any]) -> TrainConfig:
         method=row["method"], micro_batch_size=row["micro_batch_size"], seq_len=row["seq_len"],
         gradient_checkpointing=row["gradient_checkpointing"], attention=row["attention"],
         precision=row["precision"], optimizer="adamw", lora=lora,
+        autocast=bool(row.get("autocast")) and row["precision"] == "bf16",
     )
 
 
 def unmodelled_reason(row: dict[str, Any]) -> str | None:
     """Why the engine does not (yet) model a traced configuration; None when it does."""
-    if row.get("autocast") and row["precision"] == "bf16":
-        return "bf16 model under torch.autocast (HF Trainer bf16=True): TrainConfig has no autocast option yet"
+    if row.get("autocast") and row["precision"] == "bf16" and row["method"] == "qlora":
+        return "QLoRA under torch.autocast: the fp32-upcast activations' casts are not modelled yet"
     return None
 
 

@@ -158,6 +158,10 @@ class TrainConfig(Frozen):
     attention: Attention = Field(default="sdpa", description="Attention implementation.")
     chunked_cross_entropy: bool = Field(default=False, description="Compute the loss in vocab chunks (no full fp32 logits).")
     precision: Precision = Field(default="bf16", description="Precision mode of weights, grads and optimizer states.")
+    autocast: bool = Field(
+        default=False,
+        description="bf16 weights run under torch.autocast too (HF Trainer bf16=True on a bf16 model); mixed modes always autocast.",
+    )
     optimizer: Optimizer = Field(default="adamw", description="Optimizer.")
     lora: LoRAConfig | None = Field(default=None, description="Adapter settings for lora/qlora (defaults when None).")
 

@@ -39,6 +39,8 @@ class Setting:
     lora_targets: frozenset[str]
     lora_rank: int
     adapter_bytes: int
+    adapter_compute_bytes: int
+    """Element size of a LoRA module's saved input copy and lora_A output: the adapter dtype, or bf16 under autocast."""
     eager: bool
     flash: bool
     seq_len: int
@@ -77,12 +79,13 @@ def _linears(acc: _Acc, s: Setting, x_bytes: int, in_w: int, modules: list[tuple
             acc.add(label, own)
     wrapped = [out for names, out in modules if set(names) & s.lora_targets]
     if wrapped:
-        if x_bytes == s.adapter_bytes:
+        a = s.adapter_compute_bytes
+        if x_bytes == a and a == s.adapter_bytes:
             if not s.base_trainable:
                 acc.add(label + " (LoRA)", own)
         else:
-            acc.add(label + " (LoRA)", s.adapter_bytes * in_w * len(wrapped))
-        acc.add(label + " (LoRA)", s.adapter_bytes * s.lora_rank * len(wrapped))
+            acc.add(label + " (LoRA)", a * in_w * len(wrapped))
+        acc.add(label + " (LoRA)", a * s.lora_rank * len(wrapped))
     return 2 if s.autocast else x_bytes
 
 

@@ -118,6 +118,7 @@ def estimate(
         lora_targets=frozenset(lora.target_modules) if cfg.method != "full" else frozenset(),
         lora_rank=lora.rank,
         adapter_bytes=place.adapter_bytes or 4,
+        adapter_compute_bytes=2 if cfg.autocast and cfg.method == "lora" else (place.adapter_bytes or 4),
         eager=eager,
         flash=cfg.attention == "flash",
         seq_len=s,
@@ -168,10 +169,15 @@ def estimate(
     if n > 1:
         gathered = 2 * max(profile.layer_params) * place.base_bytes  # current + prefetched layer, unsharded
     static = weights + adapters + states + gathered
+    casts = 0  # bf16 copies autocast keeps through forward and backward
+    if cfg.autocast and cfg.method == "lora":
+        casts = sz.adapter_params * 2 // n
+    elif cfg.autocast and cfg.method == "qlora":
+        casts = (profile.lm_head_params or profile.embedding_params) * 2  # the fp32 head, cast and saved
 
     moments: list[_Moment] = []
     moments.append(_Moment("start of backward (loss)", {
-        "weights": weights, "adapters": adapters, "optimizer": states, "gathered": gathered,
+        "weights": weights, "adapters": adapters, "optimizer": states, "gathered": gathered, "casts": casts,
         "activations": act_total + int(tokens * head_saved), "masks": masks, "logits": loss_total,
     }))
     d = 2 if place.autocast else place.stream_bytes
@@ -182,7 +188,7 @@ def estimate(
         below = tokens * sum(saved[:i])
         recompute = tokens * per_layer[i]
         moments.append(_Moment(f"backward of layer {i}", {
-            "weights": weights, "adapters": adapters, "optimizer": states, "gathered": gathered,
+            "weights": weights, "adapters": adapters, "optimizer": states, "gathered": gathered, "casts": casts,
             "activations": int(below + recompute + tokens * (ckpt_saved if cfg.gradient_checkpointing else 0)),
             "masks": masks,
             "gradients": grads_so_far,
@@ -228,6 +234,8 @@ def estimate(
         "backward temporaries": ("Backward temporaries", f"{tokens:,} tokens x {transient_per_token:,} B",
                                  "gradients of the widest intermediate while a layer runs backward"),
         "optimizer temporaries": ("Optimizer-step temporaries", temp_formula, "foreach AdamW allocates a state-sized buffer"),
+        "casts": ("Autocast weight copies", "bf16 copies of fp32 weights used in autocast matmuls, kept for backward",
+                  "torch.autocast casts fp32 weights per forward"),
         "gathered": ("FSDP gathered layers", f"2 x {max(profile.layer_params):,} params x {place.base_bytes} B",
                      "the current and the prefetched layer, unsharded"),
     }
