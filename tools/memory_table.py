@@ -42,8 +42,6 @@ def config_of(row: dict[str, Any]) -> TrainConfig:
 
 def unmodelled_reason(row: dict[str, Any]) -> str | None:
     """Why the engine does not (yet) model a traced configuration; None when it does."""
-    if row.get("autocast") and row["precision"] == "bf16" and row["method"] == "qlora":
-        return "QLoRA under torch.autocast: the fp32-upcast activations' casts are not modelled yet"
     return None
 
 

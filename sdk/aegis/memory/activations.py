@@ -40,6 +40,8 @@ class Setting:
     lora_rank: int
     adapter_bytes: int
     adapter_compute_bytes: int
+    sdpa_autocast: bool
+    """SDPA runs under autocast: it saves bf16 casts of q, k, v and returns bf16."""
     """Element size of a LoRA module's saved input copy and lora_A output: the adapter dtype, or bf16 under autocast."""
     eager: bool
     flash: bool
@@ -117,6 +119,8 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
         d_q = _norm(acc, s, d, q_w, gemma=gemma, label="q/k norms")
         _norm(acc, s, d, kv_w, gemma=gemma, label="q/k norms")
         d = d_q
+    if s.sdpa_autocast and not s.eager:
+        d = 2
     masked = bool(layer.sliding_window and layer.sliding_window < s.seq_len and not s.flash) or s.eager
     k_w = q_w if masked else kv_w  # repeat_kv materialises GQA keys/values when a mask is present
     if s.eager:
