@@ -240,13 +240,21 @@ class SlackBot:
             respond(response_type="in_channel", **message)
             return None
 
-    def _on_start_run(self, ack: Any, body: dict[str, Any], client: Any) -> None:
-        ack()
+    def _controller(self, body: dict[str, Any], client: Any) -> tuple[str, str | None, str | None] | None:
+        """(user, channel, thread_ts) of a button press by someone allowed to control runs; refuses others."""
         user, channel = body["user"]["id"], body.get("channel", {}).get("id")
         thread_ts = body.get("message", {}).get("ts")
         if not self.may_control(user, channel):
             self._refuse(client, channel, user, thread_ts)
+            return None
+        return user, channel, thread_ts
+
+    def _on_start_run(self, ack: Any, body: dict[str, Any], client: Any) -> None:
+        ack()
+        who = self._controller(body, client)
+        if who is None:
             return
+        user, channel, thread_ts = who
         try:
             request = PlanRequest.model_validate_json(body["actions"][0]["value"])
             report = self.agent.toolkit.report_for(request)
@@ -265,11 +273,10 @@ class SlackBot:
 
     def _on_command_button(self, ack: Any, body: dict[str, Any], client: Any) -> None:
         ack()
-        user, channel = body["user"]["id"], body.get("channel", {}).get("id")
-        thread_ts = body.get("message", {}).get("ts")
-        if not self.may_control(user, channel):
-            self._refuse(client, channel, user, thread_ts)
+        who = self._controller(body, client)
+        if who is None:
             return
+        user, channel, thread_ts = who
         value = json.loads(body["actions"][0]["value"])
         self._send(client, channel, thread_ts, user, value["run_id"], value["command"])
 

@@ -47,9 +47,15 @@ def compare_gpus(request: str | None = None, **fields) -> list[GPUFit]:
     req = req.merged(PlanRequest(**{k: v for k, v in fields.items() if v is not None}))
     if not req.model:
         raise RequestParseError("no model named: e.g. `aegis compare \"lora qwen2.5-7b\"`")
+    dataset = None
+    if req.dataset:  # analysed once, not once per GPU
+        from aegis.datasets import analyze_dataset
+        from aegis.hub import resolve_model
+
+        dataset = analyze_dataset(req.dataset, model=resolve_model(req.model), seq_len=req.seq_len)
     rows: list[GPUFit] = []
     for gpu in hardware.list_gpus():
-        report = plan_request(req.model_copy(update={"gpu": gpu.id}))
+        report = plan_request(req.model_copy(update={"gpu": gpu.id}), dataset_profile=dataset)
         tier = report.recommended
         price = gpu.prices[0].usd_per_hour if gpu.prices else None
         t = report.throughput

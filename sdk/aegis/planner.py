@@ -71,7 +71,10 @@ def _explain_missing_model(text: str) -> None:
                 raise RequestParseError(str(err)) from None
 
 
-def plan_request(req: PlanRequest, *, sample_rows: int = 1000, progress: bool = False) -> PlanReport:
+def plan_request(
+    req: PlanRequest, *, sample_rows: int = 1000, progress: bool = False, dataset_profile: DatasetProfile | None = None
+) -> PlanReport:
+    """Plan a parsed request. `dataset_profile`: an analysis of `req.dataset` already made (reused, not redone)."""
     if not req.model:
         raise RequestParseError("no model named: say which, e.g. 'qlora llama-3.1-8b on 3090'; `aegis models` lists them")
     if not req.gpu:
@@ -83,8 +86,8 @@ def plan_request(req: PlanRequest, *, sample_rows: int = 1000, progress: bool = 
     notes: list[str] = []
     if req.method is None:
         notes.append("method not given: planned LoRA (say 'qlora' or 'full' for the others)")
-    dataset: DatasetProfile | None = None
-    if req.dataset:
+    dataset = dataset_profile
+    if req.dataset and dataset is None:
         from aegis.datasets import analyze_dataset
 
         dataset = analyze_dataset(req.dataset, model=profile, seq_len=req.seq_len, sample_rows=sample_rows, progress=progress)
