@@ -185,6 +185,13 @@ def split_inputs(trainable: Any, frozen: Any) -> tuple[Any, Any]:
     return frozen, trainable
 
 
+def _target_logit(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """``logits[..., targets]`` as a one-hot reduction: its gradient is an elementwise select that fuses
+    with the softmax gradient, where ``take_along_axis``'s is a scatter-add over the logits."""
+    hit = jnp.arange(logits.shape[-1], dtype=targets.dtype) == targets[..., None]
+    return jnp.sum(jnp.where(hit, logits, 0.0), axis=-1)
+
+
 def _chunked_nll_sum(model: Any, params: Any, h: jax.Array, batch: Batch, chunk: int) -> jax.Array:
     """Sum of masked NLL computed ``chunk`` tokens at a time (logits of one chunk live at once)."""
     w = model.head_weight(params)
@@ -208,8 +215,7 @@ def _chunked_nll_sum(model: Any, params: Any, h: jax.Array, batch: Batch, chunk:
         logits = to_logits(hc, w) if to_logits is not None else hc @ w
         logits = logits.astype(jnp.float32)
         logz = jax.nn.logsumexp(logits, axis=-1)
-        tgt = jnp.take_along_axis(logits, tc[:, None], axis=-1)[:, 0]
-        return jnp.sum((logz - tgt) * mc)
+        return jnp.sum((logz - _target_logit(logits, tc)) * mc)
 
     parts = jax.lax.map(one, (flat_h.reshape(k, chunk, d), flat_t.reshape(k, chunk), flat_m.reshape(k, chunk)))
     return jnp.sum(parts)
@@ -240,8 +246,7 @@ def token_loss_sum(
     else:
         logits = model.apply(params, batch["input_ids"], **kwargs).astype(jnp.float32)
         logz = jax.nn.logsumexp(logits, axis=-1)
-        tgt = jnp.take_along_axis(logits, batch["targets"][..., None], axis=-1)[..., 0]
-        total = jnp.sum((logz - tgt) * mask)
+        total = jnp.sum((logz - _target_logit(logits, batch["targets"])) * mask)
     return total, jnp.sum(mask)
 
 

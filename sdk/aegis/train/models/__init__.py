@@ -50,6 +50,7 @@ def build_model(
     param_dtype: Any = jnp.float32,
     remat: bool = False,
     attention: str = "xla",
+    scan_layers: bool | None = None,
 ) -> Model:
     """Build the JAX model for a Hugging Face config.json dict.
 
@@ -57,6 +58,8 @@ def build_model(
     :meth:`Model.init` produces; ``remat`` wraps each decoder layer in ``jax.checkpoint``;
     ``attention`` picks the kernel (:data:`ATTENTION_IMPLS`: ``xla`` = transformers' eager maths,
     the default; ``cudnn`` = flash attention on NVIDIA GPUs; ``dot_product`` = the same call on XLA).
+    ``scan_layers``: True runs the layers under ``lax.scan`` (compile time independent of depth),
+    False unrolls them (faster steps), None (default) unrolls shallow models and scans deep or NF4 ones.
     Raises :class:`~aegis.errors.UnsupportedArchitectureError` (listing supported model types) for
     an unknown ``model_type``.
     """
@@ -84,4 +87,5 @@ def build_model(
         param_dtype=jnp.dtype(param_dtype),
         remat=remat,
         attention=attention,
+        scan_layers=scan_layers,
     )

@@ -1,4 +1,5 @@
-"""The decoder-only model: embeddings, a ``jax.lax.scan`` over stacked layers, final norm, head.
+"""The decoder-only model: embeddings, the stacked layers (under ``jax.lax.scan``, or unrolled for
+shallow models), final norm, head.
 
 :class:`Model` is a thin, hashable handle (config + :class:`ArchSpec` + the family's layer
 function); parameters are a plain nested dict passed in. The parameter tree mirrors
@@ -27,8 +28,12 @@ import numpy as np
 from aegis.train.models.layers import Ctx, attention_block, mlp_block, moe_block, rms_norm
 from aegis.train.models.rope import cos_sin
 from aegis.train.models.spec import FULL_WINDOW, ArchSpec, param_shapes
+from aegis.train.nf4 import NF4Tensor
 
 __all__ = ["Model", "standard_layer", "segment_positions", "attention_mask", "LayerFn"]
+
+UNROLL_MAX_LAYERS = 8
+"""``scan_layers=None`` unrolls models this shallow; deeper ones scan (see ``tools/bench/bench_engine.py``)."""
 
 LayerFn = Callable[..., jax.Array]
 """``layer(spec, p, x, *, cos, sin, mask, ctx, lora) -> x``: one decoder layer (per-layer slices)."""
@@ -82,6 +87,10 @@ def attention_mask(segment_ids: jax.Array) -> jax.Array:
     return causal[None] & same
 
 
+def _is_nf4(x: Any) -> bool:
+    return isinstance(x, NF4Tensor)
+
+
 @dataclass(frozen=True, eq=False)
 class Model:
     """A built model: ``init``/``apply``/``hidden``/``head_weight`` over a params pytree."""
@@ -94,6 +103,10 @@ class Model:
     param_dtype: Any = jnp.float32
     remat: bool = False
     attention: str = "xla"  # one of layers.ATTENTION_IMPLS
+    # True: layers under ``lax.scan`` (compile time independent of depth); False: unrolled (faster
+    # steps: no stacked residual buffers, static per-layer windows); None: unrolled up to
+    # UNROLL_MAX_LAYERS layers.
+    scan_layers: bool | None = None
 
     # ----- parameters -------------------------------------------------------------------------
     def param_shapes(self) -> dict[str, Any]:
@@ -131,7 +144,19 @@ class Model:
         return jax.tree_util.tree_unflatten(treedef, out)
 
     # ----- forward ----------------------------------------------------------------------------
-    def _layer_scan(
+    def scans_layers(self, layer_params: Any = None) -> bool:
+        """Whether the layers run under ``lax.scan`` (one compiled body) or unrolled (one per layer).
+
+        Auto (``scan_layers=None``): unrolled up to :data:`UNROLL_MAX_LAYERS` layers, except over an
+        NF4 base: unrolled, XLA hoists every layer's recomputed dense weight to the start of the
+        backward pass, while the scan recomputes one layer's at a time.
+        """
+        if self.scan_layers is not None:
+            return self.scan_layers
+        quantized = any(isinstance(x, NF4Tensor) for x in jax.tree.leaves(layer_params, is_leaf=_is_nf4))
+        return quantized or self.spec.num_layers > UNROLL_MAX_LAYERS
+
+    def _layers(
         self,
         params: dict[str, Any],
         x: jax.Array,
@@ -143,25 +168,21 @@ class Model:
         spec = self.spec
         b, s = x.shape[:2]
         tables = [cos_sin(r, positions, seq_len=s) for r in spec.ropes]
-        cos_all = jnp.stack([c for c, _ in tables])
-        sin_all = jnp.stack([t for _, t in tables])
         # Fused attention kernels take "causal + one static window" without a mask tensor; packed
         # segments or per-layer windows need the explicit mask.
         static_window = len(set(spec.layer_window)) == 1 and self.attention != "xla" and segment_ids is None
         window0 = spec.layer_window[0]
-        if segment_ids is None:
-            segment_ids = jnp.ones((b, s), jnp.int32)
-        base_mask = attention_mask(segment_ids)
         idx = jnp.arange(s)
         dist = idx[:, None] - idx[None, :]
+        # [b, s, s] with packed segments; plain causal attention needs one [1, s, s] mask for the batch
+        base_mask = (dist >= 0)[None] if segment_ids is None else attention_mask(segment_ids)
         lora_layers = {} if lora is None else lora.tree.get("model", {}).get("layers", {})
         scale = 0.0 if lora is None else lora.scale
         dropout = 0.0 if lora is None else lora.dropout
         layer_fn = self.layer_fn
+        scan = self.scans_layers(params["model"]["layers"])
 
-        def body(h: jax.Array, xs: tuple[Any, ...]) -> tuple[jax.Array, None]:
-            p, lp, window, rope_i, layer_i = xs
-            mask = None if static_window else base_mask & (dist < window)[None]
+        def body(h: jax.Array, p: Any, lp: Any, window: Any, rope_i: Any, layer_i: Any) -> jax.Array:
             rng = None if lora_rng is None else jax.random.fold_in(lora_rng, layer_i)
             ctx = Ctx(
                 dtype=self.dtype,
@@ -171,11 +192,28 @@ class Model:
                 attention=self.attention,
                 window=None if window0 >= FULL_WINDOW else window0,
             )
-            h = layer_fn(spec, p, h, cos=cos_all[rope_i], sin=sin_all[rope_i], mask=mask, ctx=ctx, lora=lp)
-            return h, None
+            if static_window:
+                mask = None
+            elif isinstance(window, int) and window >= s:  # unrolled full-attention layer: no window term
+                mask = base_mask
+            else:
+                mask = base_mask & (dist < window)[None]
+            if isinstance(rope_i, int):
+                cos, sin = tables[rope_i]
+            else:
+                cos = jnp.stack([c for c, _ in tables])[rope_i]
+                sin = jnp.stack([t for _, t in tables])[rope_i]
+            return layer_fn(spec, p, h, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lp)
 
         if self.remat:
-            body = jax.checkpoint(body, prevent_cse=False)
+            body = jax.checkpoint(body, prevent_cse=False, static_argnums=(3, 4, 5) if not scan else ())
+        if not scan:
+            for i in range(spec.num_layers):
+                take = lambda a, i=i: a[i]  # noqa: E731
+                p = jax.tree.map(take, params["model"]["layers"])
+                lp = jax.tree.map(take, lora_layers)
+                x = body(x, p, lp, spec.layer_window[i], spec.layer_rope[i], i)
+            return x
         xs = (
             params["model"]["layers"],
             lora_layers,
@@ -183,7 +221,7 @@ class Model:
             jnp.asarray(np.asarray(spec.layer_rope, dtype=np.int32)),
             jnp.arange(spec.num_layers, dtype=jnp.int32),
         )
-        x, _ = jax.lax.scan(body, x, xs)
+        x, _ = jax.lax.scan(lambda h, xs: (body(h, *xs), None), x, xs)
         return x
 
     def hidden(
@@ -207,7 +245,7 @@ class Model:
         x = jnp.take(params["model"]["embed_tokens"]["weight"], input_ids, axis=0).astype(self.dtype)
         if self.spec.embed_scale is not None:
             x = x * jnp.asarray(self.spec.embed_scale, self.dtype)
-        x = self._layer_scan(params, x, positions, segment_ids, lora, lora_rng)
+        x = self._layers(params, x, positions, segment_ids, lora, lora_rng)
         return rms_norm(x, params["model"]["norm"]["weight"], self.spec.rms_norm_eps, gemma=self.spec.gemma_norm)
 
     def head_weight(self, params: dict[str, Any]) -> jax.Array:
