@@ -7,7 +7,8 @@
    vs a Python loop of jitted single-sample JAX gradients, and vs the PyTorch way without
    functorch (one backward per sample). Goal: >= 10x.
 
-    python tools/bench/bench_engine.py [--steps 10] [--batch 8] [--seq 128] [--config tiny|small] [--threads 1]
+    python tools/bench/bench_engine.py [--rounds 7] [--batch 8] [--seq 128] [--config tiny|small] [--threads 1]
+                                       [--depth-sweep [L ...]]
 """
 
 from __future__ import annotations
@@ -33,23 +34,33 @@ def _config(name: str) -> dict[str, Any]:
     return cfg
 
 
-def _timed(fn, steps: int, warmup: int = 2) -> tuple[float, float]:
-    """Median (wall seconds, process CPU seconds) per call of ``fn`` (which blocks until its work is done).
+def _side_by_side(fns: list, rounds: int, per_round: int, warmup: int = 2, pause: float = 0.5) -> list[tuple[float, float]]:
+    """Median (wall, CPU) seconds per call of each of ``fns``, timed in interleaved rounds.
 
-    CPU time is the steadier figure on a shared machine: waiting for a core does not count.
+    Each round runs ``per_round`` calls of every function in turn, so a burst of load on this
+    shared machine hits all of them alike; the ratio of medians is what the table reports. A
+    short untimed pause before each turn lets the previous library's worker threads (OpenMP,
+    XLA's pool) stop spinning: back to back, they fight over the two cores.
     """
-    for _ in range(warmup):
-        fn()
-    walls, cpus = [], []
-    for _ in range(steps):
-        w0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        walls.append(time.perf_counter() - w0)
-        cpus.append(time.process_time() - c0)
-    return statistics.median(walls), statistics.median(cpus)
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    walls: list[list[float]] = [[] for _ in fns]
+    cpus: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            time.sleep(pause)
+            fn()  # untimed: the first call after a switch pays for waking this library's threads
+            w0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(per_round):
+                fn()
+            walls[i].append((time.perf_counter() - w0) / per_round)
+            cpus[i].append((time.process_time() - c0) / per_round)
+    return [(statistics.median(w), statistics.median(c)) for w, c in zip(walls, cpus, strict=True)]
 
 
-def jax_train_step_s(cfg: dict, method: str, batch: int, seq: int, steps: int) -> tuple[float, float]:
+def jax_train_step(cfg: dict, method: str, batch: int, seq: int, scan_layers: bool | None = None):
+    """A callable running one JAX train step (blocking), and the model it trains."""
     import jax
 
     from aegis.schema import LoRAConfig, TrainConfig
@@ -61,7 +72,7 @@ def jax_train_step_s(cfg: dict, method: str, batch: int, seq: int, steps: int) -
     tc = TrainConfig(method=method, micro_batch_size=batch, seq_len=seq, precision="fp32",
                      lora=LoRAConfig(rank=16, alpha=32) if method != "full" else None)
     settings = OptimizerSettings(learning_rate=1e-4, clip_norm=1.0)
-    model = build_model(cfg)
+    model = build_model(cfg, scan_layers=scan_layers)
     params = model.init(jax.random.PRNGKey(0))
     trainable, frozen = build_trainable(model, params, tc, jax.random.PRNGKey(1), jax.numpy.float32)
     tx = make_optimizer(tc, settings)
@@ -73,10 +84,11 @@ def jax_train_step_s(cfg: dict, method: str, batch: int, seq: int, steps: int) -
         box[0], metrics = step(box[0], frozen, data)
         jax.block_until_ready(metrics["loss"])
 
-    return _timed(run, steps)
+    return run, model
 
 
-def torch_train_step_s(cfg: dict, method: str, batch: int, seq: int, steps: int) -> tuple[float, float]:
+def torch_train_step(cfg: dict, method: str, batch: int, seq: int):
+    """A callable running one transformers + torch train step on the same config, batch and optimizer."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -104,11 +116,11 @@ def torch_train_step_s(cfg: dict, method: str, batch: int, seq: int, steps: int)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return _timed(run, steps)
+    return run
 
 
-def torch_per_sample_loop_s(cfg: dict, n: int, seq: int, repeats: int) -> tuple[float, float]:
-    """(wall, cpu) of what PyTorch code does without functorch: one backward per sample, then the grad norm."""
+def torch_per_sample_loop(cfg: dict, n: int, seq: int):
+    """What PyTorch code does without functorch: one backward per sample, then the grad norm."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -131,11 +143,11 @@ def torch_per_sample_loop_s(cfg: dict, n: int, seq: int, repeats: int) -> tuple[
             model(input_ids=ids, labels=labels).loss.backward()
             torch.sqrt(sum((p.grad.float() ** 2).sum() for p in params if p.grad is not None)).item()
 
-    return _timed(looped, repeats, warmup=1)
+    return looped
 
 
-def per_sample_grads_s(cfg: dict, n: int, seq: int, repeats: int, chunk: int) -> tuple[tuple, tuple, float]:
-    """((wall, cpu) of the vmap kernel, (wall, cpu) of the python loop, max relative difference of the norms)."""
+def per_sample_grads(cfg: dict, n: int, seq: int, chunk: int):
+    """(the forensics kernel, a Python loop of jitted single-sample grads, max relative difference of their norms)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -171,27 +183,55 @@ def per_sample_grads_s(cfg: dict, n: int, seq: int, repeats: int, chunk: int) ->
     def looped() -> None:
         box["l"] = np.array([float(one(params, s)) for s in singles])
 
-    t_v = _timed(vmapped, repeats, warmup=1)
-    t_l = _timed(looped, repeats, warmup=1)
+    vmapped()
+    looped()
     diff = float(np.max(np.abs(box["v"] - box["l"]) / box["l"]))
-    return t_v, t_l, diff
+    return vmapped, looped, diff
+
+
+def depth_sweep(layers: list[int], batch: int, seq: int, steps: int) -> None:
+    """Compile time and step time of the scanned vs the unrolled layer loop as depth grows (tiny llama
+    widths): the data behind ``UNROLL_MAX_LAYERS``."""
+    import jax
+
+    from aegis.train.models.decoder import UNROLL_MAX_LAYERS
+
+    print()
+    print(f"layer loop vs depth (tiny llama widths, full FT, batch {batch} x seq {seq}); auto unrolls <= "
+          f"{UNROLL_MAX_LAYERS} layers")
+    print(f"{'layers':>6}{'scan compile s':>16}{'unrolled compile s':>20}{'scan ms':>9}{'unrolled ms':>13}"
+          f"{'unrolled speed-up':>19}")
+    for n in layers:
+        cfg = {**_config("tiny"), "num_hidden_layers": n}
+        fns, compile_s = [], []
+        for scan in (True, False):
+            jax.clear_caches()
+            t0 = time.perf_counter()
+            run, _ = jax_train_step(cfg, "full", batch, seq, scan_layers=scan)
+            run()  # the first call compiles
+            compile_s.append(time.perf_counter() - t0)
+            fns.append(run)
+        (sw, _), (uw, _) = _side_by_side(fns, rounds=max(steps // 2, 3), per_round=2)
+        print(f"{n:>6}{compile_s[0]:>16.2f}{compile_s[1]:>20.2f}{sw * 1e3:>9.1f}{uw * 1e3:>13.1f}{sw / uw:>18.2f}x")
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (the median is reported)")
+    ap.add_argument("--per-round", type=int, default=3, help="train steps per engine per round")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--config", action="append", choices=["tiny", "small"], help="repeatable (default: both)")
     ap.add_argument("--samples", type=int, default=64)
     ap.add_argument("--chunk", type=int, default=8, help="forensics chunk size (samples per vmap)")
-    ap.add_argument("--skip-train", action="store_true", help="only the per-sample gradient comparison")
-    ap.add_argument("--threads", type=int, default=0, help="1: single-threaded XLA and torch (0: library defaults)")
+    ap.add_argument("--skip-train", action="store_true", help="skip the train-step comparison")
+    ap.add_argument("--skip-per-sample", action="store_true", help="skip the per-sample gradient comparison")
+    ap.add_argument("--depth-sweep", type=int, nargs="*", default=None, metavar="L",
+                    help="also time scanned vs unrolled layers at these depths (default 2 8 16 32 when given bare)")
+    ap.add_argument("--threads", type=int, default=0, help="pin the process to this many cores (XLA's pool and torch's threads follow); 0: all cores")
     args = ap.parse_args(argv)
-    if args.threads == 1:  # must happen before JAX initialises its CPU backend
-        os.environ["XLA_FLAGS"] = (
-            os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-        )
+    if args.threads:  # before JAX sizes its CPU thread pool (from the affinity mask) and torch its OpenMP team
+        os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.threads]))
     import jax
     import torch
 
@@ -201,29 +241,38 @@ def main(argv: list[str] | None = None) -> None:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"CPU ({os.cpu_count()} cores, load average {load}): jax {jax.__version__} ({len(jax.devices())} device), "
           f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
-    print(f"batch {args.batch} x seq {args.seq}, AdamW, clip 1.0, fp32; median of {args.steps} steps after 2 warm-up")
-    print(f"{'train step':<20}{'JAX ms':>9}{'torch ms':>10}{'JAX tok/s':>11}{'torch tok/s':>12}"
+    print(f"batch {args.batch} x seq {args.seq}, AdamW, clip 1.0, fp32; JAX and torch timed in {args.rounds} "
+          f"interleaved rounds of {args.per_round} steps each, medians")
+    print(f"{'train step':<20}{'layers':>8}{'JAX ms':>9}{'torch ms':>10}{'JAX tok/s':>11}{'torch tok/s':>12}"
           f"{'JAX/torch wall':>16}{'JAX/torch CPU':>15}")
     tokens = args.batch * args.seq
     for name in [] if args.skip_train else args.config or ["tiny", "small"]:
         cfg = _config(name)
         for method in ("full", "lora"):
-            (jw, jc) = jax_train_step_s(cfg, method, args.batch, args.seq, args.steps)
-            (tw, tc) = torch_train_step_s(cfg, method, args.batch, args.seq, args.steps)
-            label = f"{name} llama {method}"
-            print(f"{label:<20}{jw * 1e3:>9.1f}{tw * 1e3:>10.1f}{tokens / jw:>11.0f}{tokens / tw:>12.0f}"
-                  f"{tw / jw:>15.2f}x{tc / jc:>14.2f}x")
+            jax_run, model = jax_train_step(cfg, method, args.batch, args.seq)
+            torch_run = torch_train_step(cfg, method, args.batch, args.seq)
+            (jw, jc), (tw, tc) = _side_by_side([jax_run, torch_run], args.rounds, args.per_round)
+            loop = "scan" if model.scans_layers() else "unrolled"
+            print(f"{name + ' llama ' + method:<20}{loop:>8}{jw * 1e3:>9.1f}{tw * 1e3:>10.1f}{tokens / jw:>11.0f}"
+                  f"{tokens / tw:>12.0f}{tw / jw:>15.2f}x{tc / jc:>14.2f}x")
 
-    cfg = _config("tiny")
-    (vw, vc), (lw, lc), diff = per_sample_grads_s(cfg, args.samples, 64, repeats=5, chunk=args.chunk)
-    tw, tc = torch_per_sample_loop_s(cfg, args.samples, 64, repeats=5)
-    print()
-    print(f"per-sample grad norms, tiny llama, {args.samples} samples <= 64 tokens, vmap chunk {args.chunk}")
-    print(f"{'baseline':<34}{'vmap ms':>9}{'base ms':>9}{'speed-up wall':>15}{'speed-up CPU':>14}{'max rel diff':>14}")
-    print(f"{'loop of jitted JAX single grads':<34}{vw * 1e3:>9.1f}{lw * 1e3:>9.1f}{lw / vw:>14.1f}x{lc / vc:>13.1f}x"
-          f"{diff:>14.1e}")
-    print(f"{'loop of torch backward per sample':<34}{vw * 1e3:>9.1f}{tw * 1e3:>9.1f}{tw / vw:>14.1f}x{tc / vc:>13.1f}x"
-          f"{'-':>14}")
+    if not args.skip_per_sample:
+        cfg = _config("tiny")
+        vmapped, looped, diff = per_sample_grads(cfg, args.samples, 64, chunk=args.chunk)
+        torch_looped = torch_per_sample_loop(cfg, args.samples, 64)
+        (vw, vc), (lw, lc), (tw, tc) = _side_by_side([vmapped, looped, torch_looped], rounds=5, per_round=1, warmup=1)
+        print()
+        print(f"per-sample grad norms, tiny llama, {args.samples} samples <= 64 tokens, vmap chunk {args.chunk}")
+        print(f"{'baseline':<34}{'vmap ms':>9}{'base ms':>9}{'speed-up wall':>15}{'speed-up CPU':>14}"
+              f"{'max rel diff':>14}")
+        print(f"{'loop of jitted JAX single grads':<34}{vw * 1e3:>9.1f}{lw * 1e3:>9.1f}{lw / vw:>14.1f}x"
+              f"{lc / vc:>13.1f}x{diff:>14.1e}")
+        print(f"{'loop of torch backward per sample':<34}{vw * 1e3:>9.1f}{tw * 1e3:>9.1f}{tw / vw:>14.1f}x"
+              f"{tc / vc:>13.1f}x{'-':>14}")
+
+    if args.depth_sweep is not None:
+        depth_sweep(args.depth_sweep or [2, 8, 16, 32], args.batch, args.seq, steps=6)
+
 
 if __name__ == "__main__":
     main()

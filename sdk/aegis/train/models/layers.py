@@ -10,6 +10,7 @@ a new architecture can reuse them piece by piece.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import jax
@@ -181,17 +182,86 @@ def attention_block(
     qg = q.reshape(b, s, hkv, groups, hd).transpose(0, 2, 3, 1, 4).reshape(b, hkv, groups * s, hd)
     kt = k.transpose(0, 2, 1, 3)  # [b, hkv, s, hd]
     vt = v.transpose(0, 2, 1, 3)
-    batch_dims = ((0, 1), (0, 1))
-    scores = jax.lax.dot_general(qg, kt, (((3,), (3,)), batch_dims)) * jnp.asarray(spec.attn_scale, q.dtype)
-    if spec.attn_softcap is not None:
-        cap = jnp.asarray(spec.attn_softcap, scores.dtype)
-        scores = jnp.tanh(scores / cap) * cap
-    scores = scores.astype(jnp.float32).reshape(b, hkv, groups, s, s)
-    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, hkv, groups * s, s)
-    out = jax.lax.dot_general(probs, vt, (((3,), (2,)), batch_dims))  # [b, hkv, groups*s, hd]
+    out = eager_attention(qg, kt, vt, mask, spec.attn_scale, spec.attn_softcap, groups)  # [b, hkv, groups*s, hd]
     out = out.reshape(b, hkv, groups, s, hd).transpose(0, 3, 1, 2, 4).reshape(b, s, spec.q_size)
     return linear(p["o_proj"], out, ctx, _sub(lora, "o_proj"), "o_proj")
+
+
+_BATCH_DIMS = ((0, 1), (0, 1))
+
+
+def _bmm_nt(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``a @ b^T`` over the two leading (batch, kv head) axes."""
+    return jax.lax.dot_general(a, b, (((3,), (3,)), _BATCH_DIMS))
+
+
+def _bmm_nn(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``a @ b`` over the two leading (batch, kv head) axes."""
+    return jax.lax.dot_general(a, b, (((3,), (2,)), _BATCH_DIMS))
+
+
+def _transposed(x: jax.Array) -> jax.Array:
+    """``x`` with its last two axes swapped in memory: the barrier keeps XLA from folding the transpose
+    back into the next dot as a transposed operand, which XLA:CPU's fast GEMM path does not take."""
+    return jax.lax.optimization_barrier(jnp.swapaxes(x, 2, 3))
+
+
+def _eager_forward(
+    qg: jax.Array, kt: jax.Array, vt: jax.Array, mask: jax.Array, scale: float, softcap: float | None, groups: int
+) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    b, h, gs, _ = qg.shape
+    s = kt.shape[2]
+    scores = _bmm_nt(qg, kt) * jnp.asarray(scale, qg.dtype)
+    capped = None
+    if softcap is not None:
+        capped = jnp.tanh(scores / jnp.asarray(softcap, scores.dtype))
+        scores = capped * jnp.asarray(softcap, scores.dtype)
+    scores = scores.astype(jnp.float32).reshape(b, h, groups, s, s)
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).reshape(b, h, gs, s)
+    return _bmm_nn(probs.astype(vt.dtype), vt), probs, capped
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def eager_attention(
+    qg: jax.Array, kt: jax.Array, vt: jax.Array, mask: jax.Array, scale: float, softcap: float | None, groups: int
+) -> jax.Array:
+    """transformers' eager attention on grouped queries ``qg [b, hkv, groups*s, hd]`` and keys/values
+    ``[b, hkv, s, hd]``: scores in the compute dtype, optional tanh soft-cap, mask, softmax in float32,
+    probabilities cast back for the value matmul.
+
+    The backward pass is written out (a custom VJP with the same residuals autodiff keeps: q, k, v and
+    the float32 probabilities) so that its four matmuls are plain ``A @ B`` / ``A @ B^T`` GEMMs on
+    explicitly transposed operands; autodiff's transposed-operand dots run several times slower on
+    XLA:CPU.
+    """
+    return _eager_forward(qg, kt, vt, mask, scale, softcap, groups)[0]
+
+
+def _eager_fwd(qg, kt, vt, mask, scale, softcap, groups):  # noqa: ANN001, ANN202
+    out, probs, capped = _eager_forward(qg, kt, vt, mask, scale, softcap, groups)
+    return out, (qg, kt, vt, mask, probs, capped)
+
+
+def _eager_bwd(scale, softcap, groups, res, g):  # noqa: ANN001, ANN202
+    qg, kt, vt, mask, probs, capped = res
+    p = probs.astype(vt.dtype)
+    dv = _bmm_nn(_transposed(p), g.astype(vt.dtype))
+    dp = _bmm_nt(g.astype(vt.dtype), vt).astype(jnp.float32)
+    ds = probs * (dp - jnp.sum(dp * probs, axis=-1, keepdims=True))  # softmax backward
+    b, h, gs, s = ds.shape
+    # masked scores get no gradient (they are constants in the forward), also in rows that attend to nothing
+    ds = jnp.where(mask[:, None, None, :, :], ds.reshape(b, h, groups, s, s), 0.0).reshape(b, h, gs, s)
+    ds = ds.astype(qg.dtype)
+    if capped is not None:
+        ds = ds * (1 - capped * capped)
+    ds = ds * jnp.asarray(scale, ds.dtype)
+    dq = _bmm_nn(ds, kt)
+    dk = _bmm_nn(_transposed(ds), qg)
+    return dq, dk, dv, None
+
+
+eager_attention.defvjp(_eager_fwd, _eager_bwd)
 
 
 def mlp_block(
