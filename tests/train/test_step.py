@@ -209,7 +209,7 @@ def test_nonfinite_gradients_skip_the_update_and_are_flagged(params, batch, adam
     assert not np.array_equal(np.asarray(jax.tree.leaves(ok.trainable)[0]), np.asarray(jax.tree.leaves(params)[0]))
 
 
-def test_adafactor_trains_and_8bit_adam_is_refused_with_a_fix(model, params, batch):
+def test_adafactor_trains_and_an_unknown_optimizer_is_refused_with_the_choices(model, params, batch):
     settings = OptimizerSettings(learning_rate=1e-2)
     tx, step = _step_fn(model, settings, TrainConfig(method="full", precision="fp32", optimizer="adafactor"))
     state = init_state(params, tx, settings, jax.random.PRNGKey(0))
@@ -218,16 +218,24 @@ def test_adafactor_trains_and_8bit_adam_is_refused_with_a_fix(model, params, bat
         state, m = step(state, None, _arrays(batch))
         losses.append(float(m["loss"]))
     assert losses[-1] < losses[0]
-    with pytest.raises(InvalidConfigError, match="adamw, adafactor or sgd"):
-        make_optimizer(TrainConfig(method="full", optimizer="adamw_8bit"), settings)
+    bad = TrainConfig.model_construct(**{**TrainConfig(method="full").__dict__, "optimizer": "lion"})
+    with pytest.raises(InvalidConfigError, match="adamw, adamw_8bit, paged_adamw_8bit, sgd and adafactor"):
+        make_optimizer(bad, settings)
 
 
 def test_precision_modes_map_to_dtypes():
+    from typing import get_args
+
+    from aegis.schema import Precision
+
     assert precision_dtypes("bf16_mixed").params == jnp.float32
     assert precision_dtypes("bf16_mixed").compute == jnp.bfloat16
     assert precision_dtypes("bf16").lora == jnp.bfloat16
-    with pytest.raises(InvalidConfigError, match="bf16_mixed"):
-        precision_dtypes("fp16_mixed")
+    fp16 = precision_dtypes("fp16_mixed")
+    assert (fp16.compute, fp16.params, fp16.lora, fp16.loss_scaling) == (jnp.float16, jnp.float32, jnp.float32, True)
+    assert not any(precision_dtypes(p).loss_scaling for p in get_args(Precision) if p != "fp16_mixed")
+    with pytest.raises(InvalidConfigError, match="fp16_mixed"):
+        precision_dtypes("fp8")
 
 
 def test_every_public_name_of_the_engine_imports():

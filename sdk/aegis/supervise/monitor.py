@@ -9,6 +9,8 @@ Rules, in order of precedence, for a step with loss ``l`` and gradient norm ``g`
 
 Anomalous steps never enter the history, so one spike does not raise the bar for the next; nor
 do the first ``warmup_steps`` steps, whose fast-falling loss would inflate the standard deviation.
+A step the fp16 loss scaler skipped (``overflow``: its scaled gradients overflowed, the update was
+not applied and the scale halved) is neither judged nor kept: the scaler already handled it.
 
     det = Detector(cfg.monitoring, history=state.metrics)
     for m in window:                              # StepMetrics
@@ -54,6 +56,8 @@ class Detector:
     def check(self, m: StepMetrics) -> Anomaly | None:
         """The anomaly at step ``m`` (without recording it)."""
         ids = m.sample_ids
+        if m.overflow:
+            return None
         if m.nonfinite or not math.isfinite(m.loss) or not math.isfinite(m.grad_norm):
             return Anomaly(
                 type="nan",
@@ -89,7 +93,7 @@ class Detector:
     def observe(self, m: StepMetrics) -> Anomaly | None:
         """Check a step; a clean step joins the history."""
         anomaly = self.check(m)
-        if anomaly is None and m.step > self.cfg.warmup_steps:
+        if anomaly is None and m.step > self.cfg.warmup_steps and not m.overflow:
             self.losses.append(m.loss)
         return anomaly
 

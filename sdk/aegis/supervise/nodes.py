@@ -174,6 +174,7 @@ def train_node(ctx: RunContext, gs: GraphState) -> GraphState:
                 lr=info.lr,
                 tokens_per_s=info.tokens_per_s,
                 nonfinite=info.nan_or_inf,
+                overflow=info.scaler_overflow,
                 sample_ids=info.sample_ids,
             )
             ctx.record_step(m, state.lr, engine.tier)
@@ -225,8 +226,9 @@ def monitor_node(ctx: RunContext, gs: GraphState) -> GraphState:
         if anomaly is not None:
             break
         clean.append(m)
+    kept = [m for m in clean if not m.overflow]  # a skipped fp16 overflow step has no gradient norm to keep
     metrics = state.metrics.extended(
-        [m.step for m in clean], [m.loss for m in clean], [m.grad_norm for m in clean], cfg.monitoring.history_size
+        [m.step for m in kept], [m.loss for m in kept], [m.grad_norm for m in kept], cfg.monitoring.history_size
     )
     state = state.update(metrics=metrics)
     if anomaly is not None:

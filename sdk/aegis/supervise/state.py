@@ -45,6 +45,10 @@ class StepMetrics(Frozen):
     lr: float = 0.0
     tokens_per_s: float = 0.0
     nonfinite: bool = Field(default=False, description="The engine saw NaN/Inf in loss, grads or params.")
+    overflow: bool = Field(
+        default=False,
+        description="fp16 loss-scaler overflow: update skipped and loss scale halved (routine, not an anomaly).",
+    )
     sample_ids: tuple[str, ...] = Field(default=(), description="Batch sample ids (kept for the last steps only).")
 
 

@@ -33,7 +33,14 @@ from aegis.calibration import CalibrationRecord, CalibrationStore
 from aegis.errors import InvalidConfigError, UnknownModelError
 from aegis.schema import Frozen, LoRAConfig, Method, ModelProfile, Optimizer, Precision, TrainConfig
 from aegis.train.loop import build_trainable
-from aegis.train.step import OptimizerSettings, init_state, make_optimizer, make_train_step, precision_dtypes
+from aegis.train.step import (
+    LossScaleSettings,
+    OptimizerSettings,
+    init_state,
+    make_optimizer,
+    make_train_step,
+    precision_dtypes,
+)
 
 __all__ = [
     "BenchmarkResult",
@@ -119,18 +126,19 @@ def _abstract_setup(config: dict, tc: TrainConfig, settings: OptimizerSettings) 
     dtypes = precision_dtypes(tc.precision)
     model = build_model(config, dtype=dtypes.compute, param_dtype=dtypes.params, remat=tc.gradient_checkpointing)
     tx = make_optimizer(tc, settings)
+    scaler = LossScaleSettings() if dtypes.loss_scaling else None
 
     def setup(rng: jax.Array) -> tuple[Any, Any]:
         k1, k2, k3 = jax.random.split(rng, 3)
         params = model.init(k1)
         trainable, frozen = build_trainable(model, params, tc, k2, dtypes.lora)
-        return init_state(trainable, tx, settings, k3), frozen
+        return init_state(trainable, tx, settings, k3, loss_scale=scaler), frozen
 
     state, frozen = jax.eval_shape(setup, jax.random.PRNGKey(0))
     batch = jax.eval_shape(
         lambda: {k: jnp.asarray(v) for k, v in synthetic_batch(2, tc.gradient_accumulation_steps, tc.micro_batch_size, tc.seq_len).items()}
     )
-    step = make_train_step(model, tx, settings, chunked_cross_entropy=tc.chunked_cross_entropy)
+    step = make_train_step(model, tx, settings, chunked_cross_entropy=tc.chunked_cross_entropy, loss_scale=scaler)
     return model, step, state, frozen, batch
 
 
@@ -250,18 +258,20 @@ def run_benchmark(
     dtypes = precision_dtypes(precision)
     mdl = build_model(config, dtype=dtypes.compute, param_dtype=dtypes.params, remat=gradient_checkpointing)
     tx = make_optimizer(tc, settings)
+    scaler = LossScaleSettings() if dtypes.loss_scaling else None
     with jax.default_device(device):
         k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
         params = mdl.init(k1)
         trainable, frozen = build_trainable(mdl, params, tc, k2, dtypes.lora)
         del params
-        state = init_state(trainable, tx, settings, k3)
+        state = init_state(trainable, tx, settings, k3, loss_scale=scaler)
         vocab = int(config["vocab_size"])
         batches = [
             jax.device_put(synthetic_batch(vocab, gradient_accumulation_steps, micro_batch_size, seq_len, seed + i), device)
             for i in range(2)
         ]
-        step_fn = jax.jit(make_train_step(mdl, tx, settings, chunked_cross_entropy=chunked_cross_entropy), donate_argnums=0)
+        step = make_train_step(mdl, tx, settings, chunked_cross_entropy=chunked_cross_entropy, loss_scale=scaler)
+        step_fn = jax.jit(step, donate_argnums=0)
         compiled = step_fn.lower(state, frozen, batches[0]).compile()
         compiled_memory = _memory_dict(compiled)
 

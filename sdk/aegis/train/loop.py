@@ -41,6 +41,7 @@ from aegis.schema import Frozen, TrainConfig
 from aegis.train.data import Batch, BatchSampler, Example, iter_batches
 from aegis.train.forensics import BatchForensics, analyze_batch
 from aegis.train.step import (
+    LossScaleSettings,
     OptimizerSettings,
     TrainState,
     init_state,
@@ -69,10 +70,18 @@ class StepInfo(Frozen):
     params_nonfinite: bool = Field(description="Some trainable parameter is NaN or Inf after the step.")
     update_skipped: bool = Field(description="The update was not applied because loss or grads were not finite.")
     sample_ids: tuple[str, ...] = Field(description="Ids of the examples in the step's batch.", repr=False)
+    loss_scale: float = Field(default=1.0, description="Dynamic loss scale this step used (fp16_mixed); 1 otherwise.")
+    scaler_overflow: bool = Field(
+        default=False,
+        description="fp16 loss scaling overflowed (finite loss, non-finite scaled grads at a scale > 1): the "
+        "update was skipped and the scale halved, as GradScaler does. Routine, not a divergence.",
+    )
 
     @property
     def nan_or_inf(self) -> bool:
-        return self.loss_nonfinite or self.grads_nonfinite or self.params_nonfinite
+        """Non-finite loss, params, or gradients that are not a loss-scaler overflow."""
+        grads = self.grads_nonfinite and not self.scaler_overflow
+        return self.loss_nonfinite or grads or self.params_nonfinite
 
 
 def build_trainable(
@@ -165,12 +174,17 @@ class Trainer:
             )
         trainable, frozen = build_trainable(self.model, params, train_config, lora_rng, dtypes.lora)
         self.tx = make_optimizer(train_config, self.settings)
-        state = init_state(trainable, self.tx, self.settings, state_rng)
+        self.loss_scaler = LossScaleSettings() if dtypes.loss_scaling else None
+        state = init_state(trainable, self.tx, self.settings, state_rng, loss_scale=self.loss_scaler)
         self.state: TrainState = jax.device_put(state, self._replicated)
         self.frozen = jax.device_put(frozen, self._replicated) if frozen is not None else None
 
         step = make_train_step(
-            self.model, self.tx, self.settings, chunked_cross_entropy=train_config.chunked_cross_entropy
+            self.model,
+            self.tx,
+            self.settings,
+            chunked_cross_entropy=train_config.chunked_cross_entropy,
+            loss_scale=self.loss_scaler,
         )
         self._step = jax.jit(step, donate_argnums=0, out_shardings=(self._replicated, self._replicated))
         self._eval = jax.jit(
@@ -277,6 +291,8 @@ class Trainer:
                 params_nonfinite=not bool(m["params_finite"]),
                 update_skipped=bool(m["skipped"]),
                 sample_ids=batch.sample_ids,
+                loss_scale=float(m["loss_scale"]),
+                scaler_overflow=bool(m["overflow"]),
             )
             for fn, every in self._hooks:
                 if info.step % every == 0:

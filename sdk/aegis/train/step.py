@@ -12,11 +12,26 @@ rate is ``peak_lr * schedule(step)`` (linear warmup, cosine decay to ``min_lr_ra
 ``peak_lr`` and the clip norm live in the state as scalars: the supervisor changes them
 between windows with ``dataclasses.replace`` and nothing recompiles.
 
+Precision modes (:func:`precision_dtypes`): ``fp32``, ``bf16`` (everything bf16, Adam's moments
+kept in fp32), ``bf16_mixed`` (fp32 master params, bf16 compute) and ``fp16_mixed`` (fp32 master
+params, fp16 compute, dynamic loss scaling exactly as ``torch.amp.GradScaler``: the loss is
+multiplied by ``TrainState.loss_scale`` before the backward pass, the gradients divided by it
+after; a step whose gradients overflow is skipped and halves the scale, 2000 finite steps in a
+row double it; :class:`LossScaleSettings`, :func:`update_loss_scale`).
+
+Optimizers (:func:`make_optimizer`): ``adamw``, ``adamw_8bit`` and ``paged_adamw_8bit`` (block-wise
+8-bit moments, :mod:`aegis.train.optim8bit`), ``sgd``, ``adafactor``.
+
     settings = OptimizerSettings(learning_rate=3e-4, warmup_steps=10, total_steps=200)
     tx = make_optimizer(train_config, settings)
     state = init_state(trainable, tx, settings, rng)
-    step_fn = jax.jit(make_train_step(model, tx, settings, lora=True), donate_argnums=0)
+    step_fn = jax.jit(make_train_step(model, tx, settings), donate_argnums=0)
     state, metrics = step_fn(state, frozen, batch_arrays)   # arrays [accum, micro_batch, seq]
+
+    # fp16_mixed: the state carries the loss scale, the step applies it
+    scaler = LossScaleSettings() if precision_dtypes("fp16_mixed").loss_scaling else None
+    state = init_state(trainable, tx, settings, rng, loss_scale=scaler)
+    step_fn = jax.jit(make_train_step(model, tx, settings, loss_scale=scaler), donate_argnums=0)
 """
 
 from __future__ import annotations
@@ -35,11 +50,13 @@ from aegis.schema import Frozen, Precision, TrainConfig
 
 __all__ = [
     "OptimizerSettings",
+    "LossScaleSettings",
     "TrainState",
     "Dtypes",
     "precision_dtypes",
     "make_optimizer",
     "init_state",
+    "update_loss_scale",
     "lr_schedule",
     "split_inputs",
     "token_loss_sum",
@@ -68,6 +85,19 @@ class OptimizerSettings(Frozen):
     )
 
 
+class LossScaleSettings(Frozen):
+    """Dynamic loss scaling for fp16 compute; the defaults are ``torch.amp.GradScaler``'s."""
+
+    init_scale: float = Field(default=2.0**16, gt=0, description="Loss scale of the first step.")
+    growth_factor: float = Field(default=2.0, gt=1, description="Scale multiplier after growth_interval finite steps.")
+    backoff_factor: float = Field(default=0.5, gt=0, lt=1, description="Scale multiplier after a step that overflowed.")
+    growth_interval: int = Field(default=2000, ge=1, description="Consecutive finite steps before the scale grows.")
+
+
+def _scalar(value: float, dtype: Any) -> Callable[[], jax.Array]:
+    return lambda: jnp.asarray(value, dtype)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TrainState:
@@ -79,33 +109,59 @@ class TrainState:
     rng: jax.Array  # uint32 [2] PRNG key
     peak_lr: jax.Array  # float32 scalar, settable between windows
     clip_norm: jax.Array  # float32 scalar, 0 = no clipping
+    # float32 scalar: the dynamic loss scale (fp16_mixed); 1 and unused without loss scaling
+    loss_scale: jax.Array = dataclasses.field(default_factory=_scalar(1.0, jnp.float32))
+    # int32 scalar: consecutive finite steps since the scale last changed (GradScaler's growth tracker)
+    good_steps: jax.Array = dataclasses.field(default_factory=_scalar(0, jnp.int32))
 
 
 @dataclasses.dataclass(frozen=True)
 class Dtypes:
-    """Dtypes of one precision mode: model compute, base params, trainable adapters."""
+    """Dtypes of one precision mode: model compute, base params, trainable adapters; and whether
+    the mode needs dynamic loss scaling (fp16 compute)."""
 
     compute: Any
     params: Any
     lora: Any
+    loss_scaling: bool = False
+
+
+_PRECISIONS: dict[str, Dtypes] = {
+    "fp32": Dtypes(jnp.float32, jnp.float32, jnp.float32),
+    "bf16": Dtypes(jnp.bfloat16, jnp.bfloat16, jnp.bfloat16),
+    "bf16_mixed": Dtypes(jnp.bfloat16, jnp.float32, jnp.float32),
+    "fp16_mixed": Dtypes(jnp.float16, jnp.float32, jnp.float32, loss_scaling=True),
+}
 
 
 def precision_dtypes(precision: Precision) -> Dtypes:
-    """Map the planner's precision modes onto JAX dtypes."""
-    if precision == "fp32":
-        return Dtypes(jnp.float32, jnp.float32, jnp.float32)
-    if precision == "bf16":
-        return Dtypes(jnp.bfloat16, jnp.bfloat16, jnp.bfloat16)
-    if precision == "bf16_mixed":
-        return Dtypes(jnp.bfloat16, jnp.float32, jnp.float32)
-    raise InvalidConfigError(
-        f"precision {precision!r} is not supported by the JAX engine (fp16 needs loss scaling, which it does "
-        "not implement); use bf16_mixed, bf16 or fp32"
-    )
+    """Map the planner's precision modes onto JAX dtypes.
+
+    ``fp32``: everything fp32. ``bf16``: params, adapters and compute in bf16 (the optimizers keep
+    their moments in fp32). ``bf16_mixed``: fp32 master params/adapters, bf16 compute.
+    ``fp16_mixed``: fp32 master params/adapters, fp16 compute, ``loss_scaling`` on (pass
+    :class:`LossScaleSettings` to :func:`init_state` and :func:`make_train_step`).
+    """
+    try:
+        return _PRECISIONS[precision]
+    except KeyError:
+        raise InvalidConfigError(
+            f"unknown precision {precision!r}; the JAX engine runs {', '.join(_PRECISIONS)}"
+        ) from None
 
 
 def _decay_mask(tree: Any) -> Any:
     return jax.tree.map(lambda x: getattr(x, "ndim", 0) >= 2, tree)
+
+
+def _layer_axes(tree: Any) -> Any:
+    """1 for leaves stacked over decoder layers (under a ``layers`` key), else 0."""
+
+    def axes(path: tuple, x: Any) -> int:
+        keys = {getattr(k, "key", None) for k in path}
+        return 1 if "layers" in keys and getattr(x, "ndim", 0) >= 1 else 0
+
+    return jax.tree_util.tree_map_with_path(axes, tree)
 
 
 def _fp32_update(tx: optax.GradientTransformation) -> optax.GradientTransformation:
@@ -125,18 +181,33 @@ def _fp32_update(tx: optax.GradientTransformation) -> optax.GradientTransformati
 
 
 def make_optimizer(train_config: TrainConfig, settings: OptimizerSettings) -> optax.GradientTransformation:
-    """The optax optimizer for ``train_config.optimizer``, its learning rate injectable (set every step)."""
+    """The optax optimizer for ``train_config.optimizer``, its learning rate injectable (set every step).
+
+    ``adamw``: ``optax.adamw`` (torch AdamW). ``adamw_8bit`` and ``paged_adamw_8bit``: the same
+    update with block-wise 8-bit moments (:func:`aegis.train.optim8bit.adamw_8bit`, bitsandbytes'
+    AdamW8bit; "paged" is a CUDA unified-memory placement of the same state, which XLA does not
+    have, so both names run this optimizer). ``sgd``: SGD with momentum ``b1``. ``adafactor``:
+    ``optax.adafactor``. Adam's arithmetic and moments are fp32 whatever the params' dtype; weight
+    decay applies to matrices only.
+    """
     name = train_config.optimizer
+    adam_args = dict(
+        learning_rate=settings.learning_rate,
+        b1=settings.b1,
+        b2=settings.b2,
+        eps=settings.eps,
+        weight_decay=settings.weight_decay,
+        mask=_decay_mask,
+    )
     if name == "adamw":
         # static: inject_hyperparams would otherwise call the mask like a schedule, with the step count
-        return _fp32_update(optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
-            learning_rate=settings.learning_rate,
-            b1=settings.b1,
-            b2=settings.b2,
-            eps=settings.eps,
-            weight_decay=settings.weight_decay,
-            mask=_decay_mask,
-        ))
+        return _fp32_update(optax.inject_hyperparams(optax.adamw, static_args=("mask",))(**adam_args))
+    if name in ("adamw_8bit", "paged_adamw_8bit"):
+        from aegis.train.optim8bit import adamw_8bit
+
+        static = ("mask", "block_size", "min_8bit_size", "batch_dims")
+        # per-layer parameters, as bitsandbytes sees them: stacked layers are quantised slice by slice
+        return _fp32_update(optax.inject_hyperparams(adamw_8bit, static_args=static)(**adam_args, batch_dims=_layer_axes))
     if name == "sgd":
         return optax.inject_hyperparams(optax.sgd)(learning_rate=settings.learning_rate, momentum=settings.b1)
     if name == "adafactor":
@@ -149,13 +220,19 @@ def make_optimizer(train_config: TrainConfig, settings: OptimizerSettings) -> op
             weight_decay_mask=_decay_mask if settings.weight_decay else None,
         )
     raise InvalidConfigError(
-        f"optimizer {name!r} has no faithful optax implementation (optax has no 8-bit-state Adam); "
-        "use adamw, adafactor or sgd with the JAX engine"
+        f"unknown optimizer {name!r}; the JAX engine runs adamw, adamw_8bit, paged_adamw_8bit, sgd and adafactor"
     )
 
 
-def init_state(trainable: Any, tx: optax.GradientTransformation, settings: OptimizerSettings, rng: jax.Array) -> TrainState:
-    """A fresh state at step 0."""
+def init_state(
+    trainable: Any,
+    tx: optax.GradientTransformation,
+    settings: OptimizerSettings,
+    rng: jax.Array,
+    *,
+    loss_scale: LossScaleSettings | None = None,
+) -> TrainState:
+    """A fresh state at step 0 (loss scale ``loss_scale.init_scale``, or 1 without loss scaling)."""
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         trainable=trainable,
@@ -163,7 +240,27 @@ def init_state(trainable: Any, tx: optax.GradientTransformation, settings: Optim
         rng=rng,
         peak_lr=jnp.asarray(settings.learning_rate, jnp.float32),
         clip_norm=jnp.asarray(settings.clip_norm, jnp.float32),
+        loss_scale=jnp.asarray(loss_scale.init_scale if loss_scale else 1.0, jnp.float32),
+        good_steps=jnp.zeros((), jnp.int32),
     )
+
+
+def update_loss_scale(
+    scale: jax.Array, good_steps: jax.Array, finite: jax.Array, settings: LossScaleSettings
+) -> tuple[jax.Array, jax.Array]:
+    """``(scale, good_steps)`` after a step whose gradients were ``finite`` or not: torch's
+    ``_amp_update_scale_``. Overflow: scale x backoff, counter 0. Finite: counter + 1; at
+    ``growth_interval`` the scale grows by ``growth_factor`` (kept if the result is finite), counter 0."""
+    scale = jnp.asarray(scale, jnp.float32)
+    good = jnp.asarray(good_steps, jnp.int32) + 1
+    grow = good == settings.growth_interval
+    grown = scale * jnp.float32(settings.growth_factor)
+    grown = jnp.where(jnp.isfinite(grown), grown, scale)
+    ok_scale = jnp.where(grow, grown, scale)
+    ok_good = jnp.where(grow, 0, good)
+    new_scale = jnp.where(finite, ok_scale, scale * jnp.float32(settings.backoff_factor))
+    new_good = jnp.where(finite, ok_good, 0).astype(jnp.int32)
+    return new_scale, new_good
 
 
 def lr_schedule(step: jax.Array, peak_lr: jax.Array, settings: OptimizerSettings) -> jax.Array:
@@ -261,13 +358,22 @@ def make_train_step(
     settings: OptimizerSettings,
     *,
     chunked_cross_entropy: bool = False,
+    loss_scale: LossScaleSettings | None = None,
 ) -> Callable[[TrainState, Any, Batch], tuple[TrainState, dict[str, jax.Array]]]:
     """The (unjitted) train step ``(state, frozen, batch) -> (state, metrics)``.
 
     ``batch`` arrays are ``[accum, micro_batch, seq]``; gradients are summed over the micro
     batches with ``lax.scan`` (in float32) and divided by the step's total target tokens.
+
+    With ``loss_scale`` (fp16 compute) each micro batch differentiates its token-loss sum times
+    ``state.loss_scale / step tokens`` (the scaled mean loss, as GradScaler scales a mean loss), the
+    summed gradients are divided by the scale, a step whose gradients are not finite is always
+    skipped, and the scale and its counter move as :func:`update_loss_scale` says.
+
     Metrics: loss, grad_norm (before clipping), lr, tokens, loss_finite, grads_finite,
-    params_finite, skipped.
+    params_finite, skipped, loss_scale (the scale this step used; 1 without loss scaling) and
+    overflow (loss scaling on, loss finite, gradients not finite at a scale above 1: the
+    scaler's routine overflow, handled by skipping and backing off, not a divergence).
     """
 
     def loss_sum(trainable: Any, frozen: Any, mb: Batch, rng: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -275,19 +381,33 @@ def make_train_step(
             model, trainable, frozen, mb, chunked=chunked_cross_entropy, chunk_tokens=settings.ce_chunk_tokens, rng=rng
         )
 
-    grad_fn = jax.value_and_grad(loss_sum, has_aux=True)
+    def scaled_loss_sum(
+        trainable: Any, frozen: Any, mb: Batch, rng: jax.Array, factor: jax.Array
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        total, count = loss_sum(trainable, frozen, mb, rng)
+        return total * factor, (total, count)
+
+    grad_fn = jax.grad(scaled_loss_sum, has_aux=True)
 
     def step(state: TrainState, frozen: Any, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         accum = batch["input_ids"].shape[0]
         rng, step_rng = jax.random.split(state.rng)
+        if loss_scale is not None:  # differentiate scale x mean loss: the step's token count is known up front
+            scale = state.loss_scale
+            factor = scale / jnp.maximum(jnp.sum(batch["loss_mask"].astype(jnp.float32)), 1.0)
+        else:
+            scale = jnp.ones((), jnp.float32)
+            factor = jnp.ones((), jnp.float32)
         if accum == 1:
-            (total, count), grads = grad_fn(state.trainable, frozen, jax.tree.map(lambda x: x[0], batch), step_rng)
+            grads, (total, count) = grad_fn(
+                state.trainable, frozen, jax.tree.map(lambda x: x[0], batch), step_rng, factor
+            )
         else:
 
             def body(carry: tuple, xs: tuple[Batch, jax.Array]) -> tuple[tuple, None]:
                 g_acc, t_acc, c_acc = carry
                 mb, i = xs
-                (t, c), g = grad_fn(state.trainable, frozen, mb, jax.random.fold_in(step_rng, i))
+                g, (t, c) = grad_fn(state.trainable, frozen, mb, jax.random.fold_in(step_rng, i), factor)
                 g_acc = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_acc, g)
                 return (g_acc, t_acc + t, c_acc + c), None
 
@@ -296,11 +416,14 @@ def make_train_step(
             (grads, total, count), _ = jax.lax.scan(body, init, (batch, jnp.arange(accum)))
         denom = jnp.maximum(count, 1.0)
         loss = total / denom
-        grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state.trainable)
+        if loss_scale is not None:
+            grads = jax.tree.map(lambda g, p: (g.astype(jnp.float32) / scale).astype(p.dtype), grads, state.trainable)
+        else:
+            grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state.trainable)
         grad_norm = optax.global_norm(grads)
         clip = state.clip_norm
-        scale = jnp.where((clip > 0) & (grad_norm > clip), clip / jnp.maximum(grad_norm, 1e-12), 1.0)
-        grads = jax.tree.map(lambda g: (g * scale).astype(g.dtype), grads)
+        clip_scale = jnp.where((clip > 0) & (grad_norm > clip), clip / jnp.maximum(grad_norm, 1e-12), 1.0)
+        grads = jax.tree.map(lambda g: (g * clip_scale).astype(g.dtype), grads)
 
         lr = lr_schedule(state.step, state.peak_lr, settings)
         hp = state.opt_state.hyperparams
@@ -313,11 +436,23 @@ def make_train_step(
         loss_finite = jnp.isfinite(loss)
         grads_finite = jnp.isfinite(grad_norm)
         skip = jnp.logical_not(loss_finite & grads_finite) if settings.skip_nonfinite else jnp.array(False)
+        if loss_scale is not None:
+            skip = skip | jnp.logical_not(grads_finite)
+            new_scale, new_good = update_loss_scale(scale, state.good_steps, grads_finite, loss_scale)
+            overflow = loss_finite & jnp.logical_not(grads_finite) & (scale > 1.0)
+        else:
+            new_scale, new_good, overflow = state.loss_scale, state.good_steps, jnp.array(False)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(skip, b, a), new, old)  # noqa: E731
         new_trainable = keep(new_trainable, state.trainable)
         new_opt = keep(new_opt, opt_state)
         new_state = dataclasses.replace(
-            state, step=state.step + 1, trainable=new_trainable, opt_state=new_opt, rng=rng
+            state,
+            step=state.step + 1,
+            trainable=new_trainable,
+            opt_state=new_opt,
+            rng=rng,
+            loss_scale=new_scale,
+            good_steps=new_good,
         )
         metrics = {
             "loss": loss,
@@ -328,6 +463,8 @@ def make_train_step(
             "grads_finite": grads_finite,
             "params_finite": _all_finite(new_trainable),
             "skipped": skip,
+            "loss_scale": scale,
+            "overflow": overflow,
         }
         return new_state, metrics
 
