@@ -23,7 +23,9 @@ from aegis.memory._dtypes import placement
 from aegis.memory.activations import Setting, head_saved_bytes_per_token, layer_activation_terms, loss_bytes_per_token
 from aegis.memory.components import optimizer_state_bytes, optimizer_temp_bytes, sizes
 from aegis.units import gib
-from aegis.schema import GPU, Attention, LoRAConfig, MemoryComponent, MemoryEstimate, Method, ModelProfile, Optimizer, Precision, TrainConfig
+from aegis.schema import (
+    GPU, Attention, Framework, LoRAConfig, MemoryComponent, MemoryEstimate, Method, ModelProfile, Optimizer, Precision, TrainConfig,
+)
 
 __all__ = ["estimate_memory", "estimate", "DEFAULT_OVERHEAD_BYTES"]
 
@@ -61,8 +63,13 @@ def estimate_memory(
     eval_seq_len: int | None = None,
     eval_batch_size: int | None = None,
     fsdp_shards: int = 1,
+    gradient_accumulation_steps: int = 1,
+    framework: Framework = "hf",
 ) -> MemoryEstimate:
-    """Predict the peak memory of a training step. Raises `InvalidConfigError` on impossible settings."""
+    """Predict the peak memory of a training step. Raises `InvalidConfigError` on impossible settings.
+
+    ``framework="hf"`` sizes HF Trainer on PyTorch; ``"jax"`` Aegis' JAX engine as XLA compiles it
+    (`aegis.memory.jax_profile`; XLA:CPU's layout when no GPU is named)."""
     profile = model if isinstance(model, ModelProfile) else resolve_model(model)
     if method != "full" and lora is None:
         lora = LoRAConfig(rank=lora_rank) if lora_rank else LoRAConfig()
@@ -70,12 +77,13 @@ def estimate_memory(
         cfg = TrainConfig(
             method=method, micro_batch_size=micro_batch_size, seq_len=seq_len,
             gradient_checkpointing=gradient_checkpointing, attention=attention,
-            chunked_cross_entropy=chunked_cross_entropy, precision=precision, optimizer=optimizer,
+            gradient_accumulation_steps=gradient_accumulation_steps, chunked_cross_entropy=chunked_cross_entropy, precision=precision, optimizer=optimizer,
             lora=lora if method != "full" else None,
         )
     except ValueError as err:
         raise InvalidConfigError(_first_error(err)) from err
-    return estimate(profile, cfg, gpu=gpu, eval_seq_len=eval_seq_len, eval_batch_size=eval_batch_size, fsdp_shards=fsdp_shards)
+    return estimate(profile, cfg, gpu=gpu, eval_seq_len=eval_seq_len, eval_batch_size=eval_batch_size, fsdp_shards=fsdp_shards,
+                    framework=framework)
 
 
 def _first_error(err: ValueError) -> str:
@@ -95,8 +103,17 @@ def estimate(
     eval_seq_len: int | None = None,
     eval_batch_size: int | None = None,
     fsdp_shards: int = 1,
+    framework: Framework = "hf",
 ) -> MemoryEstimate:
     """`estimate_memory` for a resolved profile and a full `TrainConfig`."""
+    if framework == "jax":
+        if fsdp_shards != 1:
+            raise InvalidConfigError("the JAX engine runs on one device: drop fsdp_shards or use framework='hf'")
+        from aegis.memory.jax_profile import estimate_jax
+
+        return estimate_jax(profile, cfg, gpu=gpu, eval_seq_len=eval_seq_len, eval_batch_size=eval_batch_size)
+    if framework != "hf":
+        raise InvalidConfigError(f"framework must be 'hf' or 'jax', got {framework!r}")
     gpu_obj = find_gpu(gpu) if isinstance(gpu, str) else gpu
     if fsdp_shards < 1:
         raise InvalidConfigError(f"fsdp_shards must be >= 1, got {fsdp_shards}")

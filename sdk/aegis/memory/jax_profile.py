@@ -1,0 +1,407 @@
+"""The planner's ``jax`` framework profile: peak memory of Aegis' JAX train step as XLA lays it out.
+
+`aegis.train.step.make_train_step` compiles one XLA program per configuration; its peak is what
+``compiled.memory_analysis()`` reports (`aegis.train.benchmark.jax_step_memory`): arguments +
+outputs - donated (aliased) state + temporaries. This module predicts that number from shapes alone,
+component by component, without importing JAX:
+
+- **static arguments**, exact from the engine's parameter tree: the frozen base (bf16/fp32, or NF4
+  packed codes + uint8 absmax + fp32 absmax scales per layer slice for QLoRA, `train/nf4.py`), the
+  trainable tree, optimizer state (AdamW moments in fp32 via ``_fp32_update``; SGD momentum and
+  Adafactor's factored moments in the param dtype; ``inject_hyperparams`` scalars) and the batch
+  (five int32/float32 ``[accum, b, s]`` arrays). The new state is written into the donated buffers,
+  so it costs nothing extra.
+- **gradients**: the backward dots produce float32 weight gradients, cast to the param dtype for
+  the global norm and the update (a second copy for bf16 params); float32 accumulators with
+  gradient accumulation.
+- **activations**: what the backward pass reads, per layer and token, from the engine's code
+  (`train/models/layers.py`, `decoder.py`): float32 masked attention scores, probabilities and the
+  boolean mask per head ([b, heads, s, s]: the engine's ``xla`` attention materialises them), the
+  two RMSNorm float32 inputs, q/k/v/o and rope tables, six [b, s, intermediate] MLP tensors, LoRA
+  ``x @ A``. Under ``remat`` each layer keeps only its input and one layer is recomputed.
+- **logits**: float32 [b, s, vocab] logits, their exp, the one-hot target select and the gradient
+  (chunked cross-entropy: one chunk of them).
+- **backward temporaries**: one layer's gradient working set, and for QLoRA one layer's
+  dequantised weights (rematerialised in the backward pass).
+
+XLA:CPU has no native bf16 arithmetic: it upcasts bf16 operands to float32, so on CPU the residuals
+and the weights the backward dots read get float32 copies (``platform="cpu"``); XLA:GPU computes in
+bf16 (``platform="gpu"``). ``estimate_jax`` models the GPU layout when a GPU is named and XLA:CPU
+(what `jax_step_memory` measures on a machine without one) otherwise.
+
+    from aegis.memory.jax_profile import estimate_jax
+    est = estimate_jax(profile, TrainConfig(method="lora", micro_batch_size=2, seq_len=512))
+    est.framework, est.tensor_bytes, [(c.key, c.bytes) for c in est.components]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from aegis.errors import InvalidConfigError
+from aegis.families import get_family
+from aegis.families.base import Family, LayerShape
+from aegis.hardware import find_gpu
+from aegis.schema import GPU, MemoryComponent, MemoryEstimate, ModelProfile, TrainConfig
+
+__all__ = ["Platform", "Leaf", "engine_leaves", "nf4_leaf_bytes", "optimizer_state_bytes", "estimate_jax", "UNROLL_MAX_LAYERS"]
+
+Platform = Literal["cpu", "gpu"]
+"""XLA backend whose buffer layout is modelled: ``cpu`` upcasts bf16 to float32, ``gpu`` does not."""
+
+UNROLL_MAX_LAYERS = 8
+"""The engine unrolls models this shallow and scans deeper ones (`train/models/decoder.py`)."""
+
+NF4_BLOCK = 64
+"""Weights per NF4 absmax (`train/nf4.py` ``block_size``)."""
+NF4_BLOCK2 = 256
+"""Absmax values per float32 double-quantisation scale."""
+ADAFACTOR_MIN_DIM = 128
+"""optax.adafactor ``min_dim_size_to_factor``: both factored dimensions must be at least this."""
+BATCH_ARRAYS = 5
+"""input_ids, targets, loss_mask, segment_ids, positions: 4 bytes per token each."""
+STATE_SCALAR_BYTES = 4 + 8 + 4 + 4
+"""TrainState.step (int32), rng (uint32[2]), peak_lr and clip_norm (float32)."""
+METRIC_BYTES = 8 * 4
+"""The step's eight scalar metrics (outputs that alias nothing)."""
+_FP32 = 4
+
+_DEFAULT_OVERHEAD = 1 << 30
+_DYNAMIC_FRACTION = 0.04
+_DYNAMIC_FLOOR = 256 << 20
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One array of the engine's parameter tree: stacked layer tensors carry the layer axis first."""
+
+    path: str
+    shape: tuple[int, ...]
+    matrix: bool
+    """A weight the layers multiply by (quantised under QLoRA, in the weight-decay group)."""
+    quantizable: bool
+    stacked: bool
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+def engine_leaves(profile: ModelProfile) -> list[Leaf]:
+    """The JAX engine's parameter tree for a profile (`train/models/spec.py` ``param_shapes``):
+    embeddings, per-layer tensors stacked over layers, final norm, untied head."""
+    fam = get_family(profile.config)
+    c = profile.config
+    layers = fam.layers(c)
+    n, d, v = len(layers), fam.hidden(c), fam.vocab(c)
+    layer = layers[0]
+    out = [Leaf("model.embed_tokens.weight", (v, d), matrix=False, quantizable=False, stacked=False)]
+    for lin in layer.linears:
+        shape = (n, lin.count, lin.out_features, lin.in_features) if lin.count > 1 else (n, lin.out_features, lin.in_features)
+        out.append(Leaf(f"model.layers.{lin.name}.weight", shape, matrix=True, quantizable=True, stacked=True))
+        if lin.bias:
+            out.append(Leaf(f"model.layers.{lin.name}.bias", (n, lin.count * lin.out_features), matrix=False,
+                            quantizable=False, stacked=True))
+    if layer.router_params:
+        out.append(Leaf("model.layers.mlp.gate.weight", (n, layer.router_params), matrix=True, quantizable=False, stacked=True))
+    for i in range(max(1, layer.norm_params // d)):
+        width = d if layer.norm_params >= d else layer.norm_params
+        out.append(Leaf(f"model.layers.norm{i}.weight", (n, width), matrix=False, quantizable=False, stacked=True))
+    rest = layer.norm_params - max(1, layer.norm_params // d) * d
+    if rest > 0:  # q/k norms (head_dim wide)
+        out.append(Leaf("model.layers.qk_norm.weight", (n, rest), matrix=False, quantizable=False, stacked=True))
+    out.append(Leaf("model.norm.weight", (fam.final_norm_params(c),), matrix=False, quantizable=False, stacked=False))
+    if not fam.tied(c):
+        out.append(Leaf("lm_head.weight", (v, d), matrix=True, quantizable=False, stacked=False))
+    return out
+
+
+def nf4_leaf_bytes(leaf: Leaf) -> int:
+    """Bytes of one stacked weight quantised per layer slice as `train/nf4.py` stores it: packed uint8
+    codes (two per byte), uint8 absmax per 64 weights, float32 scale per 256 absmax, float32 offset."""
+    layers = leaf.shape[0]
+    n = math.prod(leaf.shape[1:])
+    blocks = -(-n // NF4_BLOCK)
+    return layers * (-(-n // 2) + blocks + _FP32 * -(-blocks // NF4_BLOCK2) + _FP32)
+
+
+def _lora_leaves(profile: ModelProfile, cfg: TrainConfig) -> list[tuple[int, ...]]:
+    """Shapes of the adapter matrices `train/lora.py` creates: A [L, r, in], B [L, out, r] per target."""
+    lora = cfg.lora_config
+    fam = get_family(profile.config)
+    layers = fam.layers(profile.config)
+    n = len(layers)
+    targets = set(lora.target_modules)
+    shapes = []
+    for lin in layers[0].linears:
+        if lin.count > 1 or lin.name.startswith("experts") or not lin.lora_targetable:
+            continue  # fused MoE expert stacks are not nn.Linear: never targeted
+        if "all-linear" in targets or lin.name in targets or lin.name.split(".")[-1] in targets:
+            shapes += [(n, lora.rank, lin.in_features), (n, lin.out_features, lora.rank)]
+    return shapes
+
+
+def _widths(cfg: TrainConfig) -> tuple[int, int, int]:
+    """(compute, frozen/full param, adapter) element bytes per precision (`step.precision_dtypes`)."""
+    if cfg.precision == "fp32":
+        return 4, 4, 4
+    if cfg.precision == "bf16":
+        return 2, 2, 2
+    if cfg.precision == "bf16_mixed":
+        return 2, 4, 4
+    raise InvalidConfigError(
+        f"precision {cfg.precision!r} is not supported by the JAX engine (no loss scaling for fp16); "
+        "use bf16_mixed, bf16 or fp32"
+    )
+
+
+def _adafactor_bytes(shape: tuple[int, ...], width: int) -> int:
+    dims = sorted(range(len(shape)), key=lambda i: shape[i])
+    if len(shape) >= 2 and shape[dims[-2]] >= ADAFACTOR_MIN_DIM:
+        size = math.prod(shape)
+        return width * (size // shape[dims[-1]] + size // shape[dims[-2]] + 1)  # v_row, v_col, v placeholder
+    return width * (math.prod(shape) + 2)  # v, v_row and v_col placeholders
+
+
+def optimizer_state_bytes(cfg: TrainConfig, shapes: list[tuple[int, ...]], param_width: int) -> tuple[int, str]:
+    """Bytes of the optax state `step.make_optimizer` builds for trainable leaves of these shapes."""
+    count = sum(math.prod(s) for s in shapes)
+    if cfg.optimizer == "adamw":
+        # _fp32_update: mu and nu in float32; count, inner count and 6 injected float32 hyper-parameters
+        return 2 * _FP32 * count + 8 * 4, f"AdamW mu + nu in fp32: 2 x {count:,} x 4 B"
+    if cfg.optimizer == "sgd":
+        return param_width * count + 4 + 2 * param_width, f"SGD momentum trace: {count:,} x {param_width} B"
+    if cfg.optimizer == "adafactor":
+        total = sum(_adafactor_bytes(s, param_width) for s in shapes) + 5 * 4 + 4 * param_width
+        return total, f"Adafactor factored second moments (row + column means) in {param_width}-byte floats"
+    raise InvalidConfigError(
+        f"optimizer {cfg.optimizer!r} has no optax implementation in the JAX engine; use adamw, adafactor or sgd"
+    )
+
+
+@dataclass(frozen=True)
+class _Shapes:
+    fam: Family
+    layers: list[LayerShape]
+    n: int
+    d: int
+    heads: int
+    kv: int
+    head_dim: int
+    inter: int
+    vocab: int
+
+    @property
+    def q(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kvd(self) -> int:
+        return self.kv * self.head_dim
+
+
+def _shapes(profile: ModelProfile) -> _Shapes:
+    fam = get_family(profile.config)
+    c = profile.config
+    layers = fam.layers(c)
+    layer = layers[0]
+    inter = layer.mlp_intermediate * max(1, layer.experts_per_tok) + layer.shared_expert_intermediate
+    return _Shapes(fam, layers, len(layers), fam.hidden(c), fam.heads(c), fam.kv_heads(c), fam.head_dim(c), inter, fam.vocab(c))
+
+
+def _layer_residual_per_token(sh: _Shapes, seq: int, r: int, lora_ranks: int, scanned: bool) -> dict[str, int]:
+    """Bytes per token one layer keeps for its backward pass, by kind (r: float width of the kept copies).
+
+    From the buffers XLA keeps per layer (its memory-usage report of the compiled step): the float32
+    masked attention scores per head (scanned: probabilities are recomputed from them; unrolled: a
+    float32 transposed copy of the probabilities for the value gradient stays too), float32 RMSNorm
+    inputs and eight more hidden-wide tensors (normed outputs, residual stream, attention output,
+    projection inputs), q/k/v after rope, the six [b, s, intermediate] MLP tensors (gate, up,
+    act(gate), its derivative pieces, down-proj input) plus a compute-dtype original, LoRA x @ A.
+    """
+    layer = sh.layers[0]
+    terms = {
+        "attention scores": (1 if scanned else 2) * _FP32 * sh.heads * seq + 2 * _FP32 * sh.heads,
+        "hidden": 9 * r * sh.d,
+        "q/k/v": r * (sh.q + 2 * sh.kvd),
+        "mlp": (6 * r + 4) * sh.inter,
+        "lora": r * lora_ranks,
+    }
+    if layer.num_experts:
+        terms["router"] = 3 * _FP32 * layer.num_experts
+    return terms
+
+
+def estimate_jax(
+    profile: ModelProfile,
+    cfg: TrainConfig,
+    *,
+    gpu: str | GPU | None = None,
+    platform: Platform | None = None,
+    eval_seq_len: int | None = None,
+    eval_batch_size: int | None = None,
+) -> MemoryEstimate:
+    """Predicted peak of the JAX engine's compiled train step for one configuration.
+
+    ``platform`` defaults to ``gpu`` when a GPU is named and ``cpu`` (XLA:CPU, what
+    `jax_step_memory` measures here) otherwise.
+    """
+    gpu_obj = find_gpu(gpu) if isinstance(gpu, str) else gpu
+    plat: Platform = platform or ("gpu" if gpu_obj is not None else "cpu")
+    comp, pw, aw = _widths(cfg)
+    sh = _shapes(profile)
+    scanned = cfg.method == "qlora" or sh.n > UNROLL_MAX_LAYERS
+    # XLA:CPU computes bf16 in float32: the weights the backward dots read get float32 copies, and so do
+    # the scanned layers' stacked residuals (converted whole before the backward loop); unrolled layers
+    # convert inside their fusions
+    upcast = plat == "cpu" and comp == 2
+    r = _FP32 if plat == "cpu" and scanned else comp
+    b, s, accum = cfg.micro_batch_size, cfg.seq_len, cfg.gradient_accumulation_steps
+    tokens = b * s
+    leaves = engine_leaves(profile)
+    total_params = sum(x.size for x in leaves)
+    matrices = [x for x in leaves if x.matrix]
+    layer_matrix_params = sum(x.size for x in matrices if x.stacked)
+    head_params = sh.vocab * sh.d  # the head dot reads the lm_head (or the tied embedding)
+
+    # ----- static arguments -------------------------------------------------------------------
+    if cfg.method == "full":
+        trainable_shapes = [x.shape for x in leaves]
+        weights, weights_formula = total_params * pw, f"{total_params:,} params x {pw} B"
+        adapters = adapter_params = 0
+        trainable_params, tw = total_params, pw
+    else:
+        trainable_shapes = _lora_leaves(profile, cfg)
+        if not trainable_shapes:
+            raise InvalidConfigError(
+                f"LoRA target_modules {list(cfg.lora_config.target_modules)} match no linear layer of {profile.model_id}; "
+                "use names like q_proj, v_proj or all-linear"
+            )
+        adapter_params = sum(math.prod(x) for x in trainable_shapes)
+        adapters, trainable_params, tw = adapter_params * aw, adapter_params, aw
+        if cfg.method == "lora":
+            weights, weights_formula = total_params * pw, f"{total_params:,} params x {pw} B (frozen)"
+        else:
+            quant = [x for x in leaves if x.quantizable]
+            q_params = sum(x.size for x in quant)
+            nf4 = sum(nf4_leaf_bytes(x) for x in quant)
+            weights = nf4 + (total_params - q_params) * pw
+            weights_formula = (
+                f"NF4 {q_params:,} x (0.5 B + 1 B/64 uint8 absmax + 4 B/16,384 scales) per layer slice; "
+                f"{total_params - q_params:,} unquantised (embeddings, head, norms) x {pw} B"
+            )
+    optimizer, optimizer_formula = optimizer_state_bytes(cfg, trainable_shapes, tw)
+    batch = accum * tokens * BATCH_ARRAYS * 4
+    scalars = STATE_SCALAR_BYTES + METRIC_BYTES
+
+    # ----- gradients --------------------------------------------------------------------------
+    # the backward dots emit float32 weight gradients (XLA:GPU: the param dtype); each leaf is cast to the
+    # param dtype once complete, into memory its float32 gradient frees, so the cast adds no peak
+    grad_width = _FP32 if plat == "cpu" else tw
+    accumulators = trainable_params * _FP32 if accum > 1 else 0
+    gradients = trainable_params * grad_width + accumulators
+    grad_formula = f"{trainable_params:,} trainable x {grad_width} B"
+    if accumulators:
+        grad_formula += f" + fp32 accumulators {trainable_params:,} x 4 B (accum {accum})"
+    if cfg.method == "full" and sh.fam.tied(profile.config):
+        grad_formula += " (tied head: dot and scatter gradients)"
+
+    # ----- activations ------------------------------------------------------------------------
+    lora_ranks = 0
+    if cfg.method != "full":
+        lora_ranks = cfg.lora_config.rank * (len(trainable_shapes) // 2)
+    terms = _layer_residual_per_token(sh, s, r, lora_ranks, scanned)
+    per_layer = sum(terms.values())
+    recompute = 0
+    # Unrolled layers checkpoint with prevent_cse=False: XLA merges the recomputation with the forward
+    # pass, so remat only takes effect in the scanned path
+    remat = cfg.gradient_checkpointing and scanned
+    if remat:
+        kept_width = comp + (r if upcast else 0)  # each layer's input (and XLA:CPU's float32 copy of it)
+        activations = sh.n * tokens * kept_width * sh.d
+        recompute = tokens * per_layer
+        act_formula = f"remat: {sh.n} layer inputs x {tokens:,} tokens x {sh.d:,} x {kept_width} B"
+    else:
+        activations = sh.n * tokens * per_layer
+        detail = ", ".join(f"{k} {v:,}" for k, v in terms.items())
+        act_formula = f"{sh.n} layers x {tokens:,} tokens x {per_layer:,} B ({detail})"
+
+    # ----- logits -----------------------------------------------------------------------------
+    logit_width = 2 * _FP32  # float32 logits (exp(logits - max) in place) and their gradient; the rest fuses
+    if cfg.chunked_cross_entropy:
+        chunk = min(1024, tokens)
+        logits = chunk * sh.vocab * logit_width + tokens * sh.d * _FP32
+        logits_formula = f"chunked: {chunk:,}-token chunk x {sh.vocab:,} vocab x {logit_width} B + fp32 hidden grads"
+    else:
+        logits = tokens * sh.vocab * logit_width
+        logits_formula = f"{tokens:,} tokens x {sh.vocab:,} vocab x {logit_width} B (fp32 logits and their gradient)"
+
+    # ----- copies and backward temporaries ----------------------------------------------------
+    bwd_per_token = sh.heads * s * _FP32 + 3 * _FP32 * sh.inter + 4 * _FP32 * sh.d
+    backward = tokens * bwd_per_token + recompute
+    head_copy = head_params * _FP32 if upcast else 0  # XLA:CPU float32 copy of the bf16 head for its two dots
+    layer_copies = layer_matrix_params * _FP32 if upcast and cfg.method != "qlora" else 0
+    dequant = (layer_matrix_params // sh.n) * (_FP32 + comp) if cfg.method == "qlora" else 0  # one layer's dense weights
+    head_grad = 0
+    if cfg.method == "full":  # the head's float32 dot gradient (tied: the embedding's scatter gradient is separate)
+        head_grad = head_params * _FP32
+
+    static = {"weights": weights, "adapters": adapters, "optimizer": optimizer, "batch": batch + scalars}
+    moments = {
+        "loss and head backward": {
+            **static, "activations": activations, "logits": logits, "head copy": head_copy,
+            "weight copies": layer_copies, "gradients": gradients + head_grad,
+        },
+        "backward of the layers": {
+            **static, "activations": activations, "backward temporaries": backward + dequant,
+            "weight copies": layer_copies, "gradients": gradients + head_grad,
+        },
+    }
+    peak_name, parts = max(moments.items(), key=lambda kv: sum(kv[1].values()))
+    tensor = sum(parts.values())
+    labels = {
+        "weights": ("Base model" + (" (NF4)" if cfg.method == "qlora" else f" ({'bf16' if pw == 2 else 'fp32'})"),
+                    weights_formula, "frozen argument" if cfg.method != "full" else "trained; the update reuses its buffers"),
+        "adapters": (f"LoRA adapters ({'bf16' if aw == 2 else 'fp32'})",
+                     f"{adapter_params:,} params (rank {cfg.lora_config.rank}) x {aw} B", "donated: the update reuses them"),
+        "optimizer": (f"Optimizer state ({cfg.optimizer})", optimizer_formula, "donated: the update reuses them"),
+        "batch": ("Batch + state scalars", f"{accum} x {tokens:,} tokens x {BATCH_ARRAYS} arrays x 4 B",
+                  "input_ids, targets, loss_mask, segment_ids, positions"),
+        "gradients": ("Gradients", grad_formula, "all layers' gradients live at the end of backward"),
+        "activations": ("Activations" + (" (remat)" if remat else ""), act_formula,
+                        f"micro batch {b} x seq {s:,}; {'scanned' if scanned else 'unrolled'} layers"),
+        "logits": ("Logits + loss buffers" + (" (chunked CE)" if cfg.chunked_cross_entropy else ""), logits_formula,
+                   f"{sh.vocab:,}-token vocabulary, float32"),
+        "backward temporaries": ("Backward temporaries", f"{tokens:,} tokens x {bwd_per_token:,} B"
+                                 + (f" + one layer recomputed ({tokens:,} x {per_layer:,} B)" if recompute else "")
+                                 + (f" + one layer dequantised ({layer_matrix_params // sh.n:,} x {_FP32 + comp} B)" if dequant else ""),
+                                 "one layer's score, MLP and hidden gradients"),
+        "weight copies": ("Weight copies (fp32)", f"{layer_matrix_params:,} layer weights x 4 B",
+                          "XLA:CPU upcasts the bf16 weights the dots read"),
+        "head copy": ("Head weight copy (fp32)", f"{head_params:,} x 4 B", "XLA:CPU upcasts the bf16 head for its two dots"),
+    }
+    components = tuple(
+        MemoryComponent(name=labels[k][0], key=k, bytes=int(v), formula=labels[k][1], note=labels[k][2])
+        for k, v in parts.items()
+        if v or k in ("weights", "optimizer")
+    )
+    overhead = gpu_obj.overhead_bytes if gpu_obj else _DEFAULT_OVERHEAD
+    dynamic = int(_DYNAMIC_FRACTION * tensor + _DYNAMIC_FLOOR)
+    total = tensor + overhead
+    eval_tokens = (eval_batch_size or b) * (eval_seq_len or s)
+    eval_seq = eval_seq_len or s
+    eval_peak = (weights + adapters + optimizer + eval_tokens * (sh.vocab * 2 * _FP32 + sh.heads * eval_seq * (_FP32 + r)
+                                                                  + 3 * r * sh.inter + 4 * r * sh.d)) + overhead
+    notes = (f"JAX engine on XLA:{plat.upper()}: peak at the {peak_name}",)
+    if cfg.gradient_checkpointing and not remat:
+        notes += (f"{sh.n} layers run unrolled: XLA merges the checkpointed recomputation with the forward pass "
+                  "(prevent_cse=False), so gradient checkpointing saves nothing here",)
+    if upcast:
+        notes += ("XLA:CPU upcasts bf16 to float32: residuals and weight copies are float32 (smaller on a GPU)",)
+    return MemoryEstimate(
+        model_id=profile.model_id, config=cfg, framework="jax", components=components, tensor_bytes=tensor,
+        overhead_bytes=overhead, dynamic_margin_bytes=dynamic, total_bytes=total, low_bytes=total - dynamic,
+        high_bytes=total + dynamic, eval_peak_bytes=eval_peak, peak_phase=peak_name, notes=notes,
+    )

@@ -1,0 +1,203 @@
+"""The planner's `jax` framework profile against XLA's memory analysis of the engine's compiled step.
+
+References: `aegis.train.benchmark.jax_step_memory` (the train step compiled from shapes on
+XLA:CPU; peak = arguments + outputs - aliased + temporaries) and the engine's own parameter,
+adapter and optimizer trees (`jax.eval_shape`). Static arguments must match exactly; the peak
+within PEAK_TOLERANCE on configurations where per-token buffers make the peak (the tiny llama
+widened, 2 layers unrolled and 10 layers scanned). Invariants run over the catalog without JAX.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import aegis
+from aegis.hub import profile_from_config
+from aegis.memory import estimate
+from aegis.memory.jax_profile import engine_leaves, estimate_jax
+from aegis.schema import LoRAConfig, TrainConfig
+
+PEAK_TOLERANCE = 0.10
+"""Largest |planner / XLA - 1| accepted per configuration (measured errors: see the docstring of each case)."""
+
+SMALL = {"hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8, "num_key_value_heads": 2,
+         "head_dim": 32, "vocab_size": 4096}
+
+
+def _small(layers: int) -> dict:
+    from aegis.data import tiny_llama_config
+
+    return {**tiny_llama_config(), **SMALL, "num_hidden_layers": layers}
+
+
+def _xla(config: dict, tc: TrainConfig) -> dict[str, int]:
+    pytest.importorskip("jax")
+    from aegis.train.benchmark import jax_step_memory
+
+    return jax_step_memory(config, tc)
+
+
+def _predict(config: dict, tc: TrainConfig):
+    return estimate(profile_from_config(config, model_id="small-llama", source="path"), tc, framework="jax")
+
+
+CASES = [
+    # (layers, TrainConfig kwargs)
+    (10, dict(method="full", precision="bf16", micro_batch_size=2, seq_len=256)),
+    (10, dict(method="lora", precision="bf16", micro_batch_size=2, seq_len=256, gradient_checkpointing=True)),
+    (10, dict(method="qlora", precision="bf16", micro_batch_size=2, seq_len=256)),
+    (10, dict(method="qlora", precision="fp32", micro_batch_size=1, seq_len=512, gradient_checkpointing=True)),
+    (10, dict(method="full", precision="fp32", micro_batch_size=2, seq_len=128, gradient_accumulation_steps=2)),
+    (10, dict(method="lora", precision="bf16", micro_batch_size=2, seq_len=128, gradient_accumulation_steps=2)),
+    (2, dict(method="full", precision="bf16", micro_batch_size=2, seq_len=256)),
+    (2, dict(method="lora", precision="fp32", micro_batch_size=2, seq_len=256, gradient_checkpointing=True)),
+    (2, dict(method="qlora", precision="bf16", micro_batch_size=2, seq_len=256, gradient_checkpointing=True)),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("layers", "kw"), CASES, ids=[f"L{n}-" + "-".join(f"{v}" for v in kw.values()) for n, kw in CASES])
+def test_peak_matches_xla_memory_analysis(layers, kw):
+    config = _small(layers)
+    tc = TrainConfig(**kw)
+    measured = _xla(config, tc)
+    est = _predict(config, tc)
+    parts = {c.key: c.bytes for c in est.components}
+    # static arguments are exact
+    if tc.method == "full":
+        assert parts["weights"] == measured["trainable_bytes"]
+    else:
+        assert parts["weights"] == measured["frozen_bytes"]
+        assert parts["adapters"] == measured["trainable_bytes"]
+    assert parts["optimizer"] == measured["opt_state_bytes"]
+    assert est.framework == "jax"
+    assert sum(parts.values()) == est.tensor_bytes
+    err = est.tensor_bytes / measured["peak_bytes"] - 1
+    assert abs(err) <= PEAK_TOLERANCE, f"planner {est.tensor_bytes:,} vs XLA {measured['peak_bytes']:,} ({100 * err:+.1f}%)"
+
+
+def _engine_trees(config: dict, tc: TrainConfig):
+    jax = pytest.importorskip("jax")
+    from aegis.train.loop import build_trainable
+    from aegis.train.models import build_model
+    from aegis.train.step import OptimizerSettings, make_optimizer, precision_dtypes
+
+    dt = precision_dtypes(tc.precision)
+    model = build_model(config, dtype=dt.compute, param_dtype=dt.params)
+    tx = make_optimizer(tc, OptimizerSettings())
+
+    def setup(rng):
+        params = model.init(rng)
+        trainable, frozen = build_trainable(model, params, tc, rng, dt.lora)
+        return params, trainable, frozen, tx.init(trainable)
+
+    return jax.eval_shape(setup, jax.random.PRNGKey(0))
+
+
+def _nbytes(tree) -> int:
+    import jax
+    import numpy as np
+
+    return int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd", "adafactor"])
+@pytest.mark.parametrize(("method", "precision"), [("full", "bf16"), ("full", "fp32"), ("lora", "bf16_mixed"), ("qlora", "bf16")])
+def test_static_arguments_equal_the_engine_trees(optimizer, method, precision):
+    config = _small(3)
+    tc = TrainConfig(method=method, precision=precision, optimizer=optimizer,
+                     lora=LoRAConfig(rank=8, target_modules=("q_proj", "v_proj", "down_proj")) if method != "full" else None)
+    params, trainable, frozen, opt = _engine_trees(config, tc)
+    profile = profile_from_config(config, model_id="small-llama", source="path")
+    assert sum(leaf.size for leaf in engine_leaves(profile)) == sum(int(x.size) for x in __import__("jax").tree.leaves(params))
+    parts = {c.key: c.bytes for c in estimate_jax(profile, tc).components}
+    assert parts.get("optimizer", 0) == _nbytes(opt)
+    if method == "full":
+        assert parts["weights"] == _nbytes(trainable)
+    else:
+        assert parts["weights"] == _nbytes(frozen)  # NF4: packed codes + uint8 absmax + fp32 scales and offsets
+        assert parts["adapters"] == _nbytes(trainable)
+
+
+MODELS = ["llama-3.2-1b", "qwen2.5-0.5b", "llama-3.1-8b", "qwen3-0.6b"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    model=st.sampled_from(MODELS),
+    method=st.sampled_from(["full", "lora", "qlora"]),
+    ckpt=st.booleans(),
+    batch=st.integers(1, 8),
+    seq=st.integers(16, 4096),
+    accum=st.integers(1, 4),
+)
+def test_monotonic_in_batch_and_seq(model, method, ckpt, batch, seq, accum):
+    kw = dict(method=method, gradient_checkpointing=ckpt, gradient_accumulation_steps=accum, framework="jax")
+    est = aegis.estimate_memory(model, micro_batch_size=batch, seq_len=seq, **kw)
+    more_batch = aegis.estimate_memory(model, micro_batch_size=batch + 1, seq_len=seq, **kw)
+    more_seq = aegis.estimate_memory(model, micro_batch_size=batch, seq_len=seq + 64, **kw)
+    assert more_batch.tensor_bytes > est.tensor_bytes
+    assert more_seq.tensor_bytes > est.tensor_bytes
+    assert est.framework == "jax" and sum(c.bytes for c in est.components) == est.tensor_bytes
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_qlora_below_lora_below_full(model, ckpt):
+    kw = dict(micro_batch_size=2, seq_len=1024, gradient_checkpointing=ckpt, framework="jax")
+    full, lora, qlora = (aegis.estimate_memory(model, method=m, **kw).tensor_bytes for m in ("full", "lora", "qlora"))
+    assert qlora < lora < full
+
+
+def test_checkpointing_and_accumulation_move_the_right_way():
+    base = dict(method="lora", micro_batch_size=4, seq_len=2048, framework="jax")
+    plain = aegis.estimate_memory("llama-3.2-1b", **base)
+    remat = aegis.estimate_memory("llama-3.2-1b", gradient_checkpointing=True, **base)
+    accum = aegis.estimate_memory("llama-3.2-1b", gradient_accumulation_steps=4, **base)
+    assert remat.tensor_bytes < plain.tensor_bytes
+    adapters = plain.component("adapters").bytes // 2  # bf16 adapters: 2 B per param
+    assert accum.component("gradients").bytes - plain.component("gradients").bytes == 4 * adapters  # fp32 accumulators
+
+
+def test_hf_output_unchanged_by_the_framework_argument():
+    kw = dict(method="qlora", micro_batch_size=4, seq_len=1024, gpu="3090")
+    default = aegis.estimate_memory("llama-3.1-8b", **kw)
+    assert default == aegis.estimate_memory("llama-3.1-8b", framework="hf", **kw)
+    assert default.framework == "hf"
+    jax_est = aegis.estimate_memory("llama-3.1-8b", framework="jax", **kw)
+    assert jax_est.framework == "jax" and jax_est != default
+
+
+def test_gpu_layout_drops_the_cpu_float32_copies():
+    profile = aegis.resolve_model("llama-3.2-1b")
+    tc = TrainConfig(method="lora", micro_batch_size=1, seq_len=1024)
+    cpu = estimate_jax(profile, tc, platform="cpu")
+    gpu = estimate_jax(profile, tc, platform="gpu")
+    assert gpu.tensor_bytes < cpu.tensor_bytes
+    assert "weight copies" not in {c.key for c in gpu.components}
+    assert estimate_jax(profile, tc, gpu="h100").tensor_bytes == gpu.tensor_bytes
+
+
+def test_unsupported_settings_raise_errors_that_name_the_fix():
+    with pytest.raises(aegis.AegisError, match="bf16_mixed"):
+        aegis.estimate_memory("llama-3.2-1b", precision="fp16_mixed", framework="jax")
+    with pytest.raises(aegis.AegisError, match="adamw"):
+        aegis.estimate_memory("llama-3.2-1b", optimizer="adamw_8bit", framework="jax")
+    with pytest.raises(aegis.AegisError, match="one device"):
+        aegis.estimate_memory("llama-3.2-1b", fsdp_shards=2, framework="jax")
+
+
+def test_jax_profile_imports_no_jax():
+    code = (
+        "import sys, json, aegis\n"
+        "aegis.estimate_memory('llama-3.2-1b', method='qlora', framework='jax')\n"
+        "print(json.dumps([m for m in ('jax', 'torch', 'transformers') if m in sys.modules]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == []
