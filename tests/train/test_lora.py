@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import jax
@@ -99,3 +100,171 @@ def test_targets_follow_peft_module_names() -> None:
         init_lora(phi3, phi_params, rank=4, alpha=8, target_modules=["q_proj"], rng=jax.random.key(0))
     with pytest.raises(InvalidConfigError, match="rank must be positive"):
         init_lora(phi3, phi_params, rank=0, alpha=8, target_modules=["qkv_proj"], rng=jax.random.key(0))
+
+
+# ----- fused MoE experts: PEFT 0.21's ParamWrapper adapters --------------------------------------------------
+
+
+def _moe_config(name: str) -> dict:
+    config = tiny_config(name)
+    if name == "qwen3_moe":
+        config["moe_intermediate_size"] = 48  # 2I = 96 != hidden 64: a swapped in/out axis cannot pass unnoticed
+    return config
+
+
+def _peft_adapter(base_dir, targets, out_dir, seed: int = 0):
+    """PEFT's own adapter on the transformers model (random lora_B): (trainable count, saved folder, logits fn)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(base_dir, attn_implementation="eager").eval()
+    peft_model = get_peft_model(hf, LoraConfig(r=4, lora_alpha=8, target_modules=targets)).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    peft_model.save_pretrained(out_dir)
+    return peft_model.get_nb_trainable_parameters()[0], out_dir, peft_model
+
+
+def _peft_logits(peft_model, ids: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return peft_model(torch.from_numpy(ids).long()).logits.numpy()
+
+
+@pytest.mark.parametrize(
+    ("name", "targets", "wrapped"),
+    [
+        pytest.param(
+            "qwen3_moe", "all-linear", ["down_proj", "gate.weight", "gate_up_proj"], marks=pytest.mark.slow
+        ),
+        ("qwen3_moe", ["q_proj", "gate_proj", "up_proj", "down_proj"], ["down_proj", "gate_up_proj"]),
+        ("qwen3_moe", ["down_proj"], ["down_proj"]),
+        ("mixtral", ["w1", "w3", "gate"], ["gate.weight", "gate_up_proj"]),
+        ("qwen2_moe", "all-linear", []),  # PEFT 0.21 converts no qwen2_moe config: experts stay frozen
+    ],
+)
+def test_moe_adapters_match_peft_both_ways(name: str, targets, wrapped: list[str], tmp_path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from aegis.train.weights import CheckpointReader, load_lora_adapter, save_checkpoint, save_lora_adapter
+
+    config = _moe_config(name)
+    model = build_model(config)
+    params = jax.tree_util.tree_map(lambda x: x * 5.0, model.init(jax.random.key(0)))
+    base_dir = save_checkpoint(model, params, tmp_path / "base")
+    count, peft_dir, peft_model = _peft_adapter(base_dir, targets, tmp_path / "peft")
+    peft_cfg = json.loads((peft_dir / "adapter_config.json").read_text())
+    assert sorted(peft_cfg["target_parameters"] or []) == wrapped
+    ids = np.random.default_rng(0).integers(3, 256, (2, 12)).astype(np.int32)
+    ref = _peft_logits(peft_model, ids)
+    apply = jax.jit(model.apply)
+    tol = {"rtol": 1e-4, "atol": 1e-4 * np.abs(ref).max()}
+
+    # PEFT's file -> JAX: same outputs, and a fresh JAX init has exactly PEFT's tensors and count
+    theirs = load_lora_adapter(model, peft_dir)
+    np.testing.assert_allclose(np.asarray(apply(params, ids, lora=theirs)), ref, **tol)
+    assert np.max(np.abs(np.asarray(apply(params, ids)) - ref)) > 1e-2 * np.abs(ref).max()
+    fresh = init_lora(model, params, rank=4, alpha=8, target_modules=targets, rng=jax.random.key(1))
+    assert lora_param_count(fresh) == lora_param_count(theirs) == count
+    assert jax.tree_util.tree_map(np.shape, fresh.tree) == jax.tree_util.tree_map(np.shape, theirs.tree)
+    has_experts = any(w != "gate.weight" for w in wrapped)
+    assert ("experts" in fresh.tree["model"]["layers"].get("mlp", {})) == has_experts
+
+    # JAX -> PEFT's format: same names and shapes as PEFT writes, and PeftModel reproduces the JAX outputs
+    ours = jax.tree_util.tree_map(lambda x: x * 0.5, theirs)
+    our_dir = save_lora_adapter(model, ours, tmp_path / "ours", base_model_name_or_path=str(base_dir))
+    our_cfg = json.loads((our_dir / "adapter_config.json").read_text())
+    assert sorted(our_cfg["target_parameters"] or []) == wrapped
+    assert our_cfg["rank_pattern"] == peft_cfg["rank_pattern"]
+    def saved(folder):
+        reader = CheckpointReader(folder / "adapter_model.safetensors")
+        return {k: reader.shape(k) for k in reader.names()}
+
+    assert saved(our_dir) == saved(peft_dir)
+    hf = AutoModelForCausalLM.from_pretrained(base_dir, attn_implementation="eager").eval()
+    ref2 = _peft_logits(PeftModel.from_pretrained(hf, our_dir).eval(), ids)
+    np.testing.assert_allclose(np.asarray(apply(params, ids, lora=ours)), ref2, rtol=1e-4, atol=1e-4 * np.abs(ref2).max())
+
+
+@pytest.mark.slow
+def test_expert_adapters_init_forward_merge_and_grads() -> None:
+    model = build_model(_moe_config("qwen3_moe"))
+    params = jax.tree_util.tree_map(lambda x: x * 5.0, model.init(jax.random.key(0)))
+    ids = np.random.default_rng(1).integers(3, 256, (2, 10)).astype(np.int32)
+    lora = init_lora(model, params, rank=4, alpha=8, target_modules="all-linear", rng=jax.random.key(2))
+    mlp = lora.tree["model"]["layers"]["mlp"]
+    e, d, i, r, n = 4, 64, 48, 4, 2
+    gu, down = mlp["experts"]["gate_up_proj"], mlp["experts"]["down_proj"]
+    assert gu["lora_A"]["weight"].shape == (n, 2 * r * e, d) and gu["lora_B"]["weight"].shape == (n, 2 * i, 2 * r * e)
+    assert down["lora_A"]["weight"].shape == (n, r * e, i) and down["lora_B"]["weight"].shape == (n, d, r * e)
+    assert mlp["gate"]["lora_A"]["weight"].shape == (n, r, d) and mlp["gate"]["lora_B"]["weight"].shape == (n, e, r)
+    for a, fan_in in ((gu["lora_A"]["weight"], d), (down["lora_A"]["weight"], i)):
+        assert np.abs(np.asarray(a)).max() <= 1 / math.sqrt(fan_in)
+    apply = jax.jit(model.apply)
+    np.testing.assert_array_equal(np.asarray(apply(params, ids, lora=lora)), np.asarray(apply(params, ids)))
+
+    lora = _randomise_b(lora, std=0.05)
+    out = np.asarray(apply(params, ids, lora=lora))
+    ref = np.asarray(apply(merge_lora(model, params, lora), ids))  # PEFT's delta: W_e + scale * B_e @ A_e
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    w = np.asarray(params["model"]["layers"]["mlp"]["experts"]["down_proj"])
+    a = np.asarray(down["lora_A"]["weight"]).reshape(n, e, r, i)
+    b = np.asarray(lora.tree["model"]["layers"]["mlp"]["experts"]["down_proj"]["lora_B"]["weight"])
+    b = b.reshape(n, d, r, e).transpose(0, 3, 1, 2)  # PEFT: lora_B.reshape(out, r, E).permute(2, 0, 1)
+    merged = np.asarray(merge_lora(model, params, lora)["model"]["layers"]["mlp"]["experts"]["down_proj"])
+    np.testing.assert_allclose(merged, w + 2.0 * b @ a, rtol=1e-5, atol=1e-5)
+
+    grads = jax.jit(jax.grad(lambda lo: jnp.mean(model.apply(params, ids, lora=lo) ** 2)))(lora)
+    assert all(np.any(np.asarray(g)) for g in jax.tree_util.tree_leaves(grads))
+
+
+def test_expert_adapters_refuse_what_peft_refuses(tmp_path) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    from conftest import build_hf_model
+
+    qwen3 = build_model(_moe_config("qwen3_moe"))
+    params = jax.eval_shape(qwen3.init, jax.random.key(0))
+    hf = build_hf_model(_moe_config("qwen3_moe"))
+    with pytest.raises(ValueError, match="lora_dropout"):
+        get_peft_model(hf, LoraConfig(r=4, target_modules="all-linear", lora_dropout=0.1))
+    with pytest.raises(InvalidConfigError, match="dropout must be 0 when the MoE experts"):
+        init_lora(qwen3, params, rank=4, alpha=8, target_modules="all-linear", rng=jax.random.key(0), dropout=0.1)
+    init_lora(qwen3, params, rank=4, alpha=8, target_modules=["q_proj"], rng=jax.random.key(0), dropout=0.1)
+    with pytest.raises(ValueError, match="without also targeting up_proj"):
+        get_peft_model(build_hf_model(_moe_config("qwen3_moe")), LoraConfig(r=4, target_modules=["gate_proj"]))
+    with pytest.raises(InvalidConfigError, match="target up_proj too"):
+        init_lora(qwen3, params, rank=4, alpha=8, target_modules=["gate_proj"], rng=jax.random.key(0))
+    mixtral = build_model(tiny_config("mixtral"))  # Mixtral's experts answer to w1/w3/w2, not gate/up/down_proj
+    mixtral_params = jax.eval_shape(mixtral.init, jax.random.key(0))
+    with pytest.raises(InvalidConfigError, match="valid names: .*w1"):
+        init_lora(mixtral, mixtral_params, rank=4, alpha=8, target_modules=["up_proj"], rng=jax.random.key(0))
+    qwen2 = build_model(tiny_config("qwen2_moe"))  # no ParamWrapper there, so dropout stays allowed
+    qwen2_params = jax.eval_shape(qwen2.init, jax.random.key(0))
+    lora = init_lora(qwen2, qwen2_params, rank=4, alpha=8, target_modules="all-linear", rng=jax.random.key(0), dropout=0.1)
+    assert lora.dropout == 0.1 and "experts" not in lora.tree["model"]["layers"]["mlp"]
+
+
+def test_expert_adapters_on_nf4_experts_match_dequantized() -> None:
+    from aegis.train.nf4 import NF4Tensor, dequantize, quantize_params
+
+    model = build_model(_moe_config("qwen3_moe"))
+    params = jax.tree_util.tree_map(lambda x: x * 5.0, model.init(jax.random.key(0)))
+    qparams = quantize_params(model, params)
+    assert isinstance(qparams["model"]["layers"]["mlp"]["experts"]["gate_up_proj"], NF4Tensor)
+    dense = jax.tree_util.tree_map(
+        lambda x: dequantize(x, jnp.float32) if isinstance(x, NF4Tensor) else x,
+        qparams,
+        is_leaf=lambda x: isinstance(x, NF4Tensor),
+    )
+    lora = _randomise_b(init_lora(model, qparams, rank=4, alpha=8, target_modules="all-linear", rng=jax.random.key(3)))
+    ids = np.random.default_rng(2).integers(3, 256, (2, 10)).astype(np.int32)
+    out = np.asarray(jax.jit(model.apply)(qparams, ids, lora=lora))
+    ref = np.asarray(jax.jit(model.apply)(dense, ids, lora=lora))
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())

@@ -28,7 +28,7 @@ import ml_dtypes
 import numpy as np
 
 from aegis.errors import CheckpointError
-from aegis.train.lora import LoRAWeights
+from aegis.train.lora import LoRAWeights, peft_parameter_name
 from aegis.train.models import Model, get_family
 from aegis.train.nf4 import NF4Tensor, dequantize
 
@@ -312,6 +312,24 @@ def _lora_modules(tree: dict[str, Any], path: tuple[str, ...] = ()) -> list[tupl
     return out
 
 
+_EXPERT_PARAMS = ("gate_up_proj", "down_proj")
+"""transformers' registration order of the fused expert parameters. PEFT wraps targeted parameters in that
+order, each ParamWrapper around the previous one, so with both adapted ``gate_up_proj``'s adapter sits under
+``experts.base_layer`` and ``down_proj``'s under ``experts``; with one, it sits under ``experts``."""
+
+
+def _expert_key_paths(expert_names: set[str]) -> dict[str, tuple[str, ...]]:
+    """Fused expert parameter -> the module path suffix PEFT saves its adapter under (after ``experts``)."""
+    ordered = [n for n in _EXPERT_PARAMS if n in expert_names]
+    return {n: ("base_layer",) * (len(ordered) - 1 - k) for k, n in enumerate(ordered)}
+
+
+def _cast(arr: np.ndarray, dtype: Any) -> np.ndarray:
+    if dtype is None:
+        return arr
+    return arr.astype(np.dtype(ml_dtypes.bfloat16) if jnp.dtype(dtype) == jnp.bfloat16 else jnp.dtype(dtype))
+
+
 def save_lora_adapter(
     model: Model,
     lora: LoRAWeights,
@@ -320,19 +338,39 @@ def save_lora_adapter(
     base_model_name_or_path: str | None = None,
     dtype: Any = None,
 ) -> Path:
-    """Write ``adapter_config.json`` + ``adapter_model.safetensors`` as PEFT's ``save_pretrained`` does."""
+    """Write ``adapter_config.json`` + ``adapter_model.safetensors`` as PEFT's ``save_pretrained`` does.
+
+    Router and fused-expert adapters are written as PEFT writes its ParamWrapper adapters: listed in
+    ``target_parameters`` (with ``rank_pattern``/``alpha_pattern`` for the doubled rank on ``gate_up_proj``),
+    tensors under ``mlp.gate`` and ``mlp.experts[.base_layer]``.
+    """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    modules = _lora_modules(lora.tree["model"]["layers"])
+    expert_paths = _expert_key_paths({p[-1] for p, _ in modules if peft_parameter_name(p) in _EXPERT_PARAMS})
     tensors: dict[str, np.ndarray] = {}
     names: set[str] = set()
-    for mod_path, mod in _lora_modules(lora.tree["model"]["layers"]):
-        names.add(mod_path[-1])
+    parameters: set[str] = set()
+    rank_pattern: dict[str, int] = {}
+    alpha_pattern: dict[str, float] = {}
+    for mod_path, mod in modules:
+        key_path = mod_path
+        param = peft_parameter_name(mod_path)
+        if param is None:
+            names.add(mod_path[-1])
+        else:
+            parameters.add(param)
+            if param in expert_paths:
+                key_path = mod_path[:-1] + expert_paths[param]
+                rank = mod["lora_A"]["weight"].shape[1] // model.spec.moe.num_experts
+                if rank != lora.rank:  # PEFT's conversion: rank and alpha times the fused count, same scale
+                    pattern = rf".*\.{param}"
+                    rank_pattern[pattern] = int(rank)
+                    alpha_pattern[pattern] = lora.alpha * rank / lora.rank
         for part in ("lora_A", "lora_B"):
-            arr = np.asarray(jax.device_get(mod[part]["weight"]))
-            if dtype is not None:
-                arr = arr.astype(np.dtype(ml_dtypes.bfloat16) if jnp.dtype(dtype) == jnp.bfloat16 else jnp.dtype(dtype))
+            arr = _cast(np.asarray(jax.device_get(mod[part]["weight"])), dtype)
             for i in range(model.spec.num_layers):
-                key = f"{PEFT_PREFIX}model.layers.{i}.{'.'.join(mod_path)}.{part}.weight"
+                key = f"{PEFT_PREFIX}model.layers.{i}.{'.'.join(key_path)}.{part}.weight"
                 tensors[key] = np.ascontiguousarray(arr[i])
     targets = sorted(names)  # explicit module names: PEFT targets exactly the modules that have weights here
     config = {
@@ -343,6 +381,7 @@ def save_lora_adapter(
         "lora_alpha": lora.alpha,
         "lora_dropout": lora.dropout,
         "target_modules": targets,
+        "target_parameters": sorted(parameters) or None,
         "bias": "none",
         "fan_in_fan_out": False,
         "inference_mode": True,
@@ -352,8 +391,8 @@ def save_lora_adapter(
         "modules_to_save": None,
         "layers_to_transform": None,
         "layers_pattern": None,
-        "rank_pattern": {},
-        "alpha_pattern": {},
+        "rank_pattern": rank_pattern,
+        "alpha_pattern": alpha_pattern,
     }
     (path / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
     _write_safetensors(path / ADAPTER_FILE, tensors)
@@ -361,7 +400,8 @@ def save_lora_adapter(
 
 
 def load_lora_adapter(model: Model, path: str | Path, *, dtype: Any = jnp.float32) -> LoRAWeights:
-    """Read a PEFT LoRA adapter folder (as written by PEFT or :func:`save_lora_adapter`)."""
+    """Read a PEFT LoRA adapter folder (as written by PEFT or :func:`save_lora_adapter`), including
+    ParamWrapper adapters on the MoE router and fused experts (``target_parameters``)."""
     path = Path(path)
     cfg_file = path / ADAPTER_CONFIG
     if not cfg_file.exists():
@@ -371,6 +411,22 @@ def load_lora_adapter(model: Model, path: str | Path, *, dtype: Any = jnp.float3
         raise CheckpointError(
             f"{path} is not a plain LoRA adapter (peft_type/use_dora/use_rslora); only LoRA is supported."
         )
+    parameters = set(cfg.get("target_parameters") or ())
+    if parameters and float(cfg.get("lora_dropout") or 0.0) > 0.0:
+        raise CheckpointError(
+            f"{path} adapts parameters {sorted(parameters)} with lora_dropout={cfg['lora_dropout']}, which PEFT's "
+            "ParamWrapper refuses; set lora_dropout to 0 in its adapter_config.json."
+        )
+    scale = float(cfg["lora_alpha"]) / int(cfg["r"])
+    ranks, alphas = cfg.get("rank_pattern") or {}, cfg.get("alpha_pattern") or {}
+    for pattern in set(ranks) | set(alphas):
+        r_, a_ = ranks.get(pattern, cfg["r"]), alphas.get(pattern, cfg["lora_alpha"])
+        if abs(float(a_) / int(r_) - scale) > 1e-9 * scale:
+            raise CheckpointError(
+                f"{path} gives {pattern!r} LoRA scale {a_}/{r_}, not lora_alpha/r = {scale}; only one scale per "
+                "adapter is supported (PEFT's fused-expert rank doubling keeps it)."
+            )
+    expert_paths = {v: k for k, v in _expert_key_paths(parameters & set(_EXPERT_PARAMS)).items()}
     reader = CheckpointReader(path / ADAPTER_FILE)
     grouped: dict[tuple[str, ...], dict[str, dict[int, np.ndarray]]] = {}
     for key in reader.names():
@@ -382,6 +438,15 @@ def load_lora_adapter(model: Model, path: str | Path, *, dtype: Any = jnp.float3
         if len(parts) < 4 or parts[-2] not in ("lora_A", "lora_B"):
             raise CheckpointError(f"adapter tensor {key!r} is not a lora_A/lora_B weight.")
         layer, mod_path, which = int(parts[0]), tuple(parts[1:-2]), parts[-2]
+        if "experts" in mod_path:
+            at = mod_path.index("experts")
+            suffix = mod_path[at + 1 :]
+            if suffix not in expert_paths:
+                raise CheckpointError(
+                    f"adapter tensor {key!r} matches none of the fused expert parameters in target_parameters "
+                    f"{sorted(parameters)}; expected PEFT's ParamWrapper names (experts[.base_layer].lora_A)."
+                )
+            mod_path = mod_path[: at + 1] + (expert_paths[suffix],)
         grouped.setdefault(mod_path, {}).setdefault(which, {})[layer] = reader.get(key)
     n = model.spec.num_layers
     tree: dict[str, Any] = {}
@@ -396,6 +461,7 @@ def load_lora_adapter(model: Model, path: str | Path, *, dtype: Any = jnp.float3
     rank = int(cfg["r"])
     targets = cfg.get("target_modules") or sorted({p[-1] for p in grouped})
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
+    targets += tuple(sorted(parameters - set(targets)))
     return LoRAWeights(
         {"model": {"layers": tree}}, rank, float(cfg["lora_alpha"]), float(cfg.get("lora_dropout", 0.0)), targets
     )

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from aegis.errors import UnsupportedArchitectureError
+from aegis.train.lora import expert_factors
 from aegis.train.models.rope import apply_rope
 from aegis.train.models.spec import ArchSpec
 from aegis.train.nf4 import NF4Tensor, dequantize, maybe_dequantize
@@ -299,6 +300,21 @@ def _grouped_matmul(x: jax.Array, w: Any, group_sizes: jax.Array, dtype: Any) ->
     return _grouped(x, w, group_sizes, dtype)
 
 
+def _expert_lora(x: jax.Array, lora: dict[str, Any], group_sizes: jax.Array, num_experts: int, ctx: Ctx) -> jax.Array:
+    """PEFT's ParamWrapper update ``x @ (scale * B_e @ A_e).T`` in low rank: two grouped matmuls through the
+    ``r`` (or ``2r``) columns of each row's expert, never materialising the ``[E, out, in]`` delta."""
+    a_e, b_e = expert_factors(lora, num_experts, ctx.dtype)  # [E, r, in], [E, out, r]
+    t = jax.lax.ragged_dot(x, jnp.swapaxes(a_e, 1, 2), group_sizes)
+    return jax.lax.ragged_dot(t, jnp.swapaxes(b_e, 1, 2), group_sizes) * jnp.asarray(ctx.lora_scale, ctx.dtype)
+
+
+def _expert_matmul(
+    x: jax.Array, w: Any, group_sizes: jax.Array, ctx: Ctx, lora: dict[str, Any] | None, num_experts: int
+) -> jax.Array:
+    y = _grouped_matmul(x, w, group_sizes, ctx.dtype)
+    return y if not lora else y + _expert_lora(x, lora, group_sizes, num_experts, ctx)
+
+
 def moe_block(
     spec: ArchSpec, p: dict[str, Any], x: jax.Array, ctx: Ctx, lora: dict[str, Any] | None = None
 ) -> jax.Array:
@@ -306,11 +322,20 @@ def moe_block(
 
     Routing as transformers: softmax over all experts in float32, top-k, renormalise when
     ``norm_topk_prob`` (always for Mixtral); expert outputs weighted and summed per token.
+    LoRA on the router weight and on the fused expert stacks (PEFT's ParamWrapper, see ``aegis.train.lora``)
+    adds ``scale * (x A^T) B^T`` per row, with its expert's factors; ParamWrapper has no dropout.
     """
     m = spec.moe
     b, s, d = x.shape
     xf = x.reshape(b * s, d)
     router_logits = jnp.einsum("td,ed->te", xf, p["gate"]["weight"].astype(ctx.dtype))
+    gate_lora = _sub(lora, "gate")
+    if gate_lora:
+        a = gate_lora["lora_A"]["weight"].astype(ctx.dtype)  # [r, d]
+        bw = gate_lora["lora_B"]["weight"].astype(ctx.dtype)  # [E, r]
+        router_logits = router_logits + _matmul(_matmul(xf, a, ctx.dtype), bw, ctx.dtype) * jnp.asarray(
+            ctx.lora_scale, ctx.dtype
+        )
     probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
     top_w, top_i = jax.lax.top_k(probs, m.top_k)
     if m.norm_topk_prob:
@@ -321,10 +346,15 @@ def moe_block(
     token = order // m.top_k
     group_sizes = jnp.bincount(flat_e, length=m.num_experts).astype(jnp.int32)
     xs = xf[token]
-    h = _grouped_matmul(xs, p["experts"]["gate_up_proj"], group_sizes, ctx.dtype)  # experts [E, 2I, D]
+    experts_lora = _sub(lora, "experts") or {}
+    h = _expert_matmul(  # experts [E, 2I, D]
+        xs, p["experts"]["gate_up_proj"], group_sizes, ctx, experts_lora.get("gate_up_proj"), m.num_experts
+    )
     gate, up = jnp.split(h, 2, axis=-1)
     h = activation(spec.hidden_act)(gate) * up
-    out = _grouped_matmul(h, p["experts"]["down_proj"], group_sizes, ctx.dtype)  # experts [E, D, I]
+    out = _expert_matmul(  # experts [E, D, I]
+        h, p["experts"]["down_proj"], group_sizes, ctx, experts_lora.get("down_proj"), m.num_experts
+    )
     weights = top_w.reshape(-1)[order]
     out = (out.astype(jnp.float32) * weights[:, None]).astype(ctx.dtype)
     y = jnp.zeros((b * s, d), ctx.dtype).at[token].add(out)
