@@ -3,6 +3,8 @@ fp32 AdamW (a 50-step trajectory) and its state size; the tiny llama trains with
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -257,3 +259,47 @@ def test_tiny_llama_trains_with_adamw_8bit_like_adamw() -> None:
             assert not isinstance(k, QuantizedArray)
     assert curves["adamw_8bit"][-1] < 0.85 * curves["adamw_8bit"][0]  # measured 5.59 -> 4.54
     np.testing.assert_allclose(curves["adamw_8bit"], curves["adamw"], rtol=2e-3)
+
+
+def test_convert_state_carries_adam_moments_between_fp32_and_8bit() -> None:
+    """A checkpoint of an adamw tier continues under (paged_)adamw_8bit (an OOM fallback) and back:
+    step count and moments carried over (quantised: within half a code gap of each block's absmax)."""
+    from aegis.train.optim8bit import ScaleByAdam8bitState, dequantize_moments
+    from aegis.train.step import convert_state
+
+    rng = np.random.default_rng(0)
+    params = {
+        "model": {"layers": {"w": jnp.asarray(rng.standard_normal((2, 64, 128)), jnp.float32)}},
+        "b": jnp.zeros((64,), jnp.float32),
+    }
+    settings = OptimizerSettings(learning_rate=1e-2)
+    fp32_cfg = TrainConfig(method="full", precision="fp32", optimizer="adamw")
+    eight_cfg = TrainConfig(method="full", precision="fp16_mixed", optimizer="paged_adamw_8bit")
+    tx32, tx8 = make_optimizer(fp32_cfg, settings), make_optimizer(eight_cfg, settings)
+    state = init_state(params, tx32, settings, jax.random.PRNGKey(0))
+    opt = state.opt_state
+    for _ in range(3):
+        g = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), jnp.float32), params)
+        _, opt = tx32.update(g, opt, params)
+    state = dataclasses.replace(state, opt_state=opt, step=jnp.int32(3))
+    adam32 = opt.inner_state[0]
+
+    moved = convert_state(state, fp32_cfg, eight_cfg, tx8)
+    assert jax.tree.structure(moved) == jax.tree.structure(init_state(params, tx8, settings, jax.random.PRNGKey(0)))
+    assert float(moved.loss_scale) == 2.0**16 and int(moved.step) == 3
+    adam8 = moved.opt_state.inner_state[0]
+    assert isinstance(adam8, ScaleByAdam8bitState) and int(adam8.count) == 3
+    assert isinstance(adam8.mu["model"]["layers"]["w"], QuantizedArray)  # per layer: 64 x 128 = 8192 >= 4096
+    mu, nu = dequantize_moments(adam8)
+    np.testing.assert_array_equal(np.asarray(mu["b"]), np.asarray(adam32.mu["b"]))  # small: kept in fp32
+    for ours, ref, signed in ((mu, adam32.mu, True), (nu, adam32.nu, False)):
+        w, w_ref = np.asarray(ours["model"]["layers"]["w"]), np.asarray(ref["model"]["layers"]["w"])
+        absmax = np.abs(w_ref.reshape(2, -1, BLOCK_SIZE)).max(-1, keepdims=True)
+        half_gap = np.max(np.diff(dynamic_map(signed))) / 2
+        assert np.all(np.abs(w - w_ref).reshape(2, -1, BLOCK_SIZE) <= half_gap * absmax * (1 + 1e-5))
+
+    back = convert_state(moved, eight_cfg, fp32_cfg, tx32)
+    assert float(back.loss_scale) == 1.0 and int(back.opt_state.inner_state[0].count) == 3
+    np.testing.assert_array_equal(np.asarray(back.opt_state.inner_state[0].nu["model"]["layers"]["w"]), np.asarray(nu["model"]["layers"]["w"]))
+    same = convert_state(state, fp32_cfg, fp32_cfg.model_copy(update={"micro_batch_size": 1}), tx32)
+    assert same.opt_state is state.opt_state

@@ -105,12 +105,18 @@ class CheckpointStore:
         return steps[-1] if steps else None
 
     def restore(self, step: int, target: Any) -> Restored:
-        """Restore one step into the structure/dtypes of ``target``; CheckpointError if unreadable."""
+        """Restore one step into the structure/dtypes of ``target``; CheckpointError if unreadable.
+
+        ``target`` may be a function of the checkpoint's meta that returns the target (the state's
+        structure depends on the fallback tier that wrote it)."""
         ocp = self._ocp
         self.wait()
         if step not in self.all_steps():
             raise CheckpointError(f"no checkpoint at step {step} in {self.directory}; have {self.all_steps()}")
         try:
+            if callable(target):
+                meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+                target = target(dict(meta or {}))
             out = self.manager.restore(
                 step,
                 args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()),
@@ -124,7 +130,7 @@ class CheckpointStore:
 
     def restore_latest(
         self,
-        target: Any,
+        target: Any | Callable[[dict[str, Any]], Any],
         max_step: int | None = None,
         on_corrupt: Callable[[int, str], None] | None = None,
     ) -> Restored | None:

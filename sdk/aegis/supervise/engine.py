@@ -75,9 +75,10 @@ def load_examples(data: str) -> list[Any]:
 class Engine:
     """A Trainer for one tier of the plan, with the glue the supervisor needs."""
 
-    def __init__(self, trainer: Any, tier: int) -> None:
+    def __init__(self, trainer: Any, tier: int, tiers: Sequence[Any] = ()) -> None:
         self.trainer = trainer
         self.tier = tier
+        self.tiers = tuple(tiers)  # every tier's TrainConfig: a checkpoint of another tier is converted on restore
         self.dirty = True  # True until the in-memory state is known to match the run state's step
 
     @classmethod
@@ -101,7 +102,7 @@ class Engine:
             seed=cfg.training.seed,
             packing=False,
         )
-        return cls(trainer, tier)
+        return cls(trainer, tier, cfg.tiers)
 
     # ------------------------------------------------------------------ settings
 
@@ -135,10 +136,23 @@ class Engine:
         }
         return str(store.save(step, self.trainer.state, meta))
 
-    def _target(self) -> Any:
+    def _other_tier(self, meta: dict[str, Any]) -> int | None:
+        tier = meta.get("fallback_tier", self.tier)
+        return tier if isinstance(tier, int) and tier != self.tier and 0 <= tier < len(self.tiers) else None
+
+    def _target(self, meta: dict[str, Any] | None = None) -> Any:
+        """The restore target: this engine's state, or the state another tier's configuration keeps
+        (its optimizer and precision may differ: a checkpoint from before an OOM fallback)."""
         import jax
 
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.trainer.state)
+        t = self.trainer
+        other = self._other_tier(meta or {})
+        if other is None:
+            return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), t.state)
+        from aegis.train.step import abstract_state
+
+        shape = abstract_state(t.state.trainable, self.tiers[other], t.settings)
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=t._replicated), shape)
 
     def restore(
         self,
@@ -149,14 +163,23 @@ class Engine:
     ) -> Restored:
         """Load the newest readable checkpoint at or below ``max_step``, then re-apply the run state's settings."""
         self.settle()
-        restored = store.restore_latest(self._target(), max_step=max_step, on_corrupt=on_corrupt)
+        restored = store.restore_latest(self._target, max_step=max_step, on_corrupt=on_corrupt)
         if restored is None:
             raise CheckpointError(
                 f"no readable checkpoint at or below step {max_step} in {store.directory}; "
                 "start the run again with `aegis run`"
             )
         t = self.trainer
-        t.state = restored.state
+        other = self._other_tier(restored.meta)
+        if other is None:
+            t.state = restored.state
+        else:
+            import jax
+
+            from aegis.train.step import convert_state
+
+            converted = convert_state(restored.state, self.tiers[other], t.train_config, t.tx)
+            t.state = jax.device_put(converted, t._replicated)
         t.sampler.load_state_dict(restored.meta["sampler"])
         self.sync(state)
         self.dirty = False

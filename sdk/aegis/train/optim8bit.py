@@ -53,6 +53,8 @@ __all__ = [
     "scale_by_adam_8bit",
     "adamw_8bit",
     "optimizer_state_bytes",
+    "dequantize_moments",
+    "quantize_moments",
 ]
 
 BLOCK_SIZE = 256
@@ -237,6 +239,40 @@ def adamw_8bit(
         optax.add_decayed_weights(weight_decay, mask),
         optax.scale_by_learning_rate(learning_rate),
     )
+
+
+def _leaf_batch_dims(q: QuantizedArray) -> int:
+    return q.absmax.ndim - 1  # absmax is [*stacked axes, blocks]
+
+
+def dequantize_moments(state: ScaleByAdam8bitState, block_size: int = BLOCK_SIZE) -> tuple[Any, Any]:
+    """Adam's ``(mu, nu)`` as float32 arrays (e.g. to hand them to ``optax.adamw`` after a config change)."""
+
+    def one(x: Any, code: np.ndarray) -> jax.Array:
+        if not isinstance(x, QuantizedArray):
+            return x
+        return _per_slice(lambda q: dequantize_blockwise(q, code, block_size), _leaf_batch_dims(x))(x)
+
+    is_q = lambda x: isinstance(x, QuantizedArray)  # noqa: E731
+    mu = jax.tree.map(lambda x: one(x, dynamic_map(True)), state.mu, is_leaf=is_q)
+    nu = jax.tree.map(lambda x: one(x, dynamic_map(False)), state.nu, is_leaf=is_q)
+    return mu, nu
+
+
+def quantize_moments(mu: Any, nu: Any, like: ScaleByAdam8bitState, block_size: int = BLOCK_SIZE) -> tuple[Any, Any]:
+    """Float32 ``(mu, nu)`` in the layout of ``like`` (a fresh 8-bit state of the same params): the
+    leaves ``like`` quantises are quantised (per stacked slice), the others kept in float32."""
+
+    def one(x: jax.Array, template: Any, code: np.ndarray) -> Any:
+        x = jnp.asarray(x, jnp.float32)
+        if not isinstance(template, QuantizedArray):
+            return x
+        return _per_slice(lambda a: quantize_blockwise(a, code, block_size), _leaf_batch_dims(template))(x)
+
+    is_q = lambda x: isinstance(x, QuantizedArray)  # noqa: E731
+    mu_q = jax.tree.map(lambda t, x: one(x, t, dynamic_map(True)), like.mu, mu, is_leaf=is_q)
+    nu_q = jax.tree.map(lambda t, x: one(x, t, dynamic_map(False)), like.nu, nu, is_leaf=is_q)
+    return mu_q, nu_q
 
 
 def optimizer_state_bytes(opt_state: Any) -> int:

@@ -56,6 +56,8 @@ __all__ = [
     "precision_dtypes",
     "make_optimizer",
     "init_state",
+    "abstract_state",
+    "convert_state",
     "update_loss_scale",
     "lr_schedule",
     "split_inputs",
@@ -242,6 +244,103 @@ def init_state(
         clip_norm=jnp.asarray(settings.clip_norm, jnp.float32),
         loss_scale=jnp.asarray(loss_scale.init_scale if loss_scale else 1.0, jnp.float32),
         good_steps=jnp.zeros((), jnp.int32),
+    )
+
+
+def _trainable_dtype(train_config: TrainConfig) -> Any:
+    dtypes = precision_dtypes(train_config.precision)
+    return dtypes.params if train_config.method == "full" else dtypes.lora
+
+
+def _cast_floating(tree: Any, dtype: Any) -> Any:
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def abstract_state(trainable: Any, train_config: TrainConfig, settings: OptimizerSettings) -> TrainState:
+    """Shapes and dtypes (``jax.ShapeDtypeStruct`` leaves) of the state a run with ``train_config``
+    keeps for a trainable of this structure (whatever its dtype): the restore target of a
+    checkpoint that configuration wrote (e.g. an earlier fallback tier). Nothing is allocated."""
+    dtype = _trainable_dtype(train_config)
+    tx = make_optimizer(train_config, settings)
+    scaler = LossScaleSettings() if precision_dtypes(train_config.precision).loss_scaling else None
+
+    def build() -> TrainState:
+        t = jax.tree.map(lambda x: jnp.zeros(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype), trainable)
+        return init_state(t, tx, settings, jax.random.PRNGKey(0), loss_scale=scaler)
+
+    return jax.eval_shape(build)
+
+
+def _adam_part(opt_state: Any) -> tuple[int, Any] | None:
+    """Index and state of the Adam transformation inside an (inject_hyperparams) optax chain state."""
+    from aegis.train.optim8bit import ScaleByAdam8bitState
+
+    inner = getattr(opt_state, "inner_state", None)
+    if not isinstance(inner, tuple):
+        return None
+    for i, part in enumerate(inner):
+        if isinstance(part, (optax.ScaleByAdamState, ScaleByAdam8bitState)):
+            return i, part
+    return None
+
+
+def convert_state(
+    state: TrainState, old_config: TrainConfig, train_config: TrainConfig, tx: optax.GradientTransformation
+) -> TrainState:
+    """Carry a state written under ``old_config`` (an earlier fallback tier) over to ``train_config``
+    and its optimizer ``tx`` (``make_optimizer(train_config, ...)``).
+
+    Kept: step, RNG, peak LR, clip norm, the trainable values (cast to the new precision's dtype).
+    Optimizer: the same structure is kept as is; between adamw and (paged_)adamw_8bit Adam's step
+    count and moments are carried over (quantised or dequantised, :mod:`aegis.train.optim8bit`);
+    any other change starts fresh optimizer state. Loss scale: kept while fp16 loss scaling stays
+    on, the initial scale when it starts, 1 when it stops.
+    """
+    from aegis.train.optim8bit import ScaleByAdam8bitState, dequantize_moments, quantize_moments
+
+    trainable = _cast_floating(state.trainable, _trainable_dtype(train_config))
+    fresh = tx.init(trainable)
+    old_def, new_def = jax.tree.structure(state.opt_state), jax.tree.structure(fresh)
+    old_shapes = [(x.shape, x.dtype) for x in jax.tree.leaves(state.opt_state)]
+    new_shapes = [(x.shape, x.dtype) for x in jax.tree.leaves(fresh)]
+    if old_def == new_def and old_shapes == new_shapes:
+        opt_state = state.opt_state
+    else:
+        opt_state = fresh
+        old, new = _adam_part(state.opt_state), _adam_part(fresh)
+        if old is not None and new is not None:
+            (_, old_adam), (i, new_adam) = old, new
+            if isinstance(old_adam, ScaleByAdam8bitState):
+                mu, nu = dequantize_moments(old_adam)
+            else:
+                mu, nu = old_adam.mu, old_adam.nu
+            if isinstance(new_adam, ScaleByAdam8bitState):
+                mu, nu = quantize_moments(mu, nu, new_adam)
+                carried = new_adam._replace(count=old_adam.count, mu=mu, nu=nu)
+            else:
+                cast = lambda t, x: jnp.asarray(x, t.dtype)  # noqa: E731
+                carried = new_adam._replace(
+                    count=old_adam.count, mu=jax.tree.map(cast, new_adam.mu, mu), nu=jax.tree.map(cast, new_adam.nu, nu)
+                )
+            inner = list(fresh.inner_state)
+            inner[i] = carried
+            opt_state = fresh._replace(inner_state=tuple(inner))
+            if hasattr(opt_state, "count") and hasattr(state.opt_state, "count"):
+                opt_state = opt_state._replace(count=state.opt_state.count)
+    scaling = precision_dtypes(train_config.precision).loss_scaling
+    was_scaling = precision_dtypes(old_config.precision).loss_scaling
+    if scaling and not was_scaling:
+        scale, good = jnp.float32(LossScaleSettings().init_scale), jnp.int32(0)
+    elif scaling:
+        scale, good = state.loss_scale, state.good_steps
+    else:
+        scale, good = jnp.float32(1.0), jnp.int32(0)
+    return dataclasses.replace(
+        state,
+        trainable=trainable,
+        opt_state=opt_state,
+        loss_scale=jnp.asarray(scale, jnp.float32),
+        good_steps=jnp.asarray(good, jnp.int32),
     )
 
 
