@@ -30,7 +30,7 @@ SMALL_LLAMA = {"hidden_size": 256, "intermediate_size": 768, "num_attention_head
 
 GRID_MODELS = ("small-llama-2", "small-llama-10", "Qwen/Qwen2.5-0.5B", "meta-llama/Llama-3.2-1B")
 GRID_METHODS = ("full", "lora", "qlora")
-GRID_SEQS = {"small": (128, 512), "catalog": (256, 1024)}
+GRID_SEQS = {"small": (128, 512), "catalog": (1024,)}
 
 
 def _model(name: str | None) -> tuple[dict[str, Any], str]:

@@ -11,18 +11,23 @@ component by component, without importing JAX:
   Adafactor's factored moments in the param dtype; ``inject_hyperparams`` scalars) and the batch
   (five int32/float32 ``[accum, b, s]`` arrays). The new state is written into the donated buffers,
   so it costs nothing extra.
-- **gradients**: the backward dots produce float32 weight gradients, cast to the param dtype for
-  the global norm and the update (a second copy for bf16 params); float32 accumulators with
-  gradient accumulation.
-- **activations**: what the backward pass reads, per layer and token, from the engine's code
-  (`train/models/layers.py`, `decoder.py`): float32 masked attention scores, probabilities and the
-  boolean mask per head ([b, heads, s, s]: the engine's ``xla`` attention materialises them), the
-  two RMSNorm float32 inputs, q/k/v/o and rope tables, six [b, s, intermediate] MLP tensors, LoRA
-  ``x @ A``. Under ``remat`` each layer keeps only its input and one layer is recomputed.
-- **logits**: float32 [b, s, vocab] logits, their exp, the one-hot target select and the gradient
-  (chunked cross-entropy: one chunk of them).
+- **gradients**: the backward dots' float32 weight gradients (each leaf is cast to the param dtype
+  into memory its float32 gradient frees), float32 accumulators with gradient accumulation, and for
+  full fine-tuning the head's float32 gradient. The scan allocates the stacked layer gradients before
+  its backward loop, so they are live from the loss on.
+- **activations**: what the backward pass reads, per layer and token, as XLA keeps it (its memory
+  report of the compiled step, for the engine's `train/models/layers.py` computation): the float32
+  masked attention scores per head ([b, heads, s, s]: the engine's ``xla`` attention materialises
+  them), hidden-wide tensors (RMSNorm float32 inputs, normed outputs, residual stream, projection
+  inputs), q/k/v, six [b, s, intermediate] MLP tensors, LoRA ``x @ A``. Under remat (scanned
+  layers) each layer keeps only its input and one layer is recomputed in the backward pass.
+- **logits**: float32 [b, s, vocab] logits and their gradient; the softmax, the one-hot target
+  select and the loss fuse into them (chunked cross-entropy: one chunk).
 - **backward temporaries**: one layer's gradient working set, and for QLoRA one layer's
   dequantised weights (rematerialised in the backward pass).
+
+The peak is the larger of two moments: the loss and head backward (all residuals, the logits, the
+head) and the backward of the layers (all residuals, one layer's working set).
 
 XLA:CPU has no native bf16 arithmetic: it upcasts bf16 operands to float32, so on CPU the residuals
 and the weights the backward dots read get float32 copies (``platform="cpu"``); XLA:GPU computes in
@@ -58,12 +63,16 @@ NF4_BLOCK = 64
 """Weights per NF4 absmax (`train/nf4.py` ``block_size``)."""
 NF4_BLOCK2 = 256
 """Absmax values per float32 double-quantisation scale."""
+ADAM8BIT_BLOCK = 256
+"""Elements per float32 absmax of 8-bit Adam's moments (`train/optim8bit.py` ``BLOCK_SIZE``)."""
+ADAM8BIT_MIN_SIZE = 4096
+"""Per-slice size below which 8-bit Adam keeps float32 moments (bitsandbytes ``min_8bit_size``)."""
 ADAFACTOR_MIN_DIM = 128
 """optax.adafactor ``min_dim_size_to_factor``: both factored dimensions must be at least this."""
 BATCH_ARRAYS = 5
 """input_ids, targets, loss_mask, segment_ids, positions: 4 bytes per token each."""
-STATE_SCALAR_BYTES = 4 + 8 + 4 + 4
-"""TrainState.step (int32), rng (uint32[2]), peak_lr and clip_norm (float32)."""
+STATE_SCALAR_BYTES = 4 + 8 + 4 + 4 + 4 + 4
+"""TrainState.step (int32), rng (uint32[2]), peak_lr, clip_norm, loss_scale (float32), good_steps (int32)."""
 METRIC_BYTES = 8 * 4
 """The step's eight scalar metrics (outputs that alias nothing)."""
 _FP32 = 4
@@ -110,8 +119,11 @@ def engine_leaves(profile: ModelProfile) -> list[Leaf]:
         width = d if layer.norm_params >= d else layer.norm_params
         out.append(Leaf(f"model.layers.norm{i}.weight", (n, width), matrix=False, quantizable=False, stacked=True))
     rest = layer.norm_params - max(1, layer.norm_params // d) * d
-    if rest > 0:  # q/k norms (head_dim wide)
-        out.append(Leaf("model.layers.qk_norm.weight", (n, rest), matrix=False, quantizable=False, stacked=True))
+    hd = fam.head_dim(c)
+    for i in range(rest // hd if rest % hd == 0 else 0):  # q_norm and k_norm, head_dim wide
+        out.append(Leaf(f"model.layers.qk_norm{i}.weight", (n, hd), matrix=False, quantizable=False, stacked=True))
+    if rest > 0 and rest % hd:
+        out.append(Leaf("model.layers.other_norm.weight", (n, rest), matrix=False, quantizable=False, stacked=True))
     out.append(Leaf("model.norm.weight", (fam.final_norm_params(c),), matrix=False, quantizable=False, stacked=False))
     if not fam.tied(c):
         out.append(Leaf("lm_head.weight", (v, d), matrix=True, quantizable=False, stacked=False))
@@ -128,18 +140,19 @@ def nf4_leaf_bytes(leaf: Leaf) -> int:
 
 
 def _lora_leaves(profile: ModelProfile, cfg: TrainConfig) -> list[tuple[int, ...]]:
-    """Shapes of the adapter matrices `train/lora.py` creates: A [L, r, in], B [L, out, r] per target."""
+    """Shapes of the adapter matrices `train/lora.py` creates, stacked over layers: A [L, r, in] and
+    B [L, out, r] per targeted linear; fused MoE experts as PEFT's ParamWrapper, A [L, f*r*E, in] and
+    B [L, out, f*r*E] (f = 2 on the fused gate+up pair)."""
     lora = cfg.lora_config
-    fam = get_family(profile.config)
-    layers = fam.layers(profile.config)
-    n = len(layers)
+    layers = get_family(profile.config).layers(profile.config)
     targets = set(lora.target_modules)
     shapes = []
     for lin in layers[0].linears:
-        if lin.count > 1 or lin.name.startswith("experts") or not lin.lora_targetable:
-            continue  # fused MoE expert stacks are not nn.Linear: never targeted
-        if "all-linear" in targets or lin.name in targets or lin.name.split(".")[-1] in targets:
-            shapes += [(n, lora.rank, lin.in_features), (n, lin.out_features, lora.rank)]
+        if not lin.lora_targetable:
+            continue
+        if "all-linear" in targets or set(lin.matched_by or (lin.name,)) & targets:
+            rank = lora.rank * lin.lora_rank_factor * lin.count
+            shapes += [(len(layers), rank, lin.in_features), (len(layers), lin.out_features, rank)]
     return shapes
 
 
@@ -149,12 +162,7 @@ def _widths(cfg: TrainConfig) -> tuple[int, int, int]:
         return 4, 4, 4
     if cfg.precision == "bf16":
         return 2, 2, 2
-    if cfg.precision == "bf16_mixed":
-        return 2, 4, 4
-    raise InvalidConfigError(
-        f"precision {cfg.precision!r} is not supported by the JAX engine (no loss scaling for fp16); "
-        "use bf16_mixed, bf16 or fp32"
-    )
+    return 2, 4, 4  # bf16_mixed / fp16_mixed: fp32 master params and adapters, 16-bit compute
 
 
 def _adafactor_bytes(shape: tuple[int, ...], width: int) -> int:
@@ -165,19 +173,35 @@ def _adafactor_bytes(shape: tuple[int, ...], width: int) -> int:
     return width * (math.prod(shape) + 2)  # v, v_row and v_col placeholders
 
 
-def optimizer_state_bytes(cfg: TrainConfig, shapes: list[tuple[int, ...]], param_width: int) -> tuple[int, str]:
-    """Bytes of the optax state `step.make_optimizer` builds for trainable leaves of these shapes."""
+def _adam8bit_bytes(shape: tuple[int, ...], stacked: bool) -> int:
+    """One moment of `train/optim8bit.py`: uint8 codes + float32 absmax per 256 per layer slice, or
+    float32 below 4,096 elements per slice."""
+    layers = shape[0] if stacked else 1
+    n = math.prod(shape) // layers
+    if n < ADAM8BIT_MIN_SIZE:
+        return _FP32 * n * layers
+    return layers * (n + _FP32 * -(-n // ADAM8BIT_BLOCK))
+
+
+def optimizer_state_bytes(cfg: TrainConfig, shapes: list[tuple[int, ...]], param_width: int,
+                          stacked: list[bool] | None = None) -> tuple[int, str]:
+    """Bytes of the optax state `step.make_optimizer` builds for trainable leaves of these shapes
+    (``stacked``: which leaves carry the layer axis; 8-bit Adam quantises per layer slice)."""
     count = sum(math.prod(s) for s in shapes)
+    stacked = stacked if stacked is not None else [True] * len(shapes)
     if cfg.optimizer == "adamw":
         # _fp32_update: mu and nu in float32; count, inner count and 6 injected float32 hyper-parameters
         return 2 * _FP32 * count + 8 * 4, f"AdamW mu + nu in fp32: 2 x {count:,} x 4 B"
+    if cfg.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+        total = 2 * sum(_adam8bit_bytes(sh, st) for sh, st in zip(shapes, stacked, strict=True)) + 7 * 4
+        return total, f"8-bit AdamW: 2 moments x {count:,} x (1 B + 4 B/256 absmax); float32 below 4,096 per slice"
     if cfg.optimizer == "sgd":
         return param_width * count + 4 + 2 * param_width, f"SGD momentum trace: {count:,} x {param_width} B"
     if cfg.optimizer == "adafactor":
         total = sum(_adafactor_bytes(s, param_width) for s in shapes) + 5 * 4 + 4 * param_width
         return total, f"Adafactor factored second moments (row + column means) in {param_width}-byte floats"
     raise InvalidConfigError(
-        f"optimizer {cfg.optimizer!r} has no optax implementation in the JAX engine; use adamw, adafactor or sgd"
+        f"optimizer {cfg.optimizer!r} has no optax implementation in the JAX engine; use adamw, adamw_8bit, adafactor or sgd"
     )
 
 
@@ -269,6 +293,7 @@ def estimate_jax(
     # ----- static arguments -------------------------------------------------------------------
     if cfg.method == "full":
         trainable_shapes = [x.shape for x in leaves]
+        trainable_stacked = [x.stacked for x in leaves]
         weights, weights_formula = total_params * pw, f"{total_params:,} params x {pw} B"
         adapters = adapter_params = 0
         trainable_params, tw = total_params, pw
@@ -279,6 +304,7 @@ def estimate_jax(
                 f"LoRA target_modules {list(cfg.lora_config.target_modules)} match no linear layer of {profile.model_id}; "
                 "use names like q_proj, v_proj or all-linear"
             )
+        trainable_stacked = [True] * len(trainable_shapes)
         adapter_params = sum(math.prod(x) for x in trainable_shapes)
         adapters, trainable_params, tw = adapter_params * aw, adapter_params, aw
         if cfg.method == "lora":
@@ -292,7 +318,7 @@ def estimate_jax(
                 f"NF4 {q_params:,} x (0.5 B + 1 B/64 uint8 absmax + 4 B/16,384 scales) per layer slice; "
                 f"{total_params - q_params:,} unquantised (embeddings, head, norms) x {pw} B"
             )
-    optimizer, optimizer_formula = optimizer_state_bytes(cfg, trainable_shapes, tw)
+    optimizer, optimizer_formula = optimizer_state_bytes(cfg, trainable_shapes, tw, trainable_stacked)
     batch = accum * tokens * BATCH_ARRAYS * 4
     scalars = STATE_SCALAR_BYTES + METRIC_BYTES
 
@@ -339,7 +365,11 @@ def estimate_jax(
         logits_formula = f"{tokens:,} tokens x {sh.vocab:,} vocab x {logit_width} B (fp32 logits and their gradient)"
 
     # ----- copies and backward temporaries ----------------------------------------------------
-    bwd_per_token = sh.heads * s * _FP32 + 3 * _FP32 * sh.inter + 4 * _FP32 * sh.d
+    # one layer's backward: the float32 score gradient, plus (without remat) MLP and hidden gradients;
+    # under remat the recomputed layer's residuals are freed as its MLP gradients are made
+    bwd_per_token = sh.heads * s * _FP32
+    if not remat:
+        bwd_per_token += 3 * _FP32 * sh.inter + 4 * _FP32 * sh.d
     backward = tokens * bwd_per_token + recompute
     head_copy = head_params * _FP32 if upcast else 0  # XLA:CPU float32 copy of the bf16 head for its two dots
     layer_copies = layer_matrix_params * _FP32 if upcast and cfg.method != "qlora" else 0
