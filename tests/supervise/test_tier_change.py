@@ -35,7 +35,8 @@ def test_an_adamw_checkpoint_restores_into_an_8bit_fp16_tier(tmp_path):
 
     second = Engine.build(cfg, model_config, examples, 1)
     corrupt = []
-    restored = second.restore(store, run.model_copy(update={"fallback_tier": 1}), on_corrupt=lambda s, w: corrupt.append(s))
+    tier1 = run.model_copy(update={"fallback_tier": 1})
+    restored = second.restore(store, tier1, on_corrupt=lambda s, w: corrupt.append(s))
     assert corrupt == [] and restored.step == 3 and store.all_steps() == [3]
     state = jax.device_get(second.trainer.state)
     assert int(state.step) == 3 and float(state.loss_scale) == 2.0**16

@@ -149,9 +149,8 @@ def test_tiny_llama_trains_in_fp16_mixed_and_checkpoints_keep_the_scale(tmp_path
 
     examples = load_jsonl(toy_dataset_path(), ByteTokenizer())
     tc = TrainConfig(method="full", micro_batch_size=8, seq_len=64, precision="fp16_mixed", optimizer="adamw_8bit")
-    trainer = Trainer(
-        tiny_llama_config(), tc, examples, optimizer=OptimizerSettings(learning_rate=3e-3, warmup_steps=2, total_steps=30)
-    )
+    settings = OptimizerSettings(learning_rate=3e-3, warmup_steps=2, total_steps=30)
+    trainer = Trainer(tiny_llama_config(), tc, examples, optimizer=settings)
     assert trainer.model.dtype == jnp.float16 and trainer.loss_scaler == LossScaleSettings()
     infos = list(trainer.train(12))
     assert all(i.loss_scale == 2.0**16 and not i.nan_or_inf for i in infos)

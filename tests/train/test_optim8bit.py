@@ -300,6 +300,7 @@ def test_convert_state_carries_adam_moments_between_fp32_and_8bit() -> None:
 
     back = convert_state(moved, eight_cfg, fp32_cfg, tx32)
     assert float(back.loss_scale) == 1.0 and int(back.opt_state.inner_state[0].count) == 3
-    np.testing.assert_array_equal(np.asarray(back.opt_state.inner_state[0].nu["model"]["layers"]["w"]), np.asarray(nu["model"]["layers"]["w"]))
+    nu_back = back.opt_state.inner_state[0].nu["model"]["layers"]["w"]
+    np.testing.assert_array_equal(np.asarray(nu_back), np.asarray(nu["model"]["layers"]["w"]))
     same = convert_state(state, fp32_cfg, fp32_cfg.model_copy(update={"micro_batch_size": 1}), tx32)
     assert same.opt_state is state.opt_state

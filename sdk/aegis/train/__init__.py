@@ -14,9 +14,10 @@ frozen pytree dataclass, and a :class:`Trainer` yields one typed :class:`StepInf
     trainer.save("/tmp/ckpt")                  # orbax: train state + sampler state
 
 Modules: ``models`` (families, ``build_model``), ``lora``, ``nf4``, ``weights`` (HF safetensors
-and PEFT adapters), ``data`` (examples, batches, sampler), ``step`` (train/eval steps, optimizer),
-``loop`` (Trainer), ``forensics`` (per-sample gradients), ``benchmark`` (measured throughput and
-XLA memory). Names below are imported on first use, so ``import aegis.train.data`` stays light.
+and PEFT adapters), ``data`` (examples, batches, sampler), ``step`` (train/eval steps, optimizers,
+precision modes, fp16 loss scaling), ``optim8bit`` (8-bit AdamW), ``loop`` (Trainer), ``forensics``
+(per-sample gradients), ``benchmark`` (measured throughput and XLA memory). Names below are
+imported on first use, so ``import aegis.train.data`` stays light.
 """
 
 from __future__ import annotations
@@ -42,11 +43,13 @@ _EXPORTS: dict[str, str] = {
     "tokenize_rows": "aegis.train.data",
     "split_examples": "aegis.train.data",
     "OptimizerSettings": "aegis.train.step",
+    "LossScaleSettings": "aegis.train.step",
     "TrainState": "aegis.train.step",
     "make_optimizer": "aegis.train.step",
     "make_train_step": "aegis.train.step",
     "make_eval_step": "aegis.train.step",
     "init_state": "aegis.train.step",
+    "adamw_8bit": "aegis.train.optim8bit",
     "Trainer": "aegis.train.loop",
     "StepInfo": "aegis.train.loop",
     "analyze_batch": "aegis.train.forensics",

@@ -277,4 +277,5 @@ def quantize_moments(mu: Any, nu: Any, like: ScaleByAdam8bitState, block_size: i
 
 def optimizer_state_bytes(opt_state: Any) -> int:
     """Bytes of all array leaves of an optimizer state (codes, absmax, moments, counters, hyper-parameters)."""
-    return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(opt_state) if hasattr(x, "dtype"))
+    leaves = [x for x in jax.tree.leaves(opt_state) if hasattr(x, "dtype")]
+    return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in leaves)

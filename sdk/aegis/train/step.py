@@ -20,7 +20,9 @@ after; a step whose gradients overflow is skipped and halves the scale, 2000 fin
 row double it; :class:`LossScaleSettings`, :func:`update_loss_scale`).
 
 Optimizers (:func:`make_optimizer`): ``adamw``, ``adamw_8bit`` and ``paged_adamw_8bit`` (block-wise
-8-bit moments, :mod:`aegis.train.optim8bit`), ``sgd``, ``adafactor``.
+8-bit moments, :mod:`aegis.train.optim8bit`), ``sgd``, ``adafactor``. A state saved under one
+configuration continues under another (an OOM fallback tier): :func:`abstract_state` is the
+restore target, :func:`convert_state` carries it over.
 
     settings = OptimizerSettings(learning_rate=3e-4, warmup_steps=10, total_steps=200)
     tx = make_optimizer(train_config, settings)
@@ -209,7 +211,8 @@ def make_optimizer(train_config: TrainConfig, settings: OptimizerSettings) -> op
 
         static = ("mask", "block_size", "min_8bit_size", "batch_dims")
         # per-layer parameters, as bitsandbytes sees them: stacked layers are quantised slice by slice
-        return _fp32_update(optax.inject_hyperparams(adamw_8bit, static_args=static)(**adam_args, batch_dims=_layer_axes))
+        tx = optax.inject_hyperparams(adamw_8bit, static_args=static)(**adam_args, batch_dims=_layer_axes)
+        return _fp32_update(tx)
     if name == "sgd":
         return optax.inject_hyperparams(optax.sgd)(learning_rate=settings.learning_rate, momentum=settings.b1)
     if name == "adafactor":
@@ -265,7 +268,8 @@ def abstract_state(trainable: Any, train_config: TrainConfig, settings: Optimize
     scaler = LossScaleSettings() if precision_dtypes(train_config.precision).loss_scaling else None
 
     def build() -> TrainState:
-        t = jax.tree.map(lambda x: jnp.zeros(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype), trainable)
+        zeros = lambda x: jnp.zeros(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype)  # noqa: E731
+        t = jax.tree.map(zeros, trainable)
         return init_state(t, tx, settings, jax.random.PRNGKey(0), loss_scale=scaler)
 
     return jax.eval_shape(build)
