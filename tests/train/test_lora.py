@@ -268,3 +268,28 @@ def test_expert_adapters_on_nf4_experts_match_dequantized() -> None:
     out = np.asarray(jax.jit(model.apply)(qparams, ids, lora=lora))
     ref = np.asarray(jax.jit(model.apply)(dense, ids, lora=lora))
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("model_id", ["Qwen/Qwen3-30B-A3B", "mistralai/Mixtral-8x7B-v0.1"])
+def test_trainable_count_equals_peft_at_full_width(model_id: str) -> None:
+    """Real layer shapes (bundled config.json, depth cut to 2): JAX adapters count what PEFT counts, r=16."""
+    from accelerate import init_empty_weights
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from aegis.catalog import model_entry, read_model_config
+
+    config = {**read_model_config(model_entry(model_id)), "num_hidden_layers": 2}
+    model = build_model(config)
+    shapes = jax.eval_shape(model.init, jax.random.key(0))
+    lora = jax.eval_shape(
+        lambda k: init_lora(model, shapes, rank=16, alpha=32, target_modules="all-linear", rng=k), jax.random.key(0)
+    )
+    hf_kwargs = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "transformers_version")}
+    with init_empty_weights():
+        hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **hf_kwargs))
+    count = get_peft_model(hf, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")).get_nb_trainable_parameters()
+    assert lora_param_count(lora) == count[0]
+    experts = lora.tree["model"]["layers"]["mlp"]["experts"]
+    e = model.spec.moe.num_experts
+    assert experts["gate_up_proj"]["lora_A"]["weight"].shape == (2, 2 * 16 * e, config["hidden_size"])
