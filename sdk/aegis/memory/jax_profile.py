@@ -57,7 +57,8 @@ Platform = Literal["cpu", "gpu"]
 """XLA backend whose buffer layout is modelled: ``cpu`` upcasts bf16 to float32, ``gpu`` does not."""
 
 UNROLL_MAX_LAYERS = 8
-"""The engine unrolls models this shallow and scans deeper ones (`train/models/decoder.py`)."""
+"""The engine unrolls models this shallow and scans deeper ones, NF4 bases and rematerialised
+layers (`train/models/decoder.py` ``Model.scans_layers``)."""
 
 NF4_BLOCK = 64
 """Weights per NF4 absmax (`train/nf4.py` ``block_size``)."""
@@ -276,7 +277,7 @@ def estimate_jax(
     plat: Platform = platform or ("gpu" if gpu_obj is not None else "cpu")
     comp, pw, aw = _widths(cfg)
     sh = _shapes(profile)
-    scanned = cfg.method == "qlora" or sh.n > UNROLL_MAX_LAYERS
+    scanned = cfg.method == "qlora" or cfg.gradient_checkpointing or sh.n > UNROLL_MAX_LAYERS
     # XLA:CPU computes bf16 in float32: the weights the backward dots read get float32 copies, and so do
     # the scanned layers' stacked residuals (converted whole before the backward loop); unrolled layers
     # convert inside their fusions
@@ -341,9 +342,7 @@ def estimate_jax(
     terms = _layer_residual_per_token(sh, s, r, lora_ranks, scanned)
     per_layer = sum(terms.values())
     recompute = 0
-    # Unrolled layers checkpoint with prevent_cse=False: XLA merges the recomputation with the forward
-    # pass, so remat only takes effect in the scanned path
-    remat = cfg.gradient_checkpointing and scanned
+    remat = cfg.gradient_checkpointing  # always under the scan: one layer recomputed at a time
     if remat:
         kept_width = comp + (r if upcast else 0)  # each layer's input (and XLA:CPU's float32 copy of it)
         activations = sh.n * tokens * kept_width * sh.d
@@ -425,9 +424,6 @@ def estimate_jax(
     eval_peak = (weights + adapters + optimizer + eval_tokens * (sh.vocab * 2 * _FP32 + sh.heads * eval_seq * (_FP32 + r)
                                                                   + 3 * r * sh.inter + 4 * r * sh.d)) + overhead
     notes = (f"JAX engine on XLA:{plat.upper()}: peak at the {peak_name}",)
-    if cfg.gradient_checkpointing and not remat:
-        notes += (f"{sh.n} layers run unrolled: XLA merges the checkpointed recomputation with the forward pass "
-                  "(prevent_cse=False), so gradient checkpointing saves nothing here",)
     if upcast:
         notes += ("XLA:CPU upcasts bf16 to float32: residuals and weight copies are float32 (smaller on a GPU)",)
     return MemoryEstimate(
