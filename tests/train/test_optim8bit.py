@@ -98,6 +98,31 @@ def test_quantize_blockwise_against_bitsandbytes_cpu(signed: bool) -> None:
     assert np.max(err_ref - err_mine) < 5e-5
 
 
+@pytest.mark.parametrize("signed", [True, False])
+def test_rounding_table_is_exactly_the_nearest_code(signed: bool) -> None:
+    """The bit-pattern lookup equals a binary search over the midpoints everywhere it matters: random
+    values over [-1, 1] and tiny ones, every code value, every midpoint and its float32 neighbours,
+    signed zeros, +-1 and subnormals."""
+    from aegis.train.optim8bit import _nearest_code
+
+    code = dynamic_map(signed)
+    mid = (code[:-1] + code[1:]) / np.float32(2.0)
+    rng = np.random.default_rng(0)
+    x = np.concatenate(
+        [
+            rng.uniform(-1, 1, 200_000).astype(np.float32),
+            (rng.standard_normal(50_000) * 1e-5).astype(np.float32),
+            code,
+            mid,
+            np.nextafter(mid, np.float32(2)),
+            np.nextafter(mid, np.float32(-2)),
+            np.array([0.0, -0.0, 1.0, -1.0, 1e-30, -1e-30, 1e-45, -1e-45], np.float32),
+        ]
+    )
+    got = np.asarray(jax.jit(lambda v: _nearest_code(v, code))(jnp.asarray(x)))
+    np.testing.assert_array_equal(got, np.searchsorted(mid, x, side="left"))
+
+
 def _bnb_state_as_ours(opt, params_t, stacked: int) -> tuple[list, list]:
     """bitsandbytes' per-parameter states as our (mu, nu) leaves; the first ``stacked`` torch params
     are the slices of our first (stacked) leaf."""
