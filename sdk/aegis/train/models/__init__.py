@@ -59,7 +59,9 @@ def build_model(
     ``attention`` picks the kernel (:data:`ATTENTION_IMPLS`: ``xla`` = transformers' eager maths,
     the default; ``cudnn`` = flash attention on NVIDIA GPUs; ``dot_product`` = the same call on XLA).
     ``scan_layers``: True runs the layers under ``lax.scan`` (compile time independent of depth),
-    False unrolls them (faster steps), None (default) unrolls shallow models and scans deep or NF4 ones.
+    False unrolls them (faster steps), None (default) unrolls shallow models and scans deep, NF4 or
+    rematerialised ones. Gradient checkpointing needs the scan (unrolled, XLA keeps every layer's
+    recomputed activations alive at once), so ``remat=True, scan_layers=False`` is refused.
     Raises :class:`~aegis.errors.UnsupportedArchitectureError` (listing supported model types) for
     an unknown ``model_type``.
     """
@@ -77,6 +79,10 @@ def build_model(
     if attention != "xla" and spec.attn_softcap is not None:
         raise InvalidConfigError(
             f"{family.name} soft-caps attention logits, which fused attention kernels do not do; use attention='xla'."
+        )
+    if remat and scan_layers is False:
+        raise InvalidConfigError(
+            "gradient checkpointing (remat=True) needs the scanned layer loop: pass scan_layers=None or True."
         )
     return Model(
         config=dict(config),

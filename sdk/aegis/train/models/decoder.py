@@ -147,14 +147,16 @@ class Model:
     def scans_layers(self, layer_params: Any = None) -> bool:
         """Whether the layers run under ``lax.scan`` (one compiled body) or unrolled (one per layer).
 
-        Auto (``scan_layers=None``): unrolled up to :data:`UNROLL_MAX_LAYERS` layers, except over an
-        NF4 base: unrolled, XLA hoists every layer's recomputed dense weight to the start of the
-        backward pass, while the scan recomputes one layer's at a time.
+        Auto (``scan_layers=None``): unrolled up to :data:`UNROLL_MAX_LAYERS` layers, except with
+        gradient checkpointing or over an NF4 base. Unrolled, XLA schedules every layer's recomputed
+        forward (or dense weight) at the start of the backward pass, which keeps them all alive at once
+        (measured: remat saves 6% of the temporaries unrolled, 75% scanned); the scan recomputes one
+        layer at a time.
         """
         if self.scan_layers is not None:
             return self.scan_layers
         quantized = any(isinstance(x, NF4Tensor) for x in jax.tree.leaves(layer_params, is_leaf=_is_nf4))
-        return quantized or self.spec.num_layers > UNROLL_MAX_LAYERS
+        return self.remat or quantized or self.spec.num_layers > UNROLL_MAX_LAYERS
 
     def _layers(
         self,
@@ -206,7 +208,7 @@ class Model:
             return layer_fn(spec, p, h, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lp)
 
         if self.remat:
-            body = jax.checkpoint(body, prevent_cse=False, static_argnums=(3, 4, 5) if not scan else ())
+            body = jax.checkpoint(body, prevent_cse=not scan, static_argnums=() if scan else (3, 4, 5))
         if not scan:
             for i in range(spec.num_layers):
                 take = lambda a, i=i: a[i]  # noqa: E731
