@@ -76,6 +76,8 @@ STATE_SCALAR_BYTES = 4 + 8 + 4 + 4 + 4 + 4
 """TrainState.step (int32), rng (uint32[2]), peak_lr, clip_norm, loss_scale (float32), good_steps (int32)."""
 METRIC_BYTES = 8 * 4
 """The step's eight scalar metrics (outputs that alias nothing)."""
+CE_CHUNK_TOKENS = 1024
+"""Tokens per chunk of chunked cross-entropy (`step.OptimizerSettings.ce_chunk_tokens` default)."""
 _FP32 = 4
 
 _DEFAULT_OVERHEAD = 1 << 30
@@ -356,9 +358,12 @@ def estimate_jax(
     # ----- logits -----------------------------------------------------------------------------
     logit_width = 2 * _FP32  # float32 logits (exp(logits - max) in place) and their gradient; the rest fuses
     if cfg.chunked_cross_entropy:
-        chunk = min(1024, tokens)
-        logits = chunk * sh.vocab * logit_width + tokens * sh.d * _FP32
-        logits_formula = f"chunked: {chunk:,}-token chunk x {sh.vocab:,} vocab x {logit_width} B + fp32 hidden grads"
+        # step._chunked_nll_sum: OptimizerSettings.ce_chunk_tokens per chunk under lax.map, which also
+        # materialises the transposed float32 head weight it reads
+        chunk = min(CE_CHUNK_TOKENS, tokens)
+        logits = chunk * sh.vocab * logit_width + tokens * sh.d * _FP32 + head_params * _FP32
+        logits_formula = (f"chunked: {chunk:,}-token chunk x {sh.vocab:,} vocab x {logit_width} B + fp32 hidden grads "
+                          f"+ transposed fp32 head {head_params:,} x 4 B")
     else:
         logits = tokens * sh.vocab * logit_width
         logits_formula = f"{tokens:,} tokens x {sh.vocab:,} vocab x {logit_width} B (fp32 logits and their gradient)"
