@@ -121,8 +121,8 @@ def test_hidden_and_head_weight_reproduce_apply() -> None:
     ids = _tokens(256, (1, 12))
     h = jax.jit(model.hidden)(params, ids)
     w = model.head_weight(params)
-    assert w.shape == (64, 256)
-    np.testing.assert_array_equal(np.asarray(w), np.asarray(params["model"]["embed_tokens"]["weight"]).T)
+    assert w.shape == (256, 64)  # [vocab, d], HF layout
+    np.testing.assert_array_equal(np.asarray(w), np.asarray(params["model"]["embed_tokens"]["weight"]))
     logits = np.asarray(jax.jit(model.apply)(params, ids))
     np.testing.assert_allclose(np.asarray(model.project(h, w)), logits, rtol=1e-5, atol=1e-6)
     assert np.max(np.abs(logits)) <= model.spec.final_softcap

@@ -412,7 +412,7 @@ def _chunked_nll_sum(model: Any, params: Any, h: jax.Array, batch: Batch, chunk:
     @jax.checkpoint
     def one(args: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
         hc, tc, mc = args
-        logits = to_logits(hc, w) if to_logits is not None else hc @ w
+        logits = to_logits(hc, w) if to_logits is not None else hc @ w.T
         logits = logits.astype(jnp.float32)
         logz = jax.nn.logsumexp(logits, axis=-1)
         return jnp.sum((logz - _target_logit(logits, tc)) * mc)

@@ -251,14 +251,16 @@ class Model:
         return rms_norm(x, params["model"]["norm"]["weight"], self.spec.rms_norm_eps, gemma=self.spec.gemma_norm)
 
     def head_weight(self, params: dict[str, Any]) -> jax.Array:
-        """The output projection ``[d, vocab]`` (the embedding matrix when tied)."""
+        """The output projection ``[vocab, d]`` in HF layout (the embedding matrix when tied)."""
         if self.spec.tie_embeddings:
-            return params["model"]["embed_tokens"]["weight"].T
-        return params["lm_head"]["weight"].T
+            return params["model"]["embed_tokens"]["weight"]
+        return params["lm_head"]["weight"]
 
     def project(self, h: jax.Array, w: jax.Array) -> jax.Array:
-        """Logits (float32) from hidden states and ``head_weight``, soft-capped where the family does."""
-        logits = jnp.einsum("...d,dv->...v", h, w.astype(h.dtype), preferred_element_type=jnp.float32)
+        """Logits (float32) from hidden states ``[..., d]`` and ``head_weight`` ``[vocab, d]`` (contracted
+        in HF layout, no transpose), soft-capped where the family does."""
+        dims = (((h.ndim - 1,), (1,)), ((), ()))
+        logits = jax.lax.dot_general(h, w.astype(h.dtype), dims, preferred_element_type=jnp.float32)
         if self.spec.final_softcap is not None:
             cap = self.spec.final_softcap
             logits = jnp.tanh(logits / cap) * cap
