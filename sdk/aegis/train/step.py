@@ -168,12 +168,16 @@ def _layer_axes(tree: Any) -> Any:
     return jax.tree_util.tree_map_with_path(axes, tree)
 
 
+def _cast_floating(tree: Any, dtype: Any) -> Any:
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
 def _fp32_update(tx: optax.GradientTransformation) -> optax.GradientTransformation:
     """Keep Adam's moments and do its arithmetic in fp32 for low-precision params: in bf16, b2 = 0.999
     rounds to 1.0, so the second moment never grows and the bias correction divides by zero."""
 
     def up(tree: Any) -> Any:
-        return jax.tree.map(lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+        return _cast_floating(tree, jnp.float32)
 
     def init(params: Any) -> Any:
         return tx.init(up(params))
@@ -253,10 +257,6 @@ def init_state(
 def _trainable_dtype(train_config: TrainConfig) -> Any:
     dtypes = precision_dtypes(train_config.precision)
     return dtypes.params if train_config.method == "full" else dtypes.lora
-
-
-def _cast_floating(tree: Any, dtype: Any) -> Any:
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
 def abstract_state(trainable: Any, train_config: TrainConfig, settings: OptimizerSettings) -> TrainState:

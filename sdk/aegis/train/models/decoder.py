@@ -103,9 +103,8 @@ class Model:
     param_dtype: Any = jnp.float32
     remat: bool = False
     attention: str = "xla"  # one of layers.ATTENTION_IMPLS
-    # True: layers under ``lax.scan`` (compile time independent of depth); False: unrolled (faster
-    # steps: no stacked residual buffers, static per-layer windows); None: unrolled up to
-    # UNROLL_MAX_LAYERS layers.
+    # True: layers under ``lax.scan`` (compile time independent of depth); False: unrolled (no stacked
+    # residual buffers, static per-layer windows); None: see ``scans_layers``.
     scan_layers: bool | None = None
 
     # ----- parameters -------------------------------------------------------------------------
@@ -155,7 +154,7 @@ class Model:
         """
         if self.scan_layers is not None:
             return self.scan_layers
-        quantized = any(isinstance(x, NF4Tensor) for x in jax.tree.leaves(layer_params, is_leaf=_is_nf4))
+        quantized = any(_is_nf4(x) for x in jax.tree.leaves(layer_params, is_leaf=_is_nf4))
         return self.remat or quantized or self.spec.num_layers > UNROLL_MAX_LAYERS
 
     def _layers(
@@ -200,11 +199,7 @@ class Model:
                 mask = base_mask
             else:
                 mask = base_mask & (dist < window)[None]
-            if isinstance(rope_i, int):
-                cos, sin = tables[rope_i]
-            else:
-                cos = jnp.stack([c for c, _ in tables])[rope_i]
-                sin = jnp.stack([t for _, t in tables])[rope_i]
+            cos, sin = tables[rope_i] if isinstance(rope_i, int) else (cos_all[rope_i], sin_all[rope_i])
             return layer_fn(spec, p, h, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lp)
 
         if self.remat:
@@ -216,6 +211,8 @@ class Model:
                 lp = jax.tree.map(take, lora_layers)
                 x = body(x, p, lp, spec.layer_window[i], spec.layer_rope[i], i)
             return x
+        cos_all = jnp.stack([c for c, _ in tables])  # the scan indexes the rope table per layer
+        sin_all = jnp.stack([t for _, t in tables])
         xs = (
             params["model"]["layers"],
             lora_layers,

@@ -328,14 +328,7 @@ def moe_block(
     m = spec.moe
     b, s, d = x.shape
     xf = x.reshape(b * s, d)
-    router_logits = jnp.einsum("td,ed->te", xf, p["gate"]["weight"].astype(ctx.dtype))
-    gate_lora = _sub(lora, "gate")
-    if gate_lora:
-        a = gate_lora["lora_A"]["weight"].astype(ctx.dtype)  # [r, d]
-        bw = gate_lora["lora_B"]["weight"].astype(ctx.dtype)  # [E, r]
-        router_logits = router_logits + _matmul(_matmul(xf, a, ctx.dtype), bw, ctx.dtype) * jnp.asarray(
-            ctx.lora_scale, ctx.dtype
-        )
+    router_logits = linear(p["gate"], xf, ctx, _sub(lora, "gate"), "gate")  # [t, E], plus the router's LoRA
     probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
     top_w, top_i = jax.lax.top_k(probs, m.top_k)
     if m.norm_topk_prob:
