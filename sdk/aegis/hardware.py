@@ -14,7 +14,7 @@ from aegis import catalog
 from aegis.errors import UnknownGPUError
 from aegis.schema import GPU
 
-__all__ = ["list_gpus", "find_gpu", "gpu_names"]
+__all__ = ["list_gpus", "find_gpu", "gpu_names", "cudnn_flash_attention"]
 
 
 def _norm(text: str) -> str:
@@ -58,3 +58,19 @@ def find_gpu(name: str) -> GPU:
     close = list(dict.fromkeys(table[n].id for n in names))[:3]
     hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
     raise UnknownGPUError(f"unknown GPU {name!r}: {hint}`aegis gpus` lists all")
+
+
+def cudnn_flash_attention(
+    compute_capability: str | None, *, head_dim: int, soft_capped: bool, half_precision: bool
+) -> bool:
+    """Whether cuDNN flash attention (``jax.nn.dot_product_attention(implementation="cudnn")``) runs an
+    attention on an NVIDIA GPU of ``compute_capability``: Ampere (8.0) or later, bf16/fp16 compute, no
+    soft-capped attention logits, and a head dim that is a multiple of 8, at most 256 from Hopper (9.0)
+    on and 128 before (jax's ``check_is_flash_attention``)."""
+    try:
+        major = int(str(compute_capability).split(".")[0])
+    except ValueError:
+        return False
+    if major < 8 or not half_precision or soft_capped or head_dim % 8:
+        return False
+    return head_dim <= (256 if major >= 9 else 128)

@@ -198,6 +198,9 @@ class GPU(Frozen):
     name: str = Field(description="Display name, e.g. 'NVIDIA RTX 3090'.")
     aliases: tuple[str, ...] = Field(default=(), description="Other names users type.")
     vendor: Literal["nvidia", "amd"] = "nvidia"
+    compute_capability: str | None = Field(
+        default=None, description="CUDA compute capability, e.g. '9.0' (NVIDIA only): which fused kernels run."
+    )
     memory_bytes: int = Field(gt=0, description="Total device memory.")
     bandwidth_gb_per_s: float = Field(gt=0, description="Memory bandwidth in GB/s.")
     bf16_tflops: float = Field(gt=0, description="Dense bf16 tensor throughput (no sparsity) in TFLOPS.")

@@ -192,7 +192,33 @@ def test_gpu_layout_drops_the_cpu_float32_copies():
     gpu = estimate_jax(profile, tc, platform="gpu")
     assert gpu.tensor_bytes < cpu.tensor_bytes
     assert "weight copies" not in {c.key for c in gpu.components}
-    assert estimate_jax(profile, tc, gpu="h100").tensor_bytes == gpu.tensor_bytes
+    assert estimate_jax(profile, tc, gpu="t4").tensor_bytes == gpu.tensor_bytes  # no flash attention before Ampere
+
+
+def _activations(est) -> int:
+    return next(c.bytes for c in est.components if c.key == "activations")
+
+
+def test_flash_attention_gpus_keep_softmax_stats_not_scores():
+    """Where the engine's attention="auto" runs cuDNN flash attention (`resolve_attention`), each layer keeps
+    float32 softmax statistics per head and token instead of the [b, heads, s, s] float32 scores."""
+    profile = aegis.resolve_model("llama-3.2-1b")  # 16 layers (scanned), 32 heads, head dim 64
+    tc = TrainConfig(method="lora", micro_batch_size=1, seq_len=1024)
+    scores = estimate_jax(profile, tc, platform="gpu")
+    flash = estimate_jax(profile, tc, gpu="h100")
+    heads, seq, layers = 32, 1024, 16
+    assert _activations(scores) - _activations(flash) == layers * seq * (4 * heads * seq + 2 * 4 * heads - 4 * heads)
+    assert flash.tensor_bytes < scores.tensor_bytes
+    assert "attention softmax stats" in next(c.formula for c in flash.components if c.key == "activations")
+    no_flash = [
+        (profile, tc.model_copy(update={"attention": "eager"}), "h100"),  # the plan asks for eager attention
+        (profile, tc.model_copy(update={"precision": "fp32"}), "h100"),  # cuDNN flash attention is bf16/fp16
+        (profile, tc, "v100-32gb"),  # before Ampere
+    ]
+    for prof, cfg, gpu in no_flash:
+        assert _activations(estimate_jax(prof, cfg, gpu=gpu)) == _activations(estimate_jax(prof, cfg, platform="gpu"))
+    gemma2 = aegis.resolve_model("gemma-2-2b")  # soft-capped attention logits
+    assert _activations(estimate_jax(gemma2, tc, gpu="h100")) == _activations(estimate_jax(gemma2, tc, platform="gpu"))
 
 
 def test_unsupported_settings_raise_errors_that_name_the_fix():

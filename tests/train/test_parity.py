@@ -260,8 +260,45 @@ def test_fused_attention_refuses_soft_capping() -> None:
     with pytest.raises(InvalidConfigError, match="bf16 or fp16"):
         build_model(tiny_config("llama"), attention="cudnn")
     with pytest.raises(InvalidConfigError, match="not one of"):
-        build_model(tiny_config("llama"), attention="flash")
+        build_model(tiny_config("llama"), attention="flash")  # the planner's name; the engine says cudnn
     assert build_model(tiny_config("llama"), dtype=jnp.bfloat16, attention="cudnn").attention == "cudnn"
+
+
+def _device(platform: str, kind: str, cc: str = "") -> object:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(platform=platform, device_kind=kind, compute_capability=cc)
+
+
+def test_auto_attention_picks_cudnn_only_where_it_applies() -> None:
+    """``attention="auto"`` (what training and ``aegis benchmark`` ask for unless the plan says eager) runs
+    cuDNN flash attention on NVIDIA GPUs in bf16/fp16 with a head dim cuDNN takes, and the eager maths
+    everywhere else; on this CPU the built model is the eager one."""
+    from aegis.train.models import engine_attention, resolve_attention
+
+    h100, a100 = _device("gpu", "NVIDIA H100 80GB HBM3", "9.0"), _device("gpu", "NVIDIA A100-SXM4-80GB", "8.0")
+    t4 = _device("gpu", "Tesla T4", "7.5")
+    llama, gemma2 = get_family("llama").build_spec(tiny_config("llama")), get_family("gemma2").build_spec(tiny_config("gemma2"))
+    wide = get_family("llama").build_spec({**tiny_config("llama"), "head_dim": 256})
+    odd = get_family("llama").build_spec({**tiny_config("llama"), "head_dim": 12})
+    bf16, fp16, fp32 = jnp.bfloat16, jnp.float16, jnp.float32
+    cases = [
+        (llama, bf16, h100, "cudnn"),
+        (llama, fp16, a100, "cudnn"),
+        (llama, fp32, h100, "xla"),  # cuDNN flash attention is bf16/fp16 only
+        (gemma2, bf16, h100, "xla"),  # attention soft-capping
+        (wide, bf16, h100, "cudnn"),  # head dim 256: Hopper and later
+        (wide, bf16, a100, "xla"),
+        (odd, bf16, h100, "xla"),  # not a multiple of 8
+        (llama, bf16, t4, "xla"),  # before Ampere
+        (llama, bf16, _device("gpu", "AMD Instinct MI300X", "gfx942"), "xla"),  # ROCm: no CUDA capability
+        (llama, bf16, _device("cpu", "cpu"), "xla"),
+    ]
+    for spec, dtype, device, want in cases:
+        assert resolve_attention("auto", spec, dtype, device) == want, (spec.head_dim, dtype, device)
+    assert resolve_attention("dot_product", llama, fp32, h100) == "dot_product"  # explicit choices stand
+    assert [engine_attention(a) for a in ("eager", "sdpa", "flash")] == ["xla", "auto", "auto"]
+    assert build_model(tiny_config("llama"), dtype=bf16, attention="auto").attention == "xla"  # this CPU
 
 
 @pytest.mark.parametrize("remat", [False, True], ids=["stored", "remat"])

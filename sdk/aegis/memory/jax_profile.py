@@ -18,7 +18,8 @@ component by component, without importing JAX:
 - **activations**: what the backward pass reads, per layer and token, as XLA keeps it (its memory
   report of the compiled step, for the engine's `train/models/layers.py` computation): the float32
   masked attention scores per head ([b, heads, s, s]: the engine's ``xla`` attention materialises
-  them), hidden-wide tensors (RMSNorm float32 inputs, normed outputs, residual stream, projection
+  them; on a GPU where the engine runs cuDNN flash attention, only its float32 softmax statistics
+  per head and token), hidden-wide tensors (RMSNorm float32 inputs, normed outputs, residual stream, projection
   inputs), q/k/v, six [b, s, intermediate] MLP tensors, LoRA ``x @ A``. Under remat (scanned
   layers) each layer keeps only its input and one layer is recomputed in the backward pass.
 - **logits**: float32 [b, s, vocab] logits and their gradient; the softmax, the one-hot target
@@ -48,7 +49,7 @@ from typing import Literal
 from aegis.errors import InvalidConfigError
 from aegis.families import get_family
 from aegis.families.base import Family, LayerShape
-from aegis.hardware import find_gpu
+from aegis.hardware import cudnn_flash_attention, find_gpu
 from aegis.schema import GPU, MemoryComponent, MemoryEstimate, ModelProfile, TrainConfig
 
 __all__ = ["Platform", "Leaf", "engine_leaves", "nf4_leaf_bytes", "optimizer_state_bytes", "estimate_jax", "UNROLL_MAX_LAYERS"]
@@ -238,7 +239,9 @@ def _shapes(profile: ModelProfile) -> _Shapes:
     return _Shapes(fam, layers, len(layers), fam.hidden(c), fam.heads(c), fam.kv_heads(c), fam.head_dim(c), inter, fam.vocab(c))
 
 
-def _layer_residual_per_token(sh: _Shapes, seq: int, r: int, lora_ranks: int, scanned: bool) -> dict[str, int]:
+def _layer_residual_per_token(
+    sh: _Shapes, seq: int, r: int, lora_ranks: int, scanned: bool, flash: bool = False
+) -> dict[str, int]:
     """Bytes per token one layer keeps for its backward pass, by kind (r: float width of the kept copies).
 
     From the buffers XLA keeps per layer (its memory-usage report of the compiled step): the float32
@@ -247,10 +250,12 @@ def _layer_residual_per_token(sh: _Shapes, seq: int, r: int, lora_ranks: int, sc
     inputs and eight more hidden-wide tensors (normed outputs, residual stream, attention output,
     projection inputs), q/k/v after rope, the six [b, s, intermediate] MLP tensors (gate, up,
     act(gate), its derivative pieces, down-proj input) plus a compute-dtype original, LoRA x @ A.
+    ``flash``: cuDNN flash attention keeps no scores, only the float32 softmax statistics per head.
     """
     layer = sh.layers[0]
+    scores = (1 if scanned else 2) * _FP32 * sh.heads * seq + 2 * _FP32 * sh.heads
     terms = {
-        "attention scores": (1 if scanned else 2) * _FP32 * sh.heads * seq + 2 * _FP32 * sh.heads,
+        "attention " + ("softmax stats" if flash else "scores"): _FP32 * sh.heads if flash else scores,
         "hidden": 9 * r * sh.d,
         "q/k/v": r * (sh.q + 2 * sh.kvd),
         "mlp": (6 * r + 4) * sh.inter,
@@ -341,7 +346,19 @@ def estimate_jax(
     lora_ranks = 0
     if cfg.method != "full":
         lora_ranks = cfg.lora_config.rank * (len(trainable_shapes) // 2)
-    terms = _layer_residual_per_token(sh, s, r, lora_ranks, scanned)
+    # the engine's attention="auto" (any planned attention but eager) runs cuDNN flash attention where it applies
+    flash = (
+        plat == "gpu"
+        and gpu_obj is not None
+        and cfg.attention != "eager"
+        and cudnn_flash_attention(
+            gpu_obj.compute_capability,
+            head_dim=sh.head_dim,
+            soft_capped=sh.fam.attention_softcap(profile.config) is not None,
+            half_precision=comp == 2,
+        )
+    )
+    terms = _layer_residual_per_token(sh, s, r, lora_ranks, scanned, flash)
     per_layer = sum(terms.values())
     recompute = 0
     remat = cfg.gradient_checkpointing  # always under the scan: one layer recomputed at a time

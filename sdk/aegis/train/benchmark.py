@@ -121,10 +121,11 @@ def _tree_bytes(tree: Any) -> int:
 
 def _abstract_setup(config: dict, tc: TrainConfig, settings: OptimizerSettings) -> tuple[Any, Any, Any, Any, Any]:
     """Model, step function and abstract (shape-only) state / frozen / batch for a configuration."""
-    from aegis.train.models import build_model
+    from aegis.train.models import build_model, engine_attention
 
     dtypes = precision_dtypes(tc.precision)
-    model = build_model(config, dtype=dtypes.compute, param_dtype=dtypes.params, remat=tc.gradient_checkpointing)
+    model = build_model(config, dtype=dtypes.compute, param_dtype=dtypes.params, remat=tc.gradient_checkpointing,
+                        attention=engine_attention(tc.attention))
     tx = make_optimizer(tc, settings)
     scaler = LossScaleSettings() if dtypes.loss_scaling else None
 
@@ -236,7 +237,7 @@ def run_benchmark(
     is written to ``store`` (default: ``$AEGIS_HOME/calibration.json``). ``gpu_id`` defaults to
     the catalog id matching the device (``cpu`` on XLA:CPU).
     """
-    from aegis.train.models import build_model
+    from aegis.train.models import build_model, engine_attention
 
     if steps < 1 or warmup_steps < 1:
         raise InvalidConfigError("a benchmark needs steps >= 1 and warmup_steps >= 1 (the first step compiles)")
@@ -256,7 +257,8 @@ def run_benchmark(
     gpu_id = gpu_id or detect_gpu_id(device)
     settings = OptimizerSettings(total_steps=steps + warmup_steps)
     dtypes = precision_dtypes(precision)
-    mdl = build_model(config, dtype=dtypes.compute, param_dtype=dtypes.params, remat=gradient_checkpointing)
+    mdl = build_model(config, dtype=dtypes.compute, param_dtype=dtypes.params, remat=gradient_checkpointing,
+                      attention=engine_attention(tc.attention))
     tx = make_optimizer(tc, settings)
     scaler = LossScaleSettings() if dtypes.loss_scaling else None
     with jax.default_device(device):

@@ -128,14 +128,18 @@ class Trainer:
         blacklist: Sequence[str] = (),
         devices: Sequence[jax.Device] | None = None,
     ) -> None:
-        from aegis.train.models import build_model
+        from aegis.train.models import build_model, engine_attention
 
         self.model_config = dict(model_config)
         self.train_config = train_config
         self.settings = optimizer or OptimizerSettings()
         dtypes = precision_dtypes(train_config.precision)
         self.model = build_model(
-            self.model_config, dtype=dtypes.compute, param_dtype=dtypes.params, remat=train_config.gradient_checkpointing
+            self.model_config,
+            dtype=dtypes.compute,
+            param_dtype=dtypes.params,
+            remat=train_config.gradient_checkpointing,
+            attention=engine_attention(train_config.attention),
         )
         vocab = int(self.model_config.get("vocab_size", 0))
         too_big = [ex.sample_id for ex in examples if vocab and int(ex.input_ids.max()) >= vocab]

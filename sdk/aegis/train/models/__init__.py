@@ -27,6 +27,8 @@ from aegis.train.models.spec import ArchSpec, MoESpec, param_shapes
 
 __all__ = [
     "build_model",
+    "resolve_attention",
+    "engine_attention",
     "Model",
     "ATTENTION_IMPLS",
     "ArchSpec",
@@ -43,6 +45,40 @@ __all__ = [
 ]
 
 
+def resolve_attention(attention: str, spec: ArchSpec, dtype: Any, device: Any = None) -> str:
+    """The kernel ``attention="auto"`` runs on ``device`` (default: the first local device).
+
+    cuDNN flash attention where it applies (`aegis.hardware.cudnn_flash_attention`: an NVIDIA GPU
+    from Ampere on, bf16/fp16 compute, no attention soft-capping, a head dim cuDNN takes); everywhere
+    else ``xla``, the eager maths with the hand-written backward (the fast path on CPU). Any other
+    value is returned unchanged.
+    """
+    from aegis.hardware import cudnn_flash_attention
+
+    if attention != "auto":
+        return attention
+    if device is None:
+        import jax
+
+        device = jax.devices()[0]
+    # a CUDA device has a numeric compute capability ("9.0"); ROCm reports a gfx name
+    nvidia = getattr(device, "platform", "") in ("gpu", "cuda")
+    half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    ok = nvidia and cudnn_flash_attention(
+        getattr(device, "compute_capability", None),
+        head_dim=spec.head_dim,
+        soft_capped=spec.attn_softcap is not None,
+        half_precision=half,
+    )
+    return "cudnn" if ok else "xla"
+
+
+def engine_attention(planned: str) -> str:
+    """The engine's ``attention`` for a plan's ``TrainConfig.attention``: eager stays eager (``xla``);
+    sdpa and flash become ``auto`` (flash attention where the GPU has it)."""
+    return "xla" if planned == "eager" else "auto"
+
+
 def build_model(
     config: dict[str, Any],
     *,
@@ -57,7 +93,8 @@ def build_model(
     ``dtype`` is the compute dtype (activations, matmuls), ``param_dtype`` the storage dtype that
     :meth:`Model.init` produces; ``remat`` wraps each decoder layer in ``jax.checkpoint``;
     ``attention`` picks the kernel (:data:`ATTENTION_IMPLS`: ``xla`` = transformers' eager maths,
-    the default; ``cudnn`` = flash attention on NVIDIA GPUs; ``dot_product`` = the same call on XLA).
+    the default; ``cudnn`` = flash attention on NVIDIA GPUs; ``dot_product`` = the same call on XLA;
+    ``auto`` = cuDNN where it applies on the local device, else ``xla``, see :func:`resolve_attention`).
     ``scan_layers``: True runs the layers under ``lax.scan`` (compile time independent of depth),
     False unrolls them (faster steps), None (default) unrolls shallow models and scans deep, NF4 or
     rematerialised ones. Gradient checkpointing needs the scan (unrolled, XLA keeps every layer's
@@ -69,8 +106,9 @@ def build_model(
         raise InvalidConfigError("build_model expects the config.json contents as a dict (json.load the file first).")
     family = get_family(config.get("model_type"))
     spec = family.build_spec(config)
-    if attention not in ATTENTION_IMPLS:
-        raise InvalidConfigError(f"attention={attention!r} is not one of {', '.join(ATTENTION_IMPLS)}.")
+    if attention not in (*ATTENTION_IMPLS, "auto"):
+        raise InvalidConfigError(f"attention={attention!r} is not one of {', '.join(ATTENTION_IMPLS)} or auto.")
+    attention = resolve_attention(attention, spec, dtype)
     if attention == "cudnn" and jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         raise InvalidConfigError(
             f"cuDNN flash attention needs bf16 or fp16 compute, got dtype={jnp.dtype(dtype).name}; "
