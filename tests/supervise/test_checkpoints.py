@@ -37,3 +37,55 @@ def test_interval_retention_rollback_and_corruption(tmp_path):
     store.close()
     reopened = CheckpointStore(tmp_path / "checkpoints", interval=2, keep_last_n=3)
     assert reopened.all_steps() == [6]
+
+
+def _legacy_state(k):
+    """A TrainState as Aegis wrote it before dynamic loss scaling (no loss_scale / good_steps fields)."""
+    import dataclasses
+    from typing import Any
+
+    import jax
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass
+    class TrainState:
+        step: Any
+        trainable: Any
+        opt_state: Any
+        rng: Any
+        peak_lr: Any
+        clip_norm: Any
+
+    return TrainState(np.asarray(k, np.int32), {"w": np.full((4, 3), float(k), np.float32)},
+                      ({"mu": np.full((4, 3), 0.5, np.float32)},), np.asarray([7, 9], np.uint32),
+                      np.asarray(1e-3, np.float32), np.asarray(1.0, np.float32))
+
+
+def test_a_checkpoint_from_before_loss_scaling_restores_with_the_defaults(tmp_path):
+    """Upgrading Aegis mid-run keeps the run: the old checkpoint is not taken for a damaged one."""
+    import dataclasses
+
+    import jax
+
+    from aegis.train.step import TrainState
+
+    store = CheckpointStore(tmp_path / "checkpoints", interval=1, keep_last_n=3, async_save=False)
+    store.save(4, _legacy_state(4), {"lr": 1e-3})
+    old = _legacy_state(0)
+    current = TrainState(**{f.name: getattr(old, f.name) for f in dataclasses.fields(old)})
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), jax.device_put(current))
+    seen = []
+    got = store.restore_latest(target, on_corrupt=lambda s, why: seen.append(s))
+    assert got is not None and got.step == 4 and seen == [] and store.all_steps() == [4]
+    assert got.defaulted == ("good_steps", "loss_scale")
+    assert isinstance(got.state, TrainState)
+    assert float(got.state.loss_scale) == 1.0 and int(got.state.good_steps) == 0
+    assert got.state.loss_scale.sharding == target.loss_scale.sharding
+    np.testing.assert_array_equal(got.state.trainable["w"], np.full((4, 3), 4.0, np.float32))
+    np.testing.assert_array_equal(got.state.rng, [7, 9])
+    # a field without a default cannot be made up: that checkpoint stays unreadable
+    partial = {"step": np.asarray(5, np.int32), "trainable": {"w": np.zeros((4, 3), np.float32)}}
+    store.save(5, partial, {})
+    with pytest.raises(CheckpointError, match="unreadable"):
+        store.restore(5, target)
+    store.close()

@@ -4,7 +4,9 @@ A checkpoint holds two items: ``state`` (the engine's pytree: params, optimizer 
 state) and ``meta`` (small JSON: step, LR, clip, tier). Orbax writes each step to a temporary
 folder and renames it when complete, so a process killed mid-save leaves no half checkpoint in
 the listing. A newest checkpoint that is listed but unreadable (a truncated or deleted file) is
-detected on restore, moved to ``<run>/corrupt_checkpoints/`` and the previous one is used.
+detected on restore, moved to ``<run>/corrupt_checkpoints/`` and the previous one is used. A
+checkpoint written before the state gained a field (``TrainState.loss_scale``) restores with that
+field's default rather than being taken for a damaged one.
 
     store = CheckpointStore(run_dir / "checkpoints", interval=100, keep_last_n=3, async_save=True)
     store.maybe_save(step, trainer_state, {"lr": 1e-4})      # every `interval` steps, in the background
@@ -14,6 +16,7 @@ detected on restore, moved to ``<run>/corrupt_checkpoints/`` and the previous on
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from collections.abc import Callable
@@ -34,6 +37,7 @@ class Restored:
     state: Any
     meta: dict[str, Any]
     skipped_corrupt: tuple[int, ...] = ()
+    defaulted: tuple[str, ...] = ()  # state fields the checkpoint predates, filled with their defaults
 
 
 class CheckpointStore:
@@ -117,6 +121,7 @@ class CheckpointStore:
             if callable(target):
                 meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
                 target = target(dict(meta or {}))
+            target, fill = self._legacy_target(step, target)
             out = self.manager.restore(
                 step,
                 args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()),
@@ -126,7 +131,46 @@ class CheckpointStore:
                 f"checkpoint {self.path(step)} is unreadable ({type(err).__name__}: {str(err)[:200]}); "
                 "an earlier one will be used"
             ) from err
-        return Restored(step=step, state=out.state, meta=dict(out.meta or {}))
+        state, defaulted = fill(out.state)
+        return Restored(step=step, state=state, meta=dict(out.meta or {}), defaulted=defaulted)
+
+    def _saved_fields(self, step: int) -> set[str] | None:
+        """Top-level keys of the saved state tree (None when the metadata does not say)."""
+        try:
+            tree = self.manager.item_metadata(step)["state"]
+            tree = getattr(tree, "tree", tree)
+        except Exception:  # noqa: BLE001 - metadata is optional; the restore itself reports damage
+            return None
+        return set(tree) if isinstance(tree, dict) else None
+
+    def _legacy_target(self, step: int, target: Any) -> tuple[Any, Callable[[Any], tuple[Any, tuple[str, ...]]]]:
+        """The target to restore, and how to finish the restored tree.
+
+        For a dataclass state whose checkpoint lacks fields that have defaults (it was written by an
+        older version), restore the saved fields alone and fill the rest with their defaults, placed
+        like the target's. Otherwise the target as is."""
+        unchanged = (target, lambda state: (state, ()))
+        if not dataclasses.is_dataclass(target) or isinstance(target, type):
+            return unchanged
+        saved = self._saved_fields(step)
+        fields = {f.name: f for f in dataclasses.fields(target)}
+        if saved is None or not saved < set(fields):
+            return unchanged
+        missing = sorted(set(fields) - saved)
+        if any(fields[n].default is dataclasses.MISSING and fields[n].default_factory is dataclasses.MISSING for n in missing):
+            return unchanged
+        import jax
+
+        def default(name: str) -> Any:
+            f = fields[name]
+            value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            sharding = getattr(getattr(target, name), "sharding", None)
+            return value if sharding is None else jax.device_put(value, sharding)
+
+        def fill(state: dict[str, Any]) -> tuple[Any, tuple[str, ...]]:
+            return type(target)(**state, **{n: default(n) for n in missing}), tuple(missing)
+
+        return {n: getattr(target, n) for n in fields if n in saved}, fill
 
     def restore_latest(
         self,
@@ -147,7 +191,7 @@ class CheckpointStore:
                 if on_corrupt is not None:
                     on_corrupt(step, str(err))
                 continue
-            return Restored(restored.step, restored.state, restored.meta, tuple(skipped))
+            return dataclasses.replace(restored, skipped_corrupt=tuple(skipped))
         return None
 
     def _quarantine(self, step: int) -> None:

@@ -124,7 +124,8 @@ def _prepare_engine(ctx: RunContext, state: RunState, target: int) -> tuple[Any,
             on_corrupt=lambda step, why: ctx.event("checkpoint_corrupt", step, reason=why),
         )
         if restored.step != state.step:
-            ctx.event("restored", restored.step, from_step=state.step, skipped_corrupt=list(restored.skipped_corrupt))
+            older = {"defaulted": list(restored.defaulted)} if restored.defaulted else {}
+            ctx.event("restored", restored.step, from_step=state.step, skipped_corrupt=list(restored.skipped_corrupt), **older)
         if restored.step > state.step:
             recovered = ctx.metrics_between(state.step, restored.step)
         elif restored.step < state.step:
