@@ -70,19 +70,46 @@ def test_unbundled_config_from_path(tmp_path, base, changes):
     assert profile.total_params == total and profile.embedding_params == embed
 
 
-def test_lora_trainable_equals_peft():
+@pytest.mark.parametrize(
+    ("model", "targets"),
+    [
+        ("Qwen/Qwen2.5-0.5B", ("q_proj", "v_proj", "down_proj")),
+        ("Qwen/Qwen2.5-0.5B", ("all-linear",)),
+        ("mixtral-8x7b", ("all-linear",)),  # ParamWrapper experts (2r on gate_up) and router
+        ("mixtral-8x7b", ("w1", "w3", "w2")),
+        ("mixtral-8x7b", aegis.schema.ALL_LINEAR_TARGETS),  # v4 dense names: attention only on Mixtral
+        ("qwen3-30b-a3b", ("all-linear",)),
+        ("qwen3-30b-a3b", ("q_proj", "gate")),  # the router alone
+        ("qwen1.5-moe-a2.7b", ("all-linear",)),  # Qwen2-MoE: shared expert and its gate, no routed experts
+    ],
+)
+def test_lora_trainable_equals_peft(model, targets):
+    """Adapter parameters equal PEFT's count on the transformers model (meta device, 2 layers of the real
+    widths), "all-linear" and PEFT 0.21's MoE parameter targets included."""
     import peft
     import torch
     import transformers
 
-    profile = resolve_model("Qwen/Qwen2.5-0.5B")
-    cfg = transformers.AutoConfig.for_model(**profile.config)
+    from aegis.hub import profile_from_config
+
+    config = {**resolve_model(model).config, "num_hidden_layers": 2}
+    config.pop("layer_types", None)
+    profile = profile_from_config(config, model_id=model, source="path")
+    cfg = transformers.AutoConfig.for_model(**config)
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(cfg)
-    lora = aegis.LoRAConfig(rank=8, target_modules=("q_proj", "v_proj", "down_proj"))
-    peft_model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=list(lora.target_modules)))
+        hf_model = transformers.AutoModelForCausalLM.from_config(cfg)
+    lora = aegis.LoRAConfig(rank=8, target_modules=targets)
+    target_modules = "all-linear" if targets == ("all-linear",) else list(targets)
+    peft_model = peft.get_peft_model(hf_model, peft.LoraConfig(r=8, target_modules=target_modules))
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     assert profile.trainable_params("lora", lora) == trainable
+
+
+def test_lora_targets_that_match_nothing_are_refused_as_peft_refuses_them():
+    with pytest.raises(aegis.InvalidConfigError, match="valid names: .*q_proj"):
+        aegis.estimate_memory("llama-3.2-1b", lora=aegis.LoRAConfig(target_modules=("w1", "w2")))
+    with pytest.raises(aegis.InvalidConfigError, match="valid names: .*gate"):
+        aegis.estimate_memory("qwen3-30b-a3b", lora=aegis.LoRAConfig(target_modules=("gate_up_proj",)))
 
 
 def test_moe_active_params_smaller_than_total():

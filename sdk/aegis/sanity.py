@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from aegis.schema import ModelProfile, PlanReport, Risk
+from aegis.schema import LoRAConfig, ModelProfile, PlanReport, Risk, lora_target_names
 from aegis.solver import comfort_bytes
 from aegis.units import gib
 
@@ -63,7 +63,9 @@ def risks_and_notes(report: PlanReport, profile: ModelProfile) -> tuple[list[Ris
             "compute follows the active count, memory the total"
         )
         if report.method != "full":
-            wrapped = any(m.name.startswith("experts.") and m.lora_targetable for m in profile.linear_modules)
+            targets = lora_target_names((report.lora or LoRAConfig()).target_modules, profile.linear_modules)
+            wrapped = any(m.name.startswith("experts.") and m.lora_targetable and set(m.matched_by or (m.name,)) & targets
+                          for m in profile.linear_modules)
             notes.append("transformers 5 stores experts as fused 3-D tensors: bitsandbytes leaves them unquantized under QLoRA; "
                          + ("PEFT wraps them with per-expert adapters (rank 2r on gate_up)" if wrapped
                             else "LoRA target names reach attention (and shared experts), not the routed experts"))

@@ -39,6 +39,7 @@ __all__ = [
     "MultiGPU",
     "PlanReport",
     "ALL_LINEAR_TARGETS",
+    "lora_target_names",
 ]
 
 Method = Literal["full", "lora", "qlora"]
@@ -60,6 +61,18 @@ Framework = Literal["hf", "jax"]
 ALL_LINEAR_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def lora_target_names(targets: tuple[str, ...] | frozenset[str], modules: Any) -> frozenset[str]:
+    """The module names ``target_modules`` select, with PEFT's ``"all-linear"`` expanded to every
+    module PEFT can wrap among ``modules`` (anything with ``name``, ``matched_by``, ``lora_targetable``:
+    `LinearModule` or `aegis.families.base.Linear`). A module is adapted when its ``matched_by`` names
+    meet this set."""
+    names = set(targets)
+    if "all-linear" in names:
+        names.discard("all-linear")
+        names.update(n for m in modules if m.lora_targetable for n in (m.matched_by or (m.name,)))
+    return frozenset(names)
+
+
 class Frozen(BaseModel):
     """Base for every Aegis model: immutable, unknown fields rejected. Validators are built on first
     use (`defer_build`), which keeps `import aegis` fast."""
@@ -70,13 +83,13 @@ class Frozen(BaseModel):
 class LinearModule(Frozen):
     """One kind of nn.Linear in the model, with how many times it occurs in total."""
 
-    name: str = Field(description="Module name as PEFT targets it, e.g. 'q_proj' or 'experts.gate_proj'.")
+    name: str = Field(description="Module name as PEFT targets it, e.g. 'q_proj', 'experts.gate_up_proj' or 'mlp.gate'.")
     in_features: int = Field(description="Input width.")
     out_features: int = Field(description="Output width.")
     count: int = Field(description="Occurrences across the whole model (layers x experts).")
     bias: bool = Field(default=False, description="Whether the module has a bias vector.")
     lora_targetable: bool = Field(
-        default=True, description="False where PEFT cannot wrap it with a LoRA layer (fused 3-D MoE experts)."
+        default=True, description="False where PEFT cannot wrap it with a LoRA layer (Qwen2-MoE's fused 3-D experts)."
     )
     quantizable: bool = Field(default=True, description="Quantised to NF4 under QLoRA (bitsandbytes Linear4bit).")
     matched_by: tuple[str, ...] = Field(
@@ -124,10 +137,11 @@ class ModelProfile(Frozen):
         if method == "full":
             return self.total_params
         lora = lora or LoRAConfig()
+        targets = lora_target_names(lora.target_modules, self.linear_modules)
         return sum(
             m.count * lora.rank * m.lora_rank_factor * (m.in_features + m.out_features)
             for m in self.linear_modules
-            if m.lora_targetable and set(m.matched_by or (m.name,)) & set(lora.target_modules)
+            if m.lora_targetable and set(m.matched_by or (m.name,)) & targets
         )
 
 

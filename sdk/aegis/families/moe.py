@@ -1,9 +1,13 @@
 """Mixture-of-experts decoders: Mixtral, Qwen2-MoE (Qwen1.5-MoE, shared expert + gate), Qwen3-MoE.
 
 In transformers 5 the routed experts of a layer are two fused 3-D parameters
-(``experts.gate_up_proj`` [E, 2I, H] and ``experts.down_proj`` [E, H, I]), not nn.Linear modules:
-PEFT's ``target_modules`` names do not reach them and bitsandbytes does not quantize them. The shapes
-here say so (``lora_targetable=False``, ``quantizable=False``) so LoRA and QLoRA are sized as they run.
+(``experts.gate_up_proj`` [E, 2I, H] and ``experts.down_proj`` [E, H, I]) and the router a bare
+weight (``mlp.gate.weight`` [E, H]), none of them nn.Linear: bitsandbytes does not quantize them
+(``quantizable=False``). PEFT 0.21 still adapts them for Mixtral and Qwen3-MoE: it maps the v4 names
+(Mixtral's ``w1``/``w3``/``w2``, Qwen3's ``gate_proj``/``up_proj``/``down_proj``, the router ``gate``, all
+of them under ``"all-linear"``) to ``target_parameters`` wrapped by ``lora.ParamWrapper``, rank r per
+expert (2r on the fused gate+up). Qwen2-MoE's experts and router stay un-adapted
+(``lora_targetable=False`` / ``router_params``).
 """
 
 from __future__ import annotations
@@ -42,14 +46,24 @@ class _MoEFamily(Family):
     def shared_linears(self, c: dict[str, Any]) -> list[Linear]:
         return []
 
+    peft_router = False
+    """Whether PEFT adapts the router weight (targeted as ``gate``): then it is a LoRA-targetable linear
+    here, else plain ``router_params``."""
+
+    def router(self, c: dict[str, Any]) -> list[Linear]:
+        if not self.peft_router:
+            return []
+        return [Linear("mlp.gate", self.hidden(c), self.num_experts(c), quantizable=False, matched_by=("gate",))]
+
     def layer(self, c: dict[str, Any], i: int) -> LayerShape:
         if not self.is_sparse(c, i):
             return super().layer(c, i)
         h, w = self.hidden(c), self.expert_width(c)
+        router = self.router(c)
         return LayerShape(
-            linears=tuple(self.attention_linears(c, i) + self.experts(c) + self.shared_linears(c)),
+            linears=tuple(self.attention_linears(c, i) + router + self.experts(c) + self.shared_linears(c)),
             norm_params=self.layer_norm_params(c),
-            router_params=self.num_experts(c) * h,
+            router_params=0 if router else self.num_experts(c) * h,
             sliding_window=self.sliding_window(c, i),
             num_experts=self.num_experts(c),
             experts_per_tok=self.top_k(c),
@@ -60,8 +74,20 @@ class _MoEFamily(Family):
 
 
 class MixtralFamily(_MoEFamily):
+    """Mixtral: PEFT (0.21) wraps the fused experts when w1/w3 (gate_up, rank 2r) and w2 (down) are targeted,
+    and the router as ``gate``."""
+
     name = "mixtral"
     model_types = ("mixtral",)
+    peft_router = True
+
+    def experts(self, c: dict[str, Any]) -> list[Linear]:
+        h, w, e = self.hidden(c), self.expert_width(c), self.num_experts(c)
+        return [
+            Linear("experts.gate_up_proj", h, 2 * w, count=e, quantizable=False, lora_rank_factor=2,
+                   matched_by=("w1", "w3")),
+            Linear("experts.down_proj", w, h, count=e, quantizable=False, matched_by=("w2",)),
+        ]
 
     def sliding_window(self, c: dict[str, Any], layer: int) -> int | None:
         return c.get("sliding_window")
@@ -87,16 +113,18 @@ class Qwen2MoeFamily(_MoEFamily):
 
 class Qwen3MoeFamily(_MoEFamily):
     """Qwen3-MoE: q/k norm, no shared expert. PEFT (0.21) wraps its fused expert tensors with a
-    ParamWrapper when gate/up/down_proj are targeted: rank r per expert on down_proj, 2r on gate_up_proj."""
+    ParamWrapper when gate/up/down_proj are targeted: rank r per expert on down_proj, 2r on gate_up_proj;
+    and the router as ``gate``."""
 
     name = "qwen3_moe"
     model_types = ("qwen3_moe",)
+    peft_router = True
 
     def experts(self, c: dict[str, Any]) -> list[Linear]:
         h, w, e = self.hidden(c), self.expert_width(c), self.num_experts(c)
         return [
             Linear("experts.gate_up_proj", h, 2 * w, count=e, quantizable=False, lora_rank_factor=2,
-                   matched_by=("gate_proj", "up_proj", "gate_up_proj")),
+                   matched_by=("gate_proj", "up_proj")),
             Linear("experts.down_proj", w, h, count=e, quantizable=False, matched_by=("down_proj",)),
         ]
 

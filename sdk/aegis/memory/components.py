@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from aegis.errors import InvalidConfigError
 from aegis.memory._dtypes import Placement
-from aegis.schema import ModelProfile, TrainConfig
+from aegis.schema import LoRAConfig, ModelProfile, TrainConfig, lora_target_names
 
-__all__ = ["NF4_BLOCK", "NF4_BLOCK2", "nf4_bytes", "Sizes", "sizes", "optimizer_state_bytes", "optimizer_temp_bytes"]
+__all__ = ["NF4_BLOCK", "NF4_BLOCK2", "nf4_bytes", "Sizes", "sizes", "optimizer_state_bytes", "optimizer_temp_bytes",
+           "check_lora_targets"]
 
 NF4_BLOCK = 64
 """Elements per NF4 quantisation block (one absmax each)."""
@@ -20,6 +22,19 @@ NF4_BLOCK2 = 256
 """Absmax values per double-quantisation block (one fp32 absmax each)."""
 _ALLOC = 512
 """The CUDA caching allocator rounds every tensor up to 512 bytes."""
+
+
+def check_lora_targets(profile: ModelProfile, lora: LoRAConfig) -> None:
+    """InvalidConfigError naming the valid module names when ``lora.target_modules`` select nothing in the
+    model (PEFT refuses such a config: "Target modules ... not found in the base model")."""
+    targets = lora_target_names(lora.target_modules, profile.linear_modules)
+    if any(m.lora_targetable and set(m.matched_by or (m.name,)) & targets for m in profile.linear_modules):
+        return
+    valid = sorted({n for m in profile.linear_modules if m.lora_targetable for n in (m.matched_by or (m.name,))})
+    raise InvalidConfigError(
+        f"LoRA target_modules {list(lora.target_modules)} match no linear layer of {profile.model_id}; "
+        f"valid names: {', '.join(valid)} (or all-linear)"
+    )
 
 
 def _round(n: float) -> int:

@@ -21,10 +21,11 @@ from aegis.hardware import find_gpu
 from aegis.hub import resolve_model
 from aegis.memory._dtypes import placement
 from aegis.memory.activations import Setting, head_saved_bytes_per_token, layer_activation_terms, loss_bytes_per_token
-from aegis.memory.components import optimizer_state_bytes, optimizer_temp_bytes, sizes
+from aegis.memory.components import check_lora_targets, optimizer_state_bytes, optimizer_temp_bytes, sizes
 from aegis.units import gib
 from aegis.schema import (
     GPU, Attention, Framework, LoRAConfig, MemoryComponent, MemoryEstimate, Method, ModelProfile, Optimizer, Precision, TrainConfig,
+    lora_target_names,
 )
 
 __all__ = ["estimate_memory", "estimate", "DEFAULT_OVERHEAD_BYTES"]
@@ -106,6 +107,8 @@ def estimate(
     framework: Framework = "hf",
 ) -> MemoryEstimate:
     """`estimate_memory` for a resolved profile and a full `TrainConfig`."""
+    if cfg.method != "full":
+        check_lora_targets(profile, cfg.lora_config)
     if framework == "jax":
         if fsdp_shards != 1:
             raise InvalidConfigError("the JAX engine runs on one device: drop fsdp_shards or use framework='hf'")
@@ -132,7 +135,7 @@ def estimate(
         base_trainable=place.base_trainable,
         autocast=place.autocast,
         norm_weight_bytes=place.unquantized_bytes if cfg.method != "full" else place.base_bytes,
-        lora_targets=frozenset(lora.target_modules) if cfg.method != "full" else frozenset(),
+        lora_targets=lora_target_names(lora.target_modules, profile.linear_modules) if cfg.method != "full" else frozenset(),
         lora_rank=lora.rank,
         adapter_bytes=place.adapter_bytes or 4,
         adapter_compute_bytes=2 if cfg.autocast and cfg.method != "full" else (place.adapter_bytes or 4),
@@ -283,11 +286,12 @@ def _trainable_per_layer(profile, cfg, lora, layers, fam) -> list[int]:
     if cfg.method == "full":
         return list(profile.layer_params)
     out = []
+    targets = lora_target_names(lora.target_modules, profile.linear_modules)
     for layer in layers:
         out.append(sum(
             lin.count * lora.rank * lin.lora_rank_factor * (lin.in_features + lin.out_features)
             for lin in layer.linears
-            if lin.lora_targetable and set(lin.matched_by or (lin.name,)) & set(lora.target_modules)
+            if lin.lora_targetable and set(lin.matched_by or (lin.name,)) & targets
         ))
     return out
 

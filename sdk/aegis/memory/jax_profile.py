@@ -50,7 +50,8 @@ from aegis.errors import InvalidConfigError
 from aegis.families import get_family
 from aegis.families.base import Family, LayerShape
 from aegis.hardware import cudnn_flash_attention, find_gpu
-from aegis.schema import GPU, MemoryComponent, MemoryEstimate, ModelProfile, TrainConfig
+from aegis.memory.components import check_lora_targets
+from aegis.schema import GPU, MemoryComponent, MemoryEstimate, ModelProfile, TrainConfig, lora_target_names
 
 __all__ = ["Platform", "Leaf", "engine_leaves", "nf4_leaf_bytes", "optimizer_state_bytes", "estimate_jax", "UNROLL_MAX_LAYERS"]
 
@@ -77,6 +78,9 @@ STATE_SCALAR_BYTES = 4 + 8 + 4 + 4 + 4 + 4
 """TrainState.step (int32), rng (uint32[2]), peak_lr, clip_norm, loss_scale (float32), good_steps (int32)."""
 METRIC_BYTES = 8 * 4
 """The step's eight scalar metrics (outputs that alias nothing)."""
+ENGINE_NF4_SKIP = ("gate", "shared_expert_gate")
+"""Linear-like weights the engine keeps unquantised under QLoRA: the MoE routers (`train/nf4.py`
+``DEFAULT_SKIP``, which also skips embeddings and the head)."""
 CE_CHUNK_TOKENS = 1024
 """Tokens per chunk of chunked cross-entropy (`step.OptimizerSettings.ce_chunk_tokens` default)."""
 _FP32 = 4
@@ -113,7 +117,9 @@ def engine_leaves(profile: ModelProfile) -> list[Leaf]:
     out = [Leaf("model.embed_tokens.weight", (v, d), matrix=False, quantizable=False, stacked=False)]
     for lin in layer.linears:
         shape = (n, lin.count, lin.out_features, lin.in_features) if lin.count > 1 else (n, lin.out_features, lin.in_features)
-        out.append(Leaf(f"model.layers.{lin.name}.weight", shape, matrix=True, quantizable=True, stacked=True))
+        # the engine quantises every linear and the fused experts, not the routers (train/nf4.py DEFAULT_SKIP)
+        quantizable = lin.name.rsplit(".", 1)[-1] not in ENGINE_NF4_SKIP
+        out.append(Leaf(f"model.layers.{lin.name}.weight", shape, matrix=True, quantizable=quantizable, stacked=True))
         if lin.bias:
             out.append(Leaf(f"model.layers.{lin.name}.bias", (n, lin.count * lin.out_features), matrix=False,
                             quantizable=False, stacked=True))
@@ -149,12 +155,12 @@ def _lora_leaves(profile: ModelProfile, cfg: TrainConfig) -> list[tuple[int, ...
     B [L, out, f*r*E] (f = 2 on the fused gate+up pair)."""
     lora = cfg.lora_config
     layers = get_family(profile.config).layers(profile.config)
-    targets = set(lora.target_modules)
+    targets = lora_target_names(lora.target_modules, profile.linear_modules)
     shapes = []
     for lin in layers[0].linears:
         if not lin.lora_targetable:
             continue
-        if "all-linear" in targets or set(lin.matched_by or (lin.name,)) & targets:
+        if set(lin.matched_by or (lin.name,)) & targets:
             rank = lora.rank * lin.lora_rank_factor * lin.count
             shapes += [(len(layers), rank, lin.in_features), (len(layers), lin.out_features, rank)]
     return shapes
@@ -306,12 +312,8 @@ def estimate_jax(
         adapters = adapter_params = 0
         trainable_params, tw = total_params, pw
     else:
+        check_lora_targets(profile, cfg.lora_config)
         trainable_shapes = _lora_leaves(profile, cfg)
-        if not trainable_shapes:
-            raise InvalidConfigError(
-                f"LoRA target_modules {list(cfg.lora_config.target_modules)} match no linear layer of {profile.model_id}; "
-                "use names like q_proj, v_proj or all-linear"
-            )
         trainable_stacked = [True] * len(trainable_shapes)
         adapter_params = sum(math.prod(x) for x in trainable_shapes)
         adapters, trainable_params, tw = adapter_params * aw, adapter_params, aw
