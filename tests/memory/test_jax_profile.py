@@ -136,6 +136,27 @@ def test_static_arguments_equal_the_engine_trees(optimizer, method, precision):
         assert parts["adapters"] == _nbytes(trainable)
 
 
+MOE_SHRINK = {"hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 256}
+
+
+@pytest.mark.parametrize(("model", "targets"), [
+    ("mixtral-8x7b", ("all-linear",)), ("mixtral-8x7b", ("w1", "w3", "w2")), ("mixtral-8x7b", ("q_proj", "gate")),
+    ("qwen3-30b-a3b", ("all-linear",)), ("qwen3-30b-a3b", ("gate_proj", "up_proj", "down_proj")),
+    ("qwen1.5-moe-a2.7b", ("all-linear",)),
+])
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_moe_adapters_and_nf4_base_equal_the_engine_trees(model, targets, method):
+    """Fused-expert ParamWrapper adapters, router adapters, and which weights the engine quantises (experts
+    yes, routers no), on the catalog MoE configs shrunk to test widths."""
+    config = {**aegis.resolve_model(model).config, **MOE_SHRINK}
+    tc = TrainConfig(method=method, precision="bf16", lora=LoRAConfig(rank=4, target_modules=targets))
+    params, trainable, frozen, opt = _engine_trees(config, tc)
+    parts = {c.key: c.bytes for c in estimate_jax(profile_from_config(config, model_id=model, source="path"), tc).components}
+    assert (parts["adapters"], parts["weights"], parts["optimizer"]) == (_nbytes(trainable), _nbytes(frozen), _nbytes(opt))
+
+
 MODELS = ["llama-3.2-1b", "qwen2.5-0.5b", "llama-3.1-8b", "qwen3-0.6b"]
 
 

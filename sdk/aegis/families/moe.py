@@ -81,6 +81,9 @@ class MixtralFamily(_MoEFamily):
     model_types = ("mixtral",)
     peft_router = True
 
+    def expert_width(self, c: dict[str, Any]) -> int:
+        return cfg_int(c, "intermediate_size")  # MixtralConfig has no moe_intermediate_size
+
     def experts(self, c: dict[str, Any]) -> list[Linear]:
         h, w, e = self.hidden(c), self.expert_width(c), self.num_experts(c)
         return [
