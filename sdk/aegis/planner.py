@@ -25,6 +25,7 @@ from aegis.schema import (
     PlanRequest,
     Throughput,
     Tier,
+    lora_target_names,
 )
 from aegis.solver import Solution, solve
 from aegis.throughput import costs, tokens_per_s_range
@@ -141,7 +142,8 @@ def plan_request(
                            family_description=profile.family_description, total_params=profile.total_params,
                            active_params_per_token=profile.active_params_per_token, vocab_size=profile.vocab_size,
                            num_layers=profile.num_layers, hidden_size=profile.hidden_size, num_experts=profile.num_experts,
-                           num_experts_per_tok=profile.num_experts_per_tok, source=profile.source),
+                           num_experts_per_tok=profile.num_experts_per_tok, source=profile.source,
+                           lora_names=tuple(sorted(lora_target_names(("all-linear",), profile.linear_modules)))),
         dataset=dataset, gpu=gpu, gpu_count=gpu_count, usable_bytes=gpu.usable_bytes, method=method, lora=lora,
         trainable_params=profile.trainable_params(method, lora), epochs=epochs,
         num_rows=dataset.num_rows if dataset else None, steps_per_epoch=steps_per_epoch,

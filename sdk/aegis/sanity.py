@@ -64,11 +64,13 @@ def risks_and_notes(report: PlanReport, profile: ModelProfile) -> tuple[list[Ris
         )
         if report.method != "full":
             targets = lora_target_names((report.lora or LoRAConfig()).target_modules, profile.linear_modules)
-            wrapped = any(m.name.startswith("experts.") and m.lora_targetable and set(m.matched_by or (m.name,)) & targets
-                          for m in profile.linear_modules)
+            experts = [m for m in profile.linear_modules if m.name.startswith("experts.") and m.lora_targetable]
+            wrapped = any(set(m.matched_by or (m.name,)) & targets for m in experts)
+            names = ",".join(n for m in experts for n in m.matched_by)
             notes.append("transformers 5 stores experts as fused 3-D tensors: bitsandbytes leaves them unquantized under QLoRA; "
                          + ("PEFT wraps them with per-expert adapters (rank 2r on gate_up)" if wrapped
-                            else "LoRA target names reach attention (and shared experts), not the routed experts"))
+                            else "LoRA target names reach attention (and shared experts), not the routed experts"
+                            + (f"; target {names} (or all-linear) to adapt them too" if experts else "")))
     if report.method == "qlora":
         notes.append("QLoRA as HF runs it: prepare_model_for_kbit_training upcasts embeddings, head and norms to fp32, so "
                      "the residual stream and logits are fp32")

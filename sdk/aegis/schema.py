@@ -329,6 +329,9 @@ class ModelSummary(Frozen):
     num_experts: int = 0
     num_experts_per_tok: int = 0
     source: str = Field(description="catalog, path, hub or cache.")
+    lora_names: tuple[str, ...] = Field(
+        default=(), description="LoRA target names that select a module of this model (empty: not known)."
+    )
 
 
 class Tier(Frozen):

@@ -66,6 +66,21 @@ def test_targets_and_verdicts():
     assert targets_label(LoRAConfig().target_modules) == "q,k,v,o,gate,up,down (all attn + MLP)"
     assert targets_label(("q_proj", "k_proj", "v_proj", "o_proj")) == "q,k,v,o (all attention)"
     assert targets_label(("q_proj", "v_proj")) == "q,v"
+    assert targets_label(("all-linear",)) == "all-linear (every linear layer PEFT can wrap)"
+
+
+def test_targets_label_says_which_names_select_nothing_on_the_model():
+    """Mixtral's experts are w1/w2/w3: the default target list adapts its attention only, as PEFT does."""
+    from aegis import plan
+
+    mixtral = plan("lora mixtral-8x7b on h200")
+    label = targets_label(LoRAConfig().target_modules, mixtral.model.lora_names)
+    assert label == "q,k,v,o (all attention); gate,up,down match no module of this model"
+    assert mixtral.trainable_params == 13_631_488  # attention adapters only (PEFT's count)
+    assert any("target w1,w3,w2 (or all-linear) to adapt them too" in n for n in mixtral.notes)
+    qwen3 = plan("lora qwen3-30b-a3b on h200")
+    assert targets_label(LoRAConfig().target_modules, qwen3.model.lora_names) == "q,k,v,o,gate,up,down (all attn + MLP)"
+    assert any("PEFT wraps them with per-expert adapters" in n for n in qwen3.notes)
     assert headroom_verdict(-1) == "does not fit"
     assert headroom_verdict(500_000_000) == "tight" and headroom_verdict(9_600_000_000) == "comfortable"
 

@@ -245,7 +245,7 @@ def _training(report: PlanReport) -> Section:
                 Line(
                     "LoRA",
                     f"rank {lora.rank}, alpha {lora.alpha:g}, dropout {lora.dropout:g}, targets: "
-                    f"{targets_label(lora.target_modules)}",
+                    f"{targets_label(lora.target_modules, report.model.lora_names)}",
                     f"adapter updates are scaled by alpha / rank = {lora.alpha / lora.rank:g}",
                 )
             )

@@ -165,18 +165,29 @@ def optimizer_label(optimizer: Optimizer) -> str:
     return _OPTIMIZER_LABELS[optimizer]
 
 
-def targets_label(targets: Iterable[str]) -> str:
-    """LoRA target modules, shortened: ``'q,k,v,o,gate,up,down (all attn + MLP)'``."""
+def targets_label(targets: Iterable[str], known: Iterable[str] = ()) -> str:
+    """LoRA target modules, shortened: ``'q,k,v,o,gate,up,down (all attn + MLP)'``. With ``known`` (the
+    names that select a module of the model), names that select nothing are said so rather than counted:
+    on Mixtral, whose experts are w1/w2/w3, ``'q,k,v,o (all attention); gate,up,down match no module'``."""
     names = tuple(targets)
+    if "all-linear" in names:
+        return "all-linear (every linear layer PEFT can wrap)"
+    known = set(known)
+    unmatched = [t for t in names if known and t not in known]
+    names = tuple(t for t in names if t not in unmatched)
     short = ",".join(t.removesuffix("_proj") for t in names)
     chosen = set(names)
     if chosen >= set(ALL_LINEAR_TARGETS):
-        return f"{short} (all attn + MLP)"
-    if chosen >= set(_ATTN_TARGETS) and not chosen & set(_MLP_TARGETS):
-        return f"{short} (all attention)"
-    if chosen >= set(_MLP_TARGETS) and not chosen & set(_ATTN_TARGETS):
-        return f"{short} (MLP only)"
-    return short
+        label = f"{short} (all attn + MLP)"
+    elif chosen >= set(_ATTN_TARGETS) and not chosen & set(_MLP_TARGETS):
+        label = f"{short} (all attention)"
+    elif chosen >= set(_MLP_TARGETS) and not chosen & set(_ATTN_TARGETS):
+        label = f"{short} (MLP only)"
+    else:
+        label = short
+    if unmatched:
+        label += f"; {','.join(t.removesuffix('_proj') for t in unmatched)} match no module of this model"
+    return label
 
 
 def headroom_verdict(headroom_bytes: int) -> str:
