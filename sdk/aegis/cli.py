@@ -154,7 +154,8 @@ def benchmark(
 
 def _benchmark_text(result) -> str:
     rec = getattr(result, "record", result)
-    return (f"{rec.model_id} {rec.method} on {rec.device}: {rec.tokens_per_s:,.0f} tokens/s, "
+    mfu = f", MFU {rec.mfu:.0%} of the catalog bf16 peak" if rec.mfu is not None else ""
+    return (f"{rec.model_id} {rec.method} on {rec.device}: {rec.tokens_per_s:,.0f} tokens/s{mfu}, "
             f"peak {rec.peak_memory_bytes / 1e9:.2f} GB -- stored for GPU '{rec.gpu_id}'")
 
 

@@ -136,3 +136,10 @@ def test_jax_step_memory_accounts_for_state_and_shrinks_with_chunked_cross_entro
     logits_bytes = b * s * config["vocab_size"] * 4
     assert full["temp_bytes"] > logits_bytes  # full fp32 logits (and their gradient) exist
     assert chunked["temp_bytes"] < full["temp_bytes"] - logits_bytes
+
+
+def test_benchmark_line_reports_mfu_where_the_peak_is_known():
+    from aegis.cli import _benchmark_text
+
+    assert "MFU 41% of the catalog bf16 peak" in _benchmark_text(_rec(mfu=0.41))
+    assert "MFU" not in _benchmark_text(_rec(mfu=None))
