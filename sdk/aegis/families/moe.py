@@ -36,11 +36,21 @@ class _MoEFamily(Family):
         step = cfg_int(c, "decoder_sparse_step", default=1) or 1
         return i not in (c.get("mlp_only_layers") or []) and self.num_experts(c) > 0 and (i + 1) % step == 0
 
+    peft_expert_targets: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+    """The v4 target names PEFT maps to the fused ``gate_up_proj`` (adapted at rank 2r) and ``down_proj``
+    expert tensors; None where PEFT leaves the experts alone."""
+
     def experts(self, c: dict[str, Any]) -> list[Linear]:
         h, w, e = self.hidden(c), self.expert_width(c), self.num_experts(c)
+        if self.peft_expert_targets is None:
+            return [
+                Linear("experts.gate_up_proj", h, 2 * w, count=e, lora_targetable=False, quantizable=False),
+                Linear("experts.down_proj", w, h, count=e, lora_targetable=False, quantizable=False),
+            ]
+        gate_up, down = self.peft_expert_targets
         return [
-            Linear("experts.gate_up_proj", h, 2 * w, count=e, lora_targetable=False, quantizable=False),
-            Linear("experts.down_proj", w, h, count=e, lora_targetable=False, quantizable=False),
+            Linear("experts.gate_up_proj", h, 2 * w, count=e, quantizable=False, lora_rank_factor=2, matched_by=gate_up),
+            Linear("experts.down_proj", w, h, count=e, quantizable=False, matched_by=down),
         ]
 
     def shared_linears(self, c: dict[str, Any]) -> list[Linear]:
@@ -80,17 +90,10 @@ class MixtralFamily(_MoEFamily):
     name = "mixtral"
     model_types = ("mixtral",)
     peft_router = True
+    peft_expert_targets = (("w1", "w3"), ("w2",))
 
     def expert_width(self, c: dict[str, Any]) -> int:
         return cfg_int(c, "intermediate_size")  # MixtralConfig has no moe_intermediate_size
-
-    def experts(self, c: dict[str, Any]) -> list[Linear]:
-        h, w, e = self.hidden(c), self.expert_width(c), self.num_experts(c)
-        return [
-            Linear("experts.gate_up_proj", h, 2 * w, count=e, quantizable=False, lora_rank_factor=2,
-                   matched_by=("w1", "w3")),
-            Linear("experts.down_proj", w, h, count=e, quantizable=False, matched_by=("w2",)),
-        ]
 
     def sliding_window(self, c: dict[str, Any], layer: int) -> int | None:
         return c.get("sliding_window")
@@ -122,14 +125,7 @@ class Qwen3MoeFamily(_MoEFamily):
     name = "qwen3_moe"
     model_types = ("qwen3_moe",)
     peft_router = True
-
-    def experts(self, c: dict[str, Any]) -> list[Linear]:
-        h, w, e = self.hidden(c), self.expert_width(c), self.num_experts(c)
-        return [
-            Linear("experts.gate_up_proj", h, 2 * w, count=e, quantizable=False, lora_rank_factor=2,
-                   matched_by=("gate_proj", "up_proj")),
-            Linear("experts.down_proj", w, h, count=e, quantizable=False, matched_by=("down_proj",)),
-        ]
+    peft_expert_targets = (("gate_proj", "up_proj"), ("down_proj",))
 
     def layer_norm_params(self, c: dict[str, Any]) -> int:
         return 2 * self.hidden(c) + 2 * self.head_dim(c)
