@@ -64,6 +64,7 @@ def test_compare_lists_fitting_gpus_cheapest_first():
         (["plan", "--model", "./nope/config.json", "--gpu", "3090"], "no config.json"),
         (["plan", "lora llama-3.1-8b"], "no GPU named"),
         (["plan", "qlora llama-3.1-8b on 3090 with ./missing.jsonl"], "missing.jsonl"),
+        (["plan", "qlora llama-3.1-8b on 3090", "--targets", "w1,w2"], "valid names: down_proj, gate_proj"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, message, capsys):
@@ -78,3 +79,10 @@ def test_zero_batch_is_a_usage_error_not_a_traceback():
     proc = subprocess.run([sys.executable, "-m", "aegis.cli", "plan", "--model", "llama-3.1-8b", "--gpu", "3090", "--batch", "0"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "batch" in proc.stderr
+
+
+def test_targets_flag_sets_the_lora_modules():
+    result = runner.invoke(app, ["plan", "lora mixtral-8x7b on h200", "--targets", "w1, w3,w2 ,q_proj", "--json"])
+    report = json.loads(result.output)
+    assert report["lora"]["target_modules"] == ["w1", "w3", "w2", "q_proj"]
+    assert report["trainable_params"] == 343_932_928 + 4_194_304  # PEFT's ParamWrapper experts + q_proj, rank 16

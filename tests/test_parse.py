@@ -134,6 +134,12 @@ CORPUS = [
     ("gpu: h100, model: qwen2.5-1.5b, method: lora, epochs: 2, rank: 8",
      R(model="Qwen/Qwen2.5-1.5B", method="lora", gpu="h100-sxm", epochs=2, lora_rank=8)),
     ("fine tune deepseek-r1 on 4090", R(gpu="rtx-4090")),
+    ("qlora llama-3.1-8b on 3090, lora on all linear layers",
+     R(model=LLAMA8, method="qlora", gpu="rtx-3090", lora_targets=("all-linear",))),
+    ("lora r=16 mixtral on h100 target_modules: all-linear",
+     R(model=MIXTRAL, method="lora", gpu="h100-sxm", lora_rank=16, lora_targets=("all-linear",))),
+    ("lora qwen2.5-7b on a100 80gb, attention only",
+     R(model=QWEN7, method="lora", gpu="a100-80gb", lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"))),
     ("hello there", R()),
     ("", R()),
 ]

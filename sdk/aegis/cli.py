@@ -54,6 +54,8 @@ def plan(
     gpus: Annotated[Optional[int], typer.Option("--gpus", min=1, help="Number of GPUs.")] = None,
     dataset: Annotated[Optional[str], typer.Option(help="JSONL/JSON/CSV/Parquet path or Hub dataset id.")] = None,
     rank: Annotated[Optional[int], typer.Option(min=1, help="LoRA rank.")] = None,
+    targets: Annotated[Optional[str], typer.Option(
+        help="LoRA target modules, comma-separated PEFT names (q_proj,v_proj; w1,w2,w3 on Mixtral) or all-linear.")] = None,
     batch: Annotated[Optional[int], typer.Option(min=1, help="Micro batch size (default: solved).")] = None,
     effective_batch: Annotated[Optional[int], typer.Option(min=1, help="Target effective batch (default 16).")] = None,
     seq: Annotated[Optional[int], typer.Option(min=1, help="Sequence length (default: dataset p95).")] = None,
@@ -71,6 +73,7 @@ def plan(
     fmt = _output(json_, markdown)
     report = make_plan(
         request, model=model, method=method, gpu=gpu, gpu_count=gpus, dataset=dataset, lora_rank=rank,
+        lora_targets=_targets(targets),
         micro_batch_size=batch, effective_batch_size=effective_batch, seq_len=seq, epochs=epochs, optimizer=optimizer,
         gradient_checkpointing=checkpointing, progress=fmt is Output.text and sys.stderr.isatty(),
     )
@@ -150,6 +153,16 @@ def benchmark(
 
     result = run_benchmark(model, method=method, micro_batch_size=batch, seq_len=seq, steps=steps, gpu_id=gpu)
     typer.echo(result.model_dump_json(indent=2) if json_ else _benchmark_text(result))
+
+
+def _targets(text: str | None) -> tuple[str, ...] | None:
+    """``--targets 'q_proj, v_proj'`` -> ("q_proj", "v_proj")."""
+    if text is None:
+        return None
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    if not names:
+        raise typer.BadParameter("name at least one module, e.g. --targets q_proj,v_proj or --targets all-linear")
+    return names
 
 
 def _benchmark_text(result) -> str:

@@ -54,7 +54,7 @@ MAX_REQUEST_CHARS = 4000
 """Longer texts are not parsed (one issue says so): a request is a sentence or two."""
 
 Part = Literal[
-    "request", "model", "method", "gpu", "gpu_count", "dataset", "lora_rank", "micro_batch_size",
+    "request", "model", "method", "gpu", "gpu_count", "dataset", "lora_rank", "lora_targets", "micro_batch_size",
     "effective_batch_size", "seq_len", "epochs", "optimizer", "gradient_checkpointing", "precision",
 ]
 
@@ -246,6 +246,14 @@ _CHECKPOINTING: list[tuple[bool, re.Pattern[str]]] = [
     (True, _word(r"(?:(?:with|use|using|enable|enabled)~)?(?:" + _CKPT + r"|gc~ckpt)"
                  r"(?:~(?:=|:)~(?:on|true|yes|1|enabled?)|~(?:on|true|enabled)(?!~(?:an?|the|\d)(?![a-z0-9])))?")),
 ]
+
+_TARGETS: list[tuple[tuple[str, ...], re.Pattern[str]]] = [
+    (("all-linear",), _word(r"(?:lora~)?(?:on~)?all~linear(?:~(?:layers?|modules?|projections?))?"
+                            r"|(?:lora~)?target(?:~modules|s)?@all~linear")),
+    (("q_proj", "k_proj", "v_proj", "o_proj"),
+     _word(r"(?:lora~)?(?:on~)?(?:the~)?attention(?:~(?:layers?|modules?|projections?))?~only|attn~only")),
+]
+"""LoRA targets said in words: PEFT's all-linear, or the attention projections alone (else the default)."""
 
 _VALUE = r"\d{1,9}(?:\.\d{1,9})?(?:e[+-]?\d{1,3})?%?"
 _IGNORED = _word(
@@ -650,7 +658,8 @@ def _ambiguous(part: Part, said: str, ids: list[str], where: str) -> ParseIssue:
 # ------------------------------------------------------------------------------------------ results
 
 _LABELS = {"model": "models", "gpu": "GPUs", "dataset": "datasets", "method": "methods", "optimizer": "optimizers",
-           "precision": "precisions", "gradient_checkpointing": "gradient checkpointing settings"}
+           "precision": "precisions", "gradient_checkpointing": "gradient checkpointing settings",
+           "lora_targets": "LoRA target sets"}
 
 
 def _settle(r: _Reader) -> dict[str, Any]:
@@ -717,6 +726,7 @@ def parse_request_lenient(text: str) -> ParsedRequest:
     r.scan("optimizer", _OPTIMIZERS)
     r.scan("precision", _PRECISIONS)
     r.scan("gradient_checkpointing", _CHECKPOINTING)
+    r.scan("lora_targets", _TARGETS)
     _read_model(r)
     _read_settings(r)
     _read_gpus(r)

@@ -100,8 +100,9 @@ def plan_request(
         seq_len = min(DEFAULT_SEQ_LEN, profile.max_position_embeddings)
     if seq_len > profile.max_position_embeddings:
         notes.append(f"seq {seq_len:,} exceeds the model's {profile.max_position_embeddings:,} positions")
-    lora = LoRAConfig(rank=req.lora_rank or DEFAULT_LORA_RANK, alpha=2.0 * (req.lora_rank or DEFAULT_LORA_RANK)) \
-        if method != "full" else None
+    rank = req.lora_rank or DEFAULT_LORA_RANK
+    targets = {"target_modules": req.lora_targets} if req.lora_targets else {}
+    lora = LoRAConfig(rank=rank, alpha=2.0 * rank, **targets) if method != "full" else None
     eff = req.effective_batch_size or max(DEFAULT_EFFECTIVE_BATCH, (req.micro_batch_size or 1) * gpu_count)
     epochs = req.epochs or DEFAULT_EPOCHS
     eval_seq = dataset.tokens.max if dataset is not None else seq_len

@@ -302,6 +302,9 @@ class PlanRequest(Frozen):
     gpu_count: int | None = Field(default=None, ge=1)
     dataset: str | None = Field(default=None, description="Local path or hub dataset id.")
     lora_rank: int | None = Field(default=None, ge=1)
+    lora_targets: tuple[str, ...] | None = Field(
+        default=None, min_length=1, description="LoRA target_modules (PEFT names, or 'all-linear'); default: attention + MLP."
+    )
     micro_batch_size: int | None = Field(default=None, ge=1)
     effective_batch_size: int | None = Field(default=None, ge=1)
     seq_len: int | None = Field(default=None, ge=1)

@@ -13,6 +13,8 @@ import yaml
 from transformers.training_args import OptimizerNames
 
 from aegis.errors import InvalidConfigError, NothingFitsError
+from aegis.planner import plan
+from aegis.schema import ALL_LINEAR_TARGETS
 from aegis.report import EMIT_KINDS, emit
 
 # Top-level keys of axolotl's config reference (https://docs.axolotl.ai/docs/config-reference.html).
@@ -188,8 +190,10 @@ def _tiny_model_folder(folder, texts):
 
 
 @pytest.mark.slow
-def test_hf_script_trains_a_tiny_model(multi_gpu_report, tmp_path, monkeypatch):
-    """The emitted LoRA script runs end to end on CPU: tokenizes, trains two steps, saves the adapter."""
+@pytest.mark.parametrize("targets", [None, ("all-linear",)], ids=["default", "all-linear"])
+def test_hf_script_trains_a_tiny_model(targets, tmp_path, monkeypatch):
+    """The emitted LoRA script runs end to end on CPU: tokenizes, trains two steps, saves the adapter (with
+    all-linear too: PEFT takes it as the bare string)."""
     import json
 
     import datasets
@@ -202,11 +206,14 @@ def test_hf_script_trains_a_tiny_model(multi_gpu_report, tmp_path, monkeypatch):
     model_dir = tmp_path / "tiny"
     _tiny_model_folder(model_dir, [m["content"] for r in rows for m in r["messages"]])
     script = tmp_path / "train_hf.py"
-    script.write_text(emit(multi_gpu_report, "hf"))
+    report = plan("lora qwen2.5-7b on 2x a100 80gb", lora_targets=targets)
+    script.write_text(emit(report, "hf"))
     ns = runpy.run_path(str(script), run_name="aegis_emitted")
     out = tmp_path / "out"
     ns["main"](["--model", str(model_dir), "--data", str(data), "--output-dir", str(out), "--max-steps", "2", "--cpu"])
     assert (out / "adapter_config.json").exists() and (out / "adapter_model.safetensors").exists()
     saved = json.loads((out / "adapter_config.json").read_text())
-    cfg = multi_gpu_report.recommended.config.lora_config
-    assert saved["r"] == cfg.rank and set(saved["target_modules"]) == set(cfg.target_modules)
+    cfg = report.recommended.config.lora_config
+    expected = ALL_LINEAR_TARGETS if targets else cfg.target_modules  # all-linear: every projection of the tiny llama
+    names = {t.rsplit(".", 1)[-1] for t in saved["target_modules"]}  # PEFT saves all-linear as module paths
+    assert saved["r"] == cfg.rank and names == set(expected)

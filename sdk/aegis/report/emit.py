@@ -128,7 +128,8 @@ def _context(report: PlanReport) -> dict[str, Any]:
         "method": cfg.method,
         "cfg": cfg,
         "lora": lora,
-        "target_modules": list(lora.target_modules) if lora else [],
+        # PEFT reads "all-linear" only as the bare string (a list would name a module "all-linear")
+        "target_modules": ("all-linear" if "all-linear" in lora.target_modules else list(lora.target_modules)) if lora else [],
         "dataset": _dataset_context(report),
         "epochs": report.epochs,
         "learning_rate": defaults["learning_rate"][cfg.method],
