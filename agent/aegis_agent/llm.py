@@ -28,6 +28,7 @@ INSTRUCTIONS = (
     "method: 'full', 'lora' or 'qlora' (4-bit LoRA). gpu: a GPU name such as 'rtx-3090', 'rtx-4090', "
     "'a100-80gb', 'h100'. gpu_count: number of GPUs. lora_rank, micro_batch_size, effective_batch_size, "
     "seq_len, epochs: numbers. optimizer: adamw, adamw_8bit, paged_adamw_8bit, sgd or adafactor. "
+    "lora_targets: LoRA module names such as ['q_proj', 'v_proj'], or ['all-linear']. "
     "When a current request is given, the message may be a follow-up: return only what changes."
 )
 
