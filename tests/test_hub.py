@@ -81,6 +81,8 @@ def test_unbundled_config_from_path(tmp_path, base, changes):
         ("qwen3-30b-a3b", ("all-linear",)),
         ("qwen3-30b-a3b", ("q_proj", "gate")),  # the router alone
         ("qwen1.5-moe-a2.7b", ("all-linear",)),  # Qwen2-MoE: shared expert and its gate, no routed experts
+        ("phi-3-mini", aegis.schema.ALL_LINEAR_TARGETS),  # fused qkv_proj / gate_up_proj: only o and down match
+        ("phi-3-mini", ("qkv_proj", "gate_up_proj")),
     ],
 )
 def test_lora_trainable_equals_peft(model, targets):
@@ -138,3 +140,17 @@ def test_aliases_and_errors(tmp_path):
 def test_offline_uncached_hub_id_is_a_clear_error():
     with pytest.raises((aegis.OfflineError, aegis.UnknownModelError), match="config.json"):
         resolve_model("some-org/not-a-cached-model")
+
+
+def test_default_targets_adapt_every_projection_of_every_catalog_model():
+    """The plan's default LoRA targets select every module "all-linear" does except routers and gates, under
+    the names PEFT matches in that model."""
+    from aegis.schema import default_lora_targets
+
+    for m in catalog.models():
+        profile = resolve_model(m.id)
+        targets = default_lora_targets(profile.linear_modules)
+        gates = sum(mod.count * 16 * (mod.in_features + mod.out_features) for mod in profile.linear_modules
+                    if mod.lora_targetable and set(mod.matched_by) & {"gate", "shared_expert_gate"})
+        every = profile.trainable_params("lora", aegis.LoRAConfig(target_modules=("all-linear",)))
+        assert profile.trainable_params("lora", aegis.LoRAConfig(target_modules=targets)) == every - gates, m.id

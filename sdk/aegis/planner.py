@@ -25,6 +25,7 @@ from aegis.schema import (
     PlanRequest,
     Throughput,
     Tier,
+    default_lora_targets,
     lora_target_names,
 )
 from aegis.solver import Solution, solve
@@ -101,8 +102,8 @@ def plan_request(
     if seq_len > profile.max_position_embeddings:
         notes.append(f"seq {seq_len:,} exceeds the model's {profile.max_position_embeddings:,} positions")
     rank = req.lora_rank or DEFAULT_LORA_RANK
-    targets = {"target_modules": req.lora_targets} if req.lora_targets else {}
-    lora = LoRAConfig(rank=rank, alpha=2.0 * rank, **targets) if method != "full" else None
+    targets = req.lora_targets or default_lora_targets(profile.linear_modules)
+    lora = LoRAConfig(rank=rank, alpha=2.0 * rank, target_modules=targets) if method != "full" else None
     eff = req.effective_batch_size or max(DEFAULT_EFFECTIVE_BATCH, (req.micro_batch_size or 1) * gpu_count)
     epochs = req.epochs or DEFAULT_EPOCHS
     eval_seq = dataset.tokens.max if dataset is not None else seq_len

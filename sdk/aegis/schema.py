@@ -40,6 +40,7 @@ __all__ = [
     "PlanReport",
     "ALL_LINEAR_TARGETS",
     "lora_target_names",
+    "default_lora_targets",
 ]
 
 Method = Literal["full", "lora", "qlora"]
@@ -71,6 +72,24 @@ def lora_target_names(targets: tuple[str, ...] | frozenset[str], modules: Any) -
         names.discard("all-linear")
         names.update(n for m in modules if m.lora_targetable for n in (m.matched_by or (m.name,)))
     return frozenset(names)
+
+
+_GATES = ("gate", "shared_expert_gate")
+"""Target names of MoE routers and the shared-expert gate: the standard names leave them out, and so do defaults."""
+
+
+def default_lora_targets(modules: Any) -> tuple[str, ...]:
+    """Attention and MLP projections of a model under the names PEFT matches there: the standard seven
+    (`ALL_LINEAR_TARGETS`) that the model has, plus its own names for what they miss (Phi-3's fused
+    ``qkv_proj``/``gate_up_proj``, Mixtral's experts ``w1``/``w3``/``w2``). Routers and gates stay out."""
+    names: list[str] = []
+    for m in modules:  # in module order: q, k, v, o, then the MLP
+        own = m.matched_by or (m.name,)
+        if not m.lora_targetable or set(own) & set(_GATES):
+            continue
+        standard = [n for n in ALL_LINEAR_TARGETS if n in own]
+        names += [n for n in standard or own if n not in names]
+    return tuple(names)
 
 
 class Frozen(BaseModel):

@@ -70,17 +70,26 @@ def test_targets_and_verdicts():
 
 
 def test_targets_label_says_which_names_select_nothing_on_the_model():
-    """Mixtral's experts are w1/w2/w3: the default target list adapts its attention only, as PEFT does."""
+    """Mixtral's experts are w1/w2/w3: the seven standard names adapt its attention only, as PEFT does; the
+    plan's default names its experts."""
     from aegis import plan
+    from aegis.schema import ALL_LINEAR_TARGETS
 
-    mixtral = plan("lora mixtral-8x7b on h200")
-    label = targets_label(LoRAConfig().target_modules, mixtral.model.lora_names)
+    standard = plan("lora mixtral-8x7b on h200", lora_targets=ALL_LINEAR_TARGETS)
+    label = targets_label(standard.lora.target_modules, standard.model.lora_names)
     assert label == "q,k,v,o (all attention); gate,up,down match no module of this model"
-    assert mixtral.trainable_params == 13_631_488  # attention adapters only (PEFT's count)
-    assert any("target w1,w3,w2 (or all-linear) to adapt them too" in n for n in mixtral.notes)
+    assert standard.trainable_params == 13_631_488  # attention adapters only (PEFT's count)
+    assert any("target w1,w3,w2 (or all-linear) to adapt them too" in n for n in standard.notes)
+    default = plan("lora mixtral-8x7b on h200")
+    assert default.lora.target_modules == ("q_proj", "k_proj", "v_proj", "o_proj", "w1", "w3", "w2")
+    assert targets_label(default.lora.target_modules, default.model.lora_names) == "q,k,v,o,w1,w3,w2 (all attn + MLP)"
+    assert default.trainable_params == 13_631_488 + 343_932_928  # + PEFT's ParamWrapper experts
+    assert any("PEFT wraps them with per-expert adapters" in n for n in default.notes)
     qwen3 = plan("lora qwen3-30b-a3b on h200")
-    assert targets_label(LoRAConfig().target_modules, qwen3.model.lora_names) == "q,k,v,o,gate,up,down (all attn + MLP)"
-    assert any("PEFT wraps them with per-expert adapters" in n for n in qwen3.notes)
+    assert targets_label(qwen3.lora.target_modules, qwen3.model.lora_names) == "q,k,v,o,gate,up,down (all attn + MLP)"
+
+
+def test_headroom_verdicts():
     assert headroom_verdict(-1) == "does not fit"
     assert headroom_verdict(500_000_000) == "tight" and headroom_verdict(9_600_000_000) == "comfortable"
 

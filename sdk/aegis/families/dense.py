@@ -48,7 +48,8 @@ class Qwen3Family(Family):
 
 
 class Phi3Family(Family):
-    """Phi-3: fused qkv_proj and gate_up_proj (PEFT targets them by those names)."""
+    """Phi-3: fused qkv_proj and gate_up_proj. PEFT targets them by those names only: q_proj or gate_proj
+    select nothing in a Phi-3 model."""
 
     name = "phi3"
     model_types = ("phi3",)
@@ -57,14 +58,14 @@ class Phi3Family(Family):
         h, hd = self.hidden(c), self.head_dim(c)
         q, kv = self.heads(c) * hd, self.kv_heads(c) * hd
         return [
-            Linear("qkv_proj", h, q + 2 * kv, matched_by=("qkv_proj", "q_proj", "k_proj", "v_proj")),
+            Linear("qkv_proj", h, q + 2 * kv, matched_by=("qkv_proj",)),
             Linear("o_proj", q, h, matched_by=("o_proj",)),
         ]
 
     def mlp_linears(self, c: dict[str, Any], width: int, prefix: str = "", count: int = 1) -> list[Linear]:
         h = self.hidden(c)
         return [
-            Linear("gate_up_proj", h, 2 * width, matched_by=("gate_up_proj", "gate_proj", "up_proj")),
+            Linear("gate_up_proj", h, 2 * width, matched_by=("gate_up_proj",)),
             Linear("down_proj", width, h, matched_by=("down_proj",)),
         ]
 

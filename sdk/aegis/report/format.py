@@ -167,8 +167,9 @@ def optimizer_label(optimizer: Optimizer) -> str:
 
 def targets_label(targets: Iterable[str], known: Iterable[str] = ()) -> str:
     """LoRA target modules, shortened: ``'q,k,v,o,gate,up,down (all attn + MLP)'``. With ``known`` (the
-    names that select a module of the model), names that select nothing are said so rather than counted:
-    on Mixtral, whose experts are w1/w2/w3, ``'q,k,v,o (all attention); gate,up,down match no module'``."""
+    names that select a module of the model), "all attn + MLP" means every projection of that model
+    (Mixtral: ``q,k,v,o,w1,w3,w2``), and names that select nothing are said so rather than counted:
+    ``'q,k,v,o (all attention); gate,up,down match no module of this model'`` on Mixtral."""
     names = tuple(targets)
     if "all-linear" in names:
         return "all-linear (every linear layer PEFT can wrap)"
@@ -177,7 +178,8 @@ def targets_label(targets: Iterable[str], known: Iterable[str] = ()) -> str:
     names = tuple(t for t in names if t not in unmatched)
     short = ",".join(t.removesuffix("_proj") for t in names)
     chosen = set(names)
-    if chosen >= set(ALL_LINEAR_TARGETS):
+    projections = known - {"gate", "shared_expert_gate"} if known else set(ALL_LINEAR_TARGETS)
+    if chosen >= projections:
         label = f"{short} (all attn + MLP)"
     elif chosen >= set(_ATTN_TARGETS) and not chosen & set(_MLP_TARGETS):
         label = f"{short} (all attention)"
