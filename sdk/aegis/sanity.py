@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from aegis.schema import LoRAConfig, ModelProfile, PlanReport, Risk, lora_target_names
+from aegis.schema import LoRAConfig, ModelProfile, PlanReport, Risk, lora_selects, lora_target_names
 from aegis.solver import comfort_bytes
 from aegis.units import gib
 
@@ -65,7 +65,7 @@ def risks_and_notes(report: PlanReport, profile: ModelProfile) -> tuple[list[Ris
         if report.method != "full":
             targets = lora_target_names((report.lora or LoRAConfig()).target_modules, profile.linear_modules)
             experts = [m for m in profile.linear_modules if m.name.startswith("experts.") and m.lora_targetable]
-            wrapped = any(set(m.matched_by or (m.name,)) & targets for m in experts)
+            wrapped = any(lora_selects(m, targets) for m in experts)
             names = ",".join(n for m in experts for n in m.matched_by)
             notes.append("transformers 5 stores experts as fused 3-D tensors: bitsandbytes leaves them unquantized under QLoRA; "
                          + ("PEFT wraps them with per-expert adapters (rank 2r on gate_up)" if wrapped

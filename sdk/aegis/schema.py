@@ -40,7 +40,9 @@ __all__ = [
     "PlanReport",
     "ALL_LINEAR_TARGETS",
     "lora_target_names",
+    "lora_selects",
     "default_lora_targets",
+    "LORA_GATE_TARGETS",
 ]
 
 Method = Literal["full", "lora", "qlora"]
@@ -62,19 +64,28 @@ Framework = Literal["hf", "jax"]
 ALL_LINEAR_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def _own_names(module: Any) -> tuple[str, ...]:
+    return module.matched_by or (module.name,)
+
+
+def lora_selects(module: Any, names: frozenset[str]) -> bool:
+    """Whether LoRA adapts ``module`` (a `LinearModule` or `aegis.families.base.Linear`) when the target
+    names are ``names`` (from `lora_target_names`)."""
+    return module.lora_targetable and not names.isdisjoint(_own_names(module))
+
+
 def lora_target_names(targets: tuple[str, ...] | frozenset[str], modules: Any) -> frozenset[str]:
     """The module names ``target_modules`` select, with PEFT's ``"all-linear"`` expanded to every
     module PEFT can wrap among ``modules`` (anything with ``name``, ``matched_by``, ``lora_targetable``:
-    `LinearModule` or `aegis.families.base.Linear`). A module is adapted when its ``matched_by`` names
-    meet this set."""
+    `LinearModule` or `aegis.families.base.Linear`); `lora_selects` says which modules they adapt."""
     names = set(targets)
     if "all-linear" in names:
         names.discard("all-linear")
-        names.update(n for m in modules if m.lora_targetable for n in (m.matched_by or (m.name,)))
+        names.update(n for m in modules if m.lora_targetable for n in _own_names(m))
     return frozenset(names)
 
 
-_GATES = ("gate", "shared_expert_gate")
+LORA_GATE_TARGETS = frozenset({"gate", "shared_expert_gate"})
 """Target names of MoE routers and the shared-expert gate: the standard names leave them out, and so do defaults."""
 
 
@@ -84,8 +95,8 @@ def default_lora_targets(modules: Any) -> tuple[str, ...]:
     ``qkv_proj``/``gate_up_proj``, Mixtral's experts ``w1``/``w3``/``w2``). Routers and gates stay out."""
     names: list[str] = []
     for m in modules:  # in module order: q, k, v, o, then the MLP
-        own = m.matched_by or (m.name,)
-        if not m.lora_targetable or set(own) & set(_GATES):
+        own = _own_names(m)
+        if not m.lora_targetable or not LORA_GATE_TARGETS.isdisjoint(own):
             continue
         standard = [n for n in ALL_LINEAR_TARGETS if n in own]
         names += [n for n in standard or own if n not in names]
@@ -160,7 +171,7 @@ class ModelProfile(Frozen):
         return sum(
             m.count * lora.rank * m.lora_rank_factor * (m.in_features + m.out_features)
             for m in self.linear_modules
-            if m.lora_targetable and set(m.matched_by or (m.name,)) & targets
+            if lora_selects(m, targets)
         )
 
 

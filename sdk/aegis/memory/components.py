@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from aegis.errors import InvalidConfigError
 from aegis.memory._dtypes import Placement
-from aegis.schema import LoRAConfig, ModelProfile, TrainConfig, lora_target_names
+from aegis.schema import LoRAConfig, ModelProfile, TrainConfig, lora_selects, lora_target_names
 
 __all__ = ["NF4_BLOCK", "NF4_BLOCK2", "nf4_bytes", "Sizes", "sizes", "optimizer_state_bytes", "optimizer_temp_bytes",
            "check_lora_targets"]
@@ -28,9 +28,9 @@ def check_lora_targets(profile: ModelProfile, lora: LoRAConfig) -> None:
     """InvalidConfigError naming the valid module names when ``lora.target_modules`` select nothing in the
     model (PEFT refuses such a config: "Target modules ... not found in the base model")."""
     targets = lora_target_names(lora.target_modules, profile.linear_modules)
-    if any(m.lora_targetable and set(m.matched_by or (m.name,)) & targets for m in profile.linear_modules):
+    if any(lora_selects(m, targets) for m in profile.linear_modules):
         return
-    valid = sorted({n for m in profile.linear_modules if m.lora_targetable for n in (m.matched_by or (m.name,))})
+    valid = sorted(lora_target_names(("all-linear",), profile.linear_modules))
     raise InvalidConfigError(
         f"LoRA target_modules {list(lora.target_modules)} match no linear layer of {profile.model_id}; "
         f"valid names: {', '.join(valid)} (or all-linear)"

@@ -25,6 +25,7 @@ from aegis.memory.components import check_lora_targets, optimizer_state_bytes, o
 from aegis.units import gib
 from aegis.schema import (
     GPU, Attention, Framework, LoRAConfig, MemoryComponent, MemoryEstimate, Method, ModelProfile, Optimizer, Precision, TrainConfig,
+    lora_selects,
     lora_target_names,
 )
 
@@ -107,8 +108,6 @@ def estimate(
     framework: Framework = "hf",
 ) -> MemoryEstimate:
     """`estimate_memory` for a resolved profile and a full `TrainConfig`."""
-    if cfg.method != "full":
-        check_lora_targets(profile, cfg.lora_config)
     if framework == "jax":
         if fsdp_shards != 1:
             raise InvalidConfigError("the JAX engine runs on one device: drop fsdp_shards or use framework='hf'")
@@ -117,6 +116,8 @@ def estimate(
         return estimate_jax(profile, cfg, gpu=gpu, eval_seq_len=eval_seq_len, eval_batch_size=eval_batch_size)
     if framework != "hf":
         raise InvalidConfigError(f"framework must be 'hf' or 'jax', got {framework!r}")
+    if cfg.method != "full":
+        check_lora_targets(profile, cfg.lora_config)
     gpu_obj = find_gpu(gpu) if isinstance(gpu, str) else gpu
     if fsdp_shards < 1:
         raise InvalidConfigError(f"fsdp_shards must be >= 1, got {fsdp_shards}")
@@ -291,7 +292,7 @@ def _trainable_per_layer(profile, cfg, lora, layers, fam) -> list[int]:
         out.append(sum(
             lin.count * lora.rank * lin.lora_rank_factor * (lin.in_features + lin.out_features)
             for lin in layer.linears
-            if lin.lora_targetable and set(lin.matched_by or (lin.name,)) & targets
+            if lora_selects(lin, targets)
         ))
     return out
 

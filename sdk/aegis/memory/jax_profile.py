@@ -51,7 +51,7 @@ from aegis.families import get_family
 from aegis.families.base import Family, LayerShape
 from aegis.hardware import cudnn_flash_attention, find_gpu
 from aegis.memory.components import check_lora_targets
-from aegis.schema import GPU, MemoryComponent, MemoryEstimate, ModelProfile, TrainConfig, lora_target_names
+from aegis.schema import GPU, MemoryComponent, MemoryEstimate, ModelProfile, TrainConfig, lora_selects, lora_target_names
 
 __all__ = ["Platform", "Leaf", "engine_leaves", "nf4_leaf_bytes", "optimizer_state_bytes", "estimate_jax", "UNROLL_MAX_LAYERS"]
 
@@ -158,9 +158,7 @@ def _lora_leaves(profile: ModelProfile, cfg: TrainConfig) -> list[tuple[int, ...
     targets = lora_target_names(lora.target_modules, profile.linear_modules)
     shapes = []
     for lin in layers[0].linears:
-        if not lin.lora_targetable:
-            continue
-        if set(lin.matched_by or (lin.name,)) & targets:
+        if lora_selects(lin, targets):
             rank = lora.rank * lin.lora_rank_factor * lin.count
             shapes += [(len(layers), rank, lin.in_features), (len(layers), lin.out_features, rank)]
     return shapes

@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable
 
 from aegis.units import GIB
-from aegis.schema import ALL_LINEAR_TARGETS, Method, Optimizer, TrainConfig
+from aegis.schema import ALL_LINEAR_TARGETS, LORA_GATE_TARGETS, Method, Optimizer, TrainConfig
 
 __all__ = [
     "GB",
@@ -178,7 +178,7 @@ def targets_label(targets: Iterable[str], known: Iterable[str] = ()) -> str:
     names = tuple(t for t in names if t not in unmatched)
     short = ",".join(t.removesuffix("_proj") for t in names)
     chosen = set(names)
-    projections = known - {"gate", "shared_expert_gate"} if known else set(ALL_LINEAR_TARGETS)
+    projections = known - LORA_GATE_TARGETS if known else set(ALL_LINEAR_TARGETS)
     if chosen >= projections:
         label = f"{short} (all attn + MLP)"
     elif chosen >= set(_ATTN_TARGETS) and not chosen & set(_MLP_TARGETS):
