@@ -8,7 +8,8 @@
     agent.close()
 
 Conversations persist in ``settings.conversation_db`` (SQLite): a new `ChatAgent` on the same
-file continues a thread where it stopped.
+file continues a thread where it stopped. ``settings.remote`` (and the model/data roots) decide which
+local paths a request may name (`aegis.access.PathPolicy`); remote front ends require it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import threading
 from typing import Any
 
+from aegis.access import PathPolicy
 from aegis.schema import Frozen, PlanReport, PlanRequest
 from langchain_core.messages import AIMessage, HumanMessage
 from pydantic import Field
@@ -69,7 +71,7 @@ class ChatAgent:
     ) -> None:
         self.settings = settings or AgentSettings.from_env()
         self.runs = runs or RunManager(self.settings)
-        self.toolkit = AegisToolkit(self.runs)
+        self.toolkit = AegisToolkit(self.runs, policy=self.settings.path_policy)
         self.extractor = extractor if extractor is not None else RequestExtractor.from_settings(self.settings)
         self._stack = contextlib.ExitStack()
         saver = self._stack.enter_context(open_checkpointer(self.settings.conversation_db))
@@ -120,6 +122,11 @@ class ChatAgent:
             run_id=values.get("run_id"),
             messages=len(values.get("messages", [])),
         )
+
+    @property
+    def policy(self) -> PathPolicy:
+        """The path policy every request of this agent passes."""
+        return self.toolkit.policy
 
     def close(self) -> None:
         self._stack.close()

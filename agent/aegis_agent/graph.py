@@ -75,7 +75,13 @@ def build_graph(toolkit: AegisToolkit, extractor: Any = None) -> Any:
     def understand_node(state: ConversationState) -> dict[str, Any]:
         messages = state.get("messages", [])
         request = PlanRequest(**state["request"]) if state.get("request") else None
-        u = understand(_last_human(messages), request=request, run_id=state.get("run_id"), extractor=extractor)
+        u = understand(
+            _last_human(messages),
+            request=request,
+            run_id=state.get("run_id"),
+            extractor=extractor,
+            policy=toolkit.policy,
+        )
         if u.call is None:
             return {"messages": [AIMessage(content=u.reply or "", response_metadata={"understood_by": u.source})]}
         call = {"name": u.call.name, "args": u.call.args, "id": f"call_{len(messages)}", "type": "tool_call"}

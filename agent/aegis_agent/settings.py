@@ -17,6 +17,10 @@ Environment variables:
   ``template`` (the template's own train config). Default: ``plan`` when a template is set,
   ``template`` for the bundled demo (the plan's sizes are for the real model, not the tiny one).
 - ``AEGIS_RUN_WAIT_S``: how long a paused run's process waits for commands (default 3600).
+- ``AEGIS_MODEL_DIRS`` / ``AEGIS_DATA_DIRS``: folders (``os.pathsep``-separated) whose models and datasets
+  remote users may name. With ``remote=True`` (Slack, Gradio beyond loopback or shared; set by the front
+  end, not the environment) any other local path is refused unread (`aegis.access.PathPolicy`);
+  locally every path stays usable.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
+from aegis.access import DATA_DIRS_ENV, MODEL_DIRS_ENV, PathPolicy, env_dirs
 from aegis.schema import Frozen
 from pydantic import Field
 
@@ -48,6 +53,16 @@ class AgentSettings(Frozen):
         default=None, description="Train the plan's tiers or the template's config (None: plan iff a template is set)."
     )
     run_wait_s: float = Field(default=3600.0, gt=0, description="Seconds a paused run waits for commands.")
+    model_dirs: tuple[Path, ...] = Field(default=(), description="Folders remote users may name models under.")
+    data_dirs: tuple[Path, ...] = Field(default=(), description="Folders remote users may name datasets under.")
+    remote: bool = Field(
+        default=False, description="Requests come from remote users: local paths only under model_dirs/data_dirs."
+    )
+
+    @property
+    def path_policy(self) -> PathPolicy:
+        """What the agent's tools let a request read (`aegis.access`)."""
+        return PathPolicy(model_dirs=self.model_dirs, data_dirs=self.data_dirs, remote=self.remote)
 
     @property
     def conversation_db(self) -> Path:
@@ -71,6 +86,8 @@ class AgentSettings(Frozen):
             "llm_api_key": env.get("AEGIS_LLM_API_KEY") or None,
             "run_template": env.get("AEGIS_RUN_TEMPLATE") or None,
             "run_tiers": env.get("AEGIS_RUN_TIERS") or None,
+            "model_dirs": env_dirs(MODEL_DIRS_ENV),
+            "data_dirs": env_dirs(DATA_DIRS_ENV),
         }
         if env.get("AEGIS_RUN_WAIT_S"):
             values["run_wait_s"] = float(env["AEGIS_RUN_WAIT_S"])

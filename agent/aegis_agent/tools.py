@@ -3,10 +3,13 @@
 Each tool returns ``(content, artifact)``: ``content`` is Markdown for the user (rendered by the
 SDK's renderers), ``artifact`` a small dict the graph reads to update the conversation (the
 request that was planned, the run that was started) — never a whole report. Expected failures
-(unknown GPU or model, nothing fits, unknown run, a rejected command) come back as content that
-says what to do, with ``artifact["error"]``; anything else propagates.
+(unknown GPU or model, nothing fits, unknown run, a rejected command, a path the policy refuses)
+come back as content that says what to do, with ``artifact["error"]``; anything else propagates.
 
-    toolkit = AegisToolkit(RunManager(settings))
+Every request's model and dataset pass the toolkit's `aegis.access.PathPolicy` before anything
+reads them: for a remote front end, local paths only under the configured roots.
+
+    toolkit = AegisToolkit(RunManager(settings), policy=settings.path_policy)
     tools = toolkit.tools()                 # list[StructuredTool]
     toolkit.last_report                     # the PlanReport of the latest successful plan
 """
@@ -19,6 +22,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from aegis.access import PathPolicy
 from aegis.errors import AegisError
 from aegis.units import gib
 from aegis.schema import Frozen, MemoryComponent, PlanReport, PlanRequest, Tier
@@ -127,17 +131,20 @@ def explain_component(report: PlanReport, phrase: str) -> tuple[str, MemoryCompo
 class AegisToolkit:
     """The agent's tools, bound to one `RunManager`; remembers recent reports for the front ends."""
 
-    def __init__(self, runs: RunManager) -> None:
+    def __init__(self, runs: RunManager, *, policy: PathPolicy | None = None) -> None:
         self.runs = runs
+        self.policy = policy if policy is not None else runs.settings.path_policy
         self._reports: OrderedDict[str, PlanReport] = OrderedDict()
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ reports
 
     def report_for(self, request: PlanRequest) -> PlanReport:
-        """The plan of ``request`` (cached: follow-ups and front ends re-read it for free)."""
+        """The plan of ``request`` (cached: follow-ups and front ends re-read it for free); PathNotAllowedError
+        when the policy refuses its model or dataset, before anything is read."""
         from aegis.planner import plan_request
 
+        self.policy.check_request(request)
         key = request.model_dump_json(exclude_none=True)
         with self._lock:
             if key in self._reports:
@@ -185,6 +192,7 @@ class AegisToolkit:
 
         req = PlanRequest(**fields)
         try:
+            self.policy.check_request(req)
             rows = compare_gpus(**req.model_dump(exclude_none=True, exclude={"gpu", "gpu_count"}))
         except AegisError as err:
             return f"I could not compare GPUs: {err}", {"error": str(err)}

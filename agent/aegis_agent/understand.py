@@ -7,6 +7,8 @@ message is a follow-up when the conversation already has a request: what it name
 previous value, everything else carries over ("on a 4090 instead", "rank 32", "with 8-bit adam").
 Only when the parser reads nothing, or names something unknown, is the optional LLM asked
 (`aegis_agent.llm.RequestExtractor`), and its answer goes through the same carry-over.
+With a remote ``policy`` (`aegis.access.PathPolicy`), a message naming a local path outside the allowed
+roots is answered with the refusal before the parser looks at the file system.
 
     u = understand("rank 32", request=PlanRequest(model="meta-llama/Llama-3.1-8B", gpu="rtx-4090"))
     u.call.name, u.call.args["lora_rank"]        # 'plan_finetune', 32
@@ -17,7 +19,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from aegis.errors import AegisError, CommandError
+from aegis.access import PathPolicy
+from aegis.errors import AegisError, CommandError, PathNotAllowedError
 from aegis.parse import parse_request_lenient
 from aegis.schema import Frozen, PlanRequest
 from aegis.supervise.commands import COMMAND_NAMES, parse_command
@@ -119,8 +122,9 @@ def understand(
     request: PlanRequest | None = None,
     run_id: str | None = None,
     extractor: Any = None,
+    policy: PathPolicy | None = None,
 ) -> Understanding:
-    """Decide what ``text`` asks for, given the conversation's current request and run."""
+    """Decide what ``text`` asks for, given the conversation's current request and run (and what paths it may name)."""
     text = (text or "").strip()
     if not text or _HELP.match(text):
         return Understanding(reply=HELP, source="rules")
@@ -136,6 +140,11 @@ def understand(
         )
     if _STATUS.search(text):
         return Understanding(call=ToolCall(name="run_status", args={"run_id": run}), source="rules")
+    if policy is not None:
+        try:
+            policy.check_mentions(text)  # before the parser stats paths a remote user may not use
+        except PathNotAllowedError as err:
+            return Understanding(reply=str(err), source="rules")
     parsed = parse_request_lenient(text)
     if _COMPARE.search(text):
         req = carry_over(request, parsed.request)

@@ -7,20 +7,44 @@
   commands a paused run suggests (resume, lower LR, blacklist the suspects, skip the batch, stop);
   a button sends its command through the agent, so it shows in the chat too.
 
-Binds 127.0.0.1, analytics off, no share link unless asked.
+Binds 127.0.0.1, analytics off, no share link unless asked. Bound beyond loopback or shared, the app
+is remote: `launch` refuses to start without a login (``auth``: Gradio's own, from ``--auth user:pass``,
+``AEGIS_GRADIO_AUTH`` or a token) and unless the agent was built with ``AgentSettings(remote=True)``,
+which lets requests name only Hub ids or paths under ``AEGIS_MODEL_DIRS`` / ``AEGIS_DATA_DIRS``.
 
     demo = build_ui(ChatAgent(AgentSettings.from_env()))
     launch(demo)                               # or: aegis chat --port 7860
+    launch(build_ui(ChatAgent(AgentSettings.from_env(remote=True))), host="0.0.0.0", auth=parse_auth("me:pw"))
 """
 
+import hmac
+import ipaddress
 import os
+from collections.abc import Callable
 from typing import Any
 
+from aegis.errors import AegisError
 from aegis.units import GIB
 from aegis.schema import PlanReport
 from aegis_agent import ChatAgent, status_markdown
 
-__all__ = ["MAX_COMMAND_BUTTONS", "build_ui", "command_buttons", "launch", "loss_frame", "memory_frame"]
+__all__ = [
+    "MAX_COMMAND_BUTTONS",
+    "Auth",
+    "build_ui",
+    "check_exposure",
+    "command_buttons",
+    "is_loopback",
+    "is_remote",
+    "launch",
+    "loss_frame",
+    "memory_frame",
+    "parse_auth",
+    "token_auth",
+]
+
+Auth = list[tuple[str, str]] | Callable[[str, str], bool]
+"""What Gradio's ``launch(auth=...)`` takes: (user, password) pairs, or a check of both."""
 
 MAX_COMMAND_BUTTONS = 5
 """Buttons in the run panel: the paused run's suggested commands (the supervisor's list) plus the suspects' blacklist."""
@@ -129,7 +153,9 @@ def build_ui(agent: ChatAgent, *, refresh_s: float = 1.0) -> Any:
     def press(command: str, history: list[dict[str, Any]], request: gr.Request) -> tuple[Any, ...]:
         return send(command, history, request)
 
-    with gr.Blocks(title="Aegis", analytics_enabled=False, fill_width=True) as demo:
+    demo = gr.Blocks(title="Aegis", analytics_enabled=False, fill_width=True)
+    demo.aegis_policy = getattr(agent, "policy", None)  # what `launch` checks before serving beyond loopback
+    with demo:
         gr.Markdown("## Aegis — plan a fine-tune, then run it under a self-healing supervisor")
         with gr.Row():
             with gr.Column(scale=5):
@@ -170,11 +196,80 @@ def build_ui(agent: ChatAgent, *, refresh_s: float = 1.0) -> Any:
     return demo
 
 
+def is_loopback(host: str | None) -> bool:
+    """True for an address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    if not host:
+        return False
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def is_remote(host: str | None, share: bool) -> bool:
+    """Others can reach the app: bound beyond loopback, or a gradio.live share link."""
+    return share or not is_loopback(host)
+
+
+def parse_auth(value: str) -> list[tuple[str, str]]:
+    """``user:pass`` (comma-separated for several) as Gradio's auth pairs; AegisError for a malformed one."""
+    pairs = []
+    for item in (v.strip() for v in value.split(",")):
+        user, sep, password = item.partition(":")
+        if not item or not sep or not user or not password:
+            raise AegisError("--auth / AEGIS_GRADIO_AUTH takes user:password (comma-separated for several users)")
+        pairs.append((user, password))
+    return pairs
+
+
+def token_auth(token: str) -> Callable[[str, str], bool]:
+    """A Gradio auth check: any user name, the token as the password (compared in constant time)."""
+    if not token:
+        raise AegisError("the Gradio token (--auth-token / AEGIS_GRADIO_TOKEN) is empty")
+    expected = token.encode()
+    return lambda _user, password: hmac.compare_digest((password or "").encode(), expected)
+
+
+def check_exposure(host: str | None, share: bool, auth: Auth | None, *, remote_paths: bool | None = None) -> None:
+    """Refuse (AegisError, one line) to serve others without a login or with an agent that reads any path."""
+    if not is_remote(host, share):
+        return
+    where = "with a share link" if share else f"on {host or 'every interface'}"
+    if not auth:
+        raise AegisError(
+            f"refusing to serve the chat app {where} without a login: pass --auth user:pass "
+            "(or set AEGIS_GRADIO_AUTH=user:pass, or AEGIS_GRADIO_TOKEN), or bind --host 127.0.0.1"
+        )
+    if remote_paths is not True:
+        raise AegisError(
+            f"refusing to serve the chat app {where} with an agent that reads any local path: build it with "
+            "AgentSettings(remote=True) (paths only under AEGIS_MODEL_DIRS / AEGIS_DATA_DIRS)"
+        )
+
+
 def launch(
-    demo: Any, *, host: str = "127.0.0.1", port: int | None = None, share: bool = False, block: bool = True
+    demo: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    share: bool = False,
+    block: bool = True,
+    auth: Auth | None = None,
 ) -> Any:
-    """Serve the app (127.0.0.1, no share link unless ``share``); with ``block=False`` returns at once."""
+    """Serve the app (127.0.0.1, no share link unless ``share``); with ``block=False`` returns at once.
+
+    Beyond loopback or shared, ``auth`` is required and the agent must be remote (`check_exposure`)."""
+    policy = getattr(demo, "aegis_policy", None)
+    check_exposure(host, share, auth, remote_paths=None if policy is None else policy.remote)
     _gradio()
     return demo.launch(
-        server_name=host, server_port=port, share=share, prevent_thread_lock=not block, show_error=True, quiet=not block
+        server_name=host,
+        server_port=port,
+        share=share,
+        auth=auth or None,
+        prevent_thread_lock=not block,
+        show_error=True,
+        quiet=not block,
     )

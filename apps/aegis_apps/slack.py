@@ -9,6 +9,9 @@
   acknowledged in the thread.
 - Only allow-listed users in allow-listed channels may start or steer runs (empty lists: nobody);
   a refused request changes nothing. Request signatures are verified by bolt (HTTP mode).
+- Slack users are remote: the agent must be built with ``AgentSettings(remote=True)`` (``aegis slack``
+  does), so requests name only Hub ids or paths under ``AEGIS_MODEL_DIRS`` / ``AEGIS_DATA_DIRS``; any
+  other path is refused unread (`aegis.access.PathPolicy`).
 
 The Slack app needs the ``/aegis`` slash command, interactivity (buttons), the ``message.channels``
 event (thread replies) and the scopes ``commands``, ``chat:write``, ``channels:history``.
@@ -16,7 +19,7 @@ Environment: ``SLACK_BOT_TOKEN``, ``SLACK_SIGNING_SECRET``, ``SLACK_APP_TOKEN`` 
 ``AEGIS_SLACK_ALLOWED_USERS`` / ``AEGIS_SLACK_ALLOWED_CHANNELS`` (comma-separated ids),
 ``AEGIS_SLACK_CHANNEL`` (where run notices go; default: the channel the run was started from).
 
-    bot = SlackBot(SlackSettings.from_env(), agent=ChatAgent(AgentSettings.from_env()))
+    bot = SlackBot(SlackSettings.from_env(), agent=ChatAgent(AgentSettings.from_env(remote=True)))
     bot.start_socket_mode()            # SLACK_APP_TOKEN; or bot.serve_http(port=3000)
 """
 
@@ -144,6 +147,11 @@ class SlackBot:
         answers after handling (serverless, and deterministic tests)."""
         from slack_bolt import App
 
+        if not agent.policy.remote:
+            raise AegisError(
+                "the Slack bot serves remote users: build its agent with AgentSettings(remote=True) so requests "
+                "may only name paths under AEGIS_MODEL_DIRS / AEGIS_DATA_DIRS"
+            )
         self.settings = settings
         self.agent = agent
         self.runs = agent.runs
@@ -210,7 +218,7 @@ class SlackBot:
         user, channel = command.get("user_id"), command.get("channel_id")
         thread_id = f"slack-{channel}-{user}"
         view = self.agent.conversation(thread_id)
-        u = understand(text, request=view.request, run_id=view.run_id)
+        u = understand(text, request=view.request, run_id=view.run_id, policy=self.agent.policy)
         if u.call is not None and u.call.name in RUN_TOOLS and not self.may_control(user, channel):
             self._refuse(client, channel, user)
             return

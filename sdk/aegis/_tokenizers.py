@@ -297,34 +297,31 @@ class HFCounter(TokenCounter):
     """A transformers tokenizer with its own jinja chat template (or a family template when it has none)."""
 
     def __init__(self, tokenizer: Any, fallback: ChatTemplate, *, name: str, notes: tuple[str, ...] = ()):
+        from aegis.render import ChatRenderer
+
         self.tokenizer, self.fallback, self.name, self.exact = tokenizer, fallback, name, True
+        self.renderer = ChatRenderer(tokenizer, name=name)  # the renderer training uses: the same token counts
         self.rejected: list[str] = []
-        self.own_template = bool(getattr(tokenizer, "chat_template", None))
+        self.own_template = self.renderer.has_template
         self.template_name = "the model's own chat template" if self.own_template else fallback.name
         self.notes = notes if self.own_template else (
             *notes, f"the tokenizer has no chat template: rendered with Aegis' {fallback.name!r} template")
 
     def _lengths(self, texts: Sequence[str], special: bool) -> list[int]:
-        if not texts:
-            return []
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is not None and hasattr(backend, "encode_batch_fast"):  # Rust batch, no offsets
-            return [len(e.ids) for e in backend.encode_batch_fast(list(texts), add_special_tokens=special)]
-        return [len(ids) for ids in self.tokenizer(list(texts), add_special_tokens=special)["input_ids"]]
+        return self.renderer.count(texts, special=special)
 
     def _render(self, conversations: Sequence[Conversation]) -> list[str]:
         if not self.own_template:
             return [self.fallback.render(c) for c in conversations]
-        chats = [[{"role": r, "content": c} for r, c in conv] for conv in conversations]
         try:
-            return list(self.tokenizer.apply_chat_template(chats, tokenize=False))
-        except Exception:  # a template may raise_exception() on some rows (e.g. roles not alternating)
+            return self.renderer.texts(conversations)
+        except ValueError:  # a template may raise_exception() on some rows (e.g. roles not alternating)
             texts = []
-            for chat, conv in zip(chats, conversations):
+            for conv in conversations:
                 try:
-                    texts.append(self.tokenizer.apply_chat_template(chat, tokenize=False))
-                except Exception as err:  # jinja TemplateError or whatever the template raises
-                    self.rejected.append(_one_line(err))
+                    texts.append(self.renderer.render_text(conv))
+                except ValueError as err:  # training skips these rows as malformed
+                    self.rejected.append(str(err))
                     texts.append(self.fallback.render(conv))
             return texts
 
@@ -334,8 +331,7 @@ class HFCounter(TokenCounter):
         return self._lengths(texts, special=False), _regroup(flat, conversations)
 
     def count_texts(self, texts: Sequence[str]) -> tuple[list[int], list[int]]:
-        eos = 1 if getattr(self.tokenizer, "eos_token_id", None) is not None else 0
-        return [n + eos for n in self._lengths(texts, special=True)], self._lengths(texts, special=False)
+        return self.renderer.lengths(list(texts)), self._lengths(texts, special=False)
 
 
 def _one_line(err: Exception) -> str:

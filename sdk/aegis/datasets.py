@@ -539,5 +539,6 @@ def analyze_dataset(
         packing_efficiency=packing_efficiency(full, chosen),
         bad_lines=rows.bad_lines,
         notes=tuple(notes),
+        row_lengths=tuple(full),
     )
 

@@ -24,6 +24,8 @@ __all__ = [
     "CheckpointError",
     "RunError",
     "CommandError",
+    "WeightsNotFoundError",
+    "PathNotAllowedError",
 ]
 
 
@@ -73,3 +75,11 @@ class RunError(AegisError, LookupError):
 
 class CommandError(AegisError, ValueError):
     """A malformed human-in-the-loop command."""
+
+
+class WeightsNotFoundError(AegisError, FileNotFoundError):
+    """A model to train whose weights are not on this machine (a folder without safetensors, an uncached Hub id)."""
+
+
+class PathNotAllowedError(AegisError, PermissionError):
+    """A remote request naming a local path outside the allowed roots (AEGIS_MODEL_DIRS / AEGIS_DATA_DIRS)."""

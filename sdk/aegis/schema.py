@@ -321,6 +321,11 @@ class DatasetProfile(Frozen):
     packing_efficiency: float = Field(description="Share of real tokens when packing rows into seq_len blocks.")
     bad_lines: tuple[int, ...] = Field(default=(), description="1-based line numbers that could not be parsed.")
     notes: tuple[str, ...] = ()
+    row_lengths: tuple[int, ...] = Field(
+        default=(),
+        description="Tokens of each sampled row that fits the format, in file order (every row when the dataset "
+        "has at most the sample size): with the model's own tokenizer, the lengths a run trains before truncation.",
+    )
 
 
 class PlanRequest(Frozen):

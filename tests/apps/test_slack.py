@@ -92,7 +92,9 @@ def _texts(blocks: list[dict]) -> str:
 
 @pytest.fixture
 def bot_env(tmp_path: Path, fake_slack: Any, fast_template: Path):
-    settings = AgentSettings(runs_dir=str(tmp_path / "runs"), run_template=str(fast_template), run_tiers="template")
+    settings = AgentSettings(
+        runs_dir=str(tmp_path / "runs"), run_template=str(fast_template), run_tiers="template", remote=True
+    )
     agent = ChatAgent(settings, runs=RunManager(settings, compile_cache=False))
     slack = SlackSettings(
         bot_token="xoxb-test",

@@ -2,7 +2,8 @@
 
 Bars: >= 30 rows over >= 4 families and all three methods, median |error| <= 2%, worst <= 5% on the
 tensor-level peak; a MoE row where a naive parameter-count estimate is off by >= 2x while the
-engine is within the bar.
+engine is within the bar. Known gaps (rows `tools.memory_table.unmodelled_reason` names) are pinned in
+KNOWN_GAPS: they stay out of the bars but must stay visible in the table.
 """
 
 import statistics
@@ -10,13 +11,21 @@ import statistics
 import pytest
 
 from aegis.hub import resolve_model
-from tools.memory_table import compare, load_rows, unmodelled_reason
+from tools.memory_table import compare, load_rows, render, unmodelled_reason
 
 ROWS = load_rows()
 RESULTS = compare(ROWS)
 
 # The seed design's per-parameter weight cost: what a parameter-count estimate assumes.
 NAIVE_BYTES_PER_PARAM = {"full": 16.0, "lora": 2.0, "qlora": 0.55}
+
+MEDIAN_BAR = 0.02
+WORST_BAR = 0.05
+
+# Truth rows the engine is known not to model (row key -> the unmodelled_reason the tool reports).
+# Empty: every traced row is modelled (measured worst |error| 0.39% over 67 rows). A row goes here
+# only together with its reason in tools.memory_table.unmodelled_reason, and leaves once within the bar.
+KNOWN_GAPS: dict[str, str] = {}
 
 
 def test_table_covers_families_methods_and_sizes():
@@ -30,21 +39,69 @@ def test_table_covers_families_methods_and_sizes():
 
 
 MODELLED = [r for r in RESULTS if not r["unmodelled"]]
-GAPS = [r for r in RESULTS if r["unmodelled"]]
 
 
 def test_median_and_worst_error_over_the_modelled_rows():
     assert len(MODELLED) >= 30
     errors = [abs(r["error"]) for r in MODELLED]
-    assert statistics.median(errors) <= 0.02
+    assert statistics.median(errors) <= MEDIAN_BAR
     worst = max(MODELLED, key=lambda r: abs(r["error"]))
-    assert abs(worst["error"]) <= 0.05, worst
+    assert abs(worst["error"]) <= WORST_BAR, worst
 
 
-@pytest.mark.parametrize("result", GAPS, ids=[r["key"] for r in GAPS])
-def test_known_gaps_stay_visible(result):
-    """Traced configurations outside what the engine models yet: reported, not hidden."""
-    pytest.xfail(f"{result['unmodelled']} (engine error {result['error']:+.2%})")
+def _gap_problems(results: list[dict], table: str, known: dict[str, str]) -> list[str]:
+    """Why the known-gap bookkeeping is wrong: a pinned gap missing, closed or hidden; a row out of the bar
+    that is not a pinned gap."""
+    lines = table.splitlines()
+    by_key = {r["key"]: r for r in results}
+    problems = [f"{key}: pinned as a known gap but no longer in the truth table" for key in known if key not in by_key]
+    for r in results:
+        if r["key"] not in known:
+            if r["unmodelled"]:
+                problems.append(f"{r['key']}: unmodelled ({r['unmodelled']}) but not pinned in KNOWN_GAPS")
+            elif abs(r["error"]) > WORST_BAR:
+                problems.append(f"{r['key']}: engine error {r['error']:+.2%} is outside the {WORST_BAR:.0%} bar")
+            continue
+        if r["unmodelled"] != known[r["key"]]:
+            problems.append(f"{r['key']}: the tool reports {r['unmodelled']!r}, KNOWN_GAPS says {known[r['key']]!r}")
+        if abs(r["error"]) <= WORST_BAR:
+            problems.append(f"{r['key']}: within the bar now ({r['error']:+.2%}); drop it from KNOWN_GAPS and "
+                            "unmodelled_reason")
+        if f"* {r['unmodelled']}" not in lines:
+            problems.append(f"{r['key']}: its reason is not listed under the table")
+    marked = sum(line.endswith("* not modelled") for line in lines)
+    if marked != len(known):
+        problems.append(f"the table marks {marked} rows not modelled, KNOWN_GAPS pins {len(known)}")
+    worst_all = max(abs(r["error"]) for r in results)
+    if f"all rows {len(results)} |" not in table or f"worst {worst_all:.2%}" not in table:
+        problems.append("the 'all rows' summary (gaps included) is missing or wrong")
+    return problems
+
+
+def test_known_gaps_stay_visible():
+    """Rows the engine does not model are kept out of the bars but not hidden: still traced, still outside
+    the bar, marked in the table with their reason, counted in its 'all rows' line. Every other row is
+    within the bar."""
+    assert not _gap_problems(RESULTS, render(RESULTS), KNOWN_GAPS)
+
+
+def test_gap_check_catches_hidden_and_closed_gaps():
+    """The gap check fails on what it guards against, on a copy of the real results."""
+    row = dict(RESULTS[0], error=0.3)  # a row out of the bar
+    results = [row, *RESULTS[1:]]
+    assert any("outside the 5% bar" in p for p in _gap_problems(results, render(results), {}))
+    gap = dict(row, unmodelled="attention kernel not modelled")  # declared by the tool: visible in the table
+    results = [gap, *RESULTS[1:]]
+    table = render(results)
+    assert f"* {gap['unmodelled']}" in table and "  * not modelled" in table
+    assert any("not pinned" in p for p in _gap_problems(results, table, {}))
+    assert not _gap_problems(results, table, {gap["key"]: gap["unmodelled"]})
+    hidden = table.replace("  * not modelled", "")
+    assert any("marks 0 rows" in p for p in _gap_problems(results, hidden, {gap["key"]: gap["unmodelled"]}))
+    closed = [dict(gap, error=0.01), *RESULTS[1:]]
+    problems = _gap_problems(closed, render(closed), {gap["key"]: gap["unmodelled"]})
+    assert any("within the bar now" in p for p in problems)
+    assert any("no longer in" in p for p in _gap_problems(RESULTS, render(RESULTS), {"gone|row": "x"}))
 
 
 def test_moe_row_where_naive_estimate_fails():
@@ -55,7 +112,7 @@ def test_moe_row_where_naive_estimate_fails():
             continue
         naive = profile.total_params * NAIVE_BYTES_PER_PARAM[row["method"]]
         ratio = max(naive, row["peak_bytes"]) / min(naive, row["peak_bytes"])
-        if ratio >= 2 and abs(result["error"]) <= 0.05:
+        if ratio >= 2 and abs(result["error"]) <= WORST_BAR:
             found.append((row["key"], round(ratio, 1), result["error"]))
     if not found:
         pytest.fail("no MoE row where the naive estimate is off by >= 2x and the engine within 5%")

@@ -74,5 +74,18 @@ def test_a_real_plan_report_becomes_a_run_config(tmp_path):
     cfg = run_config_from_plan(tmp_path / "plan.json", {"training": {"total_steps": 4}})
     assert cfg.tiers[0] == report.recommended.config
     assert list(cfg.tiers[1:]) == [t.config for t in report.fallbacks]
-    assert cfg.model["architectures"] == ["LlamaForCausalLM"] and cfg.model["num_hidden_layers"] == 16
+    # the planned model itself (its Hub id), not a config to initialise randomly
+    assert cfg.model == report.request.model == "meta-llama/Llama-3.2-1B" and cfg.init == "pretrained"
     assert cfg.training.total_steps == 4
+
+
+def test_a_plan_for_a_model_whose_weights_are_not_here_says_what_to_download(tmp_path):
+    import aegis
+    from aegis.errors import WeightsNotFoundError
+    from aegis.supervise.engine import resolve_model_input
+
+    report = aegis.plan("lora llama-3.2-1b on h100", seq_len=64)
+    (tmp_path / "plan.json").write_text(report.model_dump_json())
+    cfg = run_config_from_plan(tmp_path / "plan.json")
+    with pytest.raises(WeightsNotFoundError, match=r"hf download meta-llama/Llama-3.2-1B"):
+        resolve_model_input(cfg.model, cfg.init)

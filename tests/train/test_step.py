@@ -163,8 +163,12 @@ def test_adamw_with_clipping_and_schedule_matches_torch(params, batch, adamw_ste
         opt.step()
         state, metrics = step(state, None, _arrays(batch))
         assert float(metrics["lr"]) == pytest.approx(float(sched(i)), rel=1e-6, abs=1e-12)
+    # Adam moves each coordinate by at most ~lr per step, and coordinates whose gradient is near zero turn
+    # float32 rounding of m / sqrt(v) into a visible share of that step (measured: 1 of 4096 elements
+    # 4.1e-6 apart on one CPU). So the absolute bar is a small share of the largest possible total move.
+    max_move = sum(float(sched(i)) for i in range(4))
     for a, p in zip(jax.tree.leaves(state.trainable), tparams):
-        np.testing.assert_allclose(np.asarray(a), p.detach().numpy(), rtol=1e-4, atol=2e-6)
+        np.testing.assert_allclose(np.asarray(a), p.detach().numpy(), rtol=1e-4, atol=1e-3 * max_move)
 
 
 def test_sgd_step_applies_the_clipped_gradient(params, batch, sgd_step, loss_grad):

@@ -41,7 +41,7 @@ def _engine(size: str, seed: int = 0):
             "training": {"lr": 1e-3, "min_lr_ratio": 1.0, "seed": seed},
         }
     )
-    return cfg, Engine.build(cfg, model, load_examples("toy"), tier=0)
+    return cfg, Engine.build(cfg, model, load_examples(cfg)[0], tier=0)
 
 
 def _measure(engine, store, steps: int, mode: str) -> tuple[float, list[float]]:

@@ -73,6 +73,13 @@ class ByteTokenizer:
         out.append(raw.decode("utf-8", errors="replace"))
         return "".join(out)
 
+    def render(self, item: Sequence[tuple[str, str]] | str) -> tuple[list[int], list[bool]]:
+        """(ids, loss mask) of a row as :mod:`aegis.render` renders it: (role, content) turns or a raw text."""
+        if isinstance(item, str):
+            ids = [self.bos_id, *self.encode(item), self.eos_id]
+            return ids, [False] + [True] * (len(ids) - 1)
+        return self.render_conversation([{"role": r, "content": c} for r, c in item])
+
     def render_conversation(self, messages: Sequence[dict]) -> tuple[list[int], list[bool]]:
         """Token ids of a chat and, per token, whether training predicts it (assistant turns only).
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -176,9 +176,31 @@ class RunConfig(Frozen):
 
     run_id: str | None = Field(default=None, description="Run folder name (None: generated).")
     model: str | dict[str, Any] = Field(
-        default="tiny-llama", description="'tiny-llama' (bundled), a path to a config.json, or an inline config dict."
+        default="tiny-llama",
+        description="The model to fine-tune: a Hugging Face model folder (config.json, safetensors, tokenizer), a "
+        "config.json inside one, a Hub id in the local cache, or a bundled alias; 'tiny-llama' or an inline "
+        "config dict for the demo and tests (random weights, byte tokens).",
     )
-    data: str = Field(default="toy", description="'toy' (bundled) or a path to a JSONL dataset.")
+    data: str = Field(
+        default="toy",
+        description="The dataset: a JSONL/JSON/CSV/Parquet file or a `datasets` id, in any format the planner "
+        "detects (Alpaca, ShareGPT, messages, prompt/completion, text); 'toy' for the bundled demo data.",
+    )
+    init: Literal["pretrained", "random"] = Field(
+        default="pretrained",
+        description="'pretrained': load the model folder's weights (an error when it has none); 'random': "
+        "initialise from config.json only. Inline configs and 'tiny-llama' are always random.",
+    )
+    chat_template: str | None = Field(
+        default=None, description="A Jinja chat template (text or a .jinja path) for a tokenizer that has none."
+    )
+    overlong: Literal["truncate", "drop"] = Field(
+        default="truncate", description="Rows longer than seq_len: keep their first seq_len tokens, or drop them."
+    )
+    report_to: tuple[str, ...] = Field(
+        default=(), description="Metric loggers, as HF's report_to: tensorboard, wandb, mlflow, all (none: empty)."
+    )
+    export: bool = Field(default=True, description="Write export/ (PEFT adapter or HF folder) when the run completes.")
     train_config: TrainConfig = Field(
         default_factory=lambda: TrainConfig(method="full", micro_batch_size=8, seq_len=64, precision="fp32"),
         description="The plan's recommended configuration (tier 0).",
@@ -192,6 +214,13 @@ class RunConfig(Frozen):
     curriculum: CurriculumSection = Field(default_factory=CurriculumSection)
     notifications: NotificationsSection = Field(default_factory=NotificationsSection)
     faults: FaultsSection = Field(default_factory=FaultsSection)
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to(cls, v: Any) -> Any:
+        if v is None or v == "none":
+            return ()
+        return (v,) if isinstance(v, str) else v
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":
@@ -265,7 +294,9 @@ def load_run_config(path: str | Path) -> RunConfig:
         for key in ("model", "data"):
             value = data.get(key)
             if isinstance(value, str) and value not in ("tiny-llama", "toy") and not Path(value).is_absolute():
-                data[key] = str((p.parent / value).resolve())
+                local = p.parent / Path(value).expanduser()
+                if local.exists() or value.startswith((".", "~")):  # a Hub id or a `datasets` id stays as written
+                    data[key] = str(local.resolve())
     return parse_run_config(data, str(p))
 
 
@@ -293,9 +324,8 @@ def run_config_from_plan(plan_path: str | Path, overrides: dict[str, Any] | None
     data = dict(overrides or {})
     request = plan.get("request") or {}
     if "model" not in data and request.get("model"):
-        from aegis.hub import resolve_model
-
-        data["model"] = dict(resolve_model(request["model"]).config)
+        model = str(request["model"])
+        data["model"] = str(Path(model).expanduser().resolve()) if Path(model).expanduser().exists() else model
     if "data" not in data and request.get("dataset"):
         data["data"] = request["dataset"]
     data["train_config"] = as_config(plan["recommended"])

@@ -30,6 +30,7 @@ class RunCallbacks:
     on_window: Callable[[int, int], None] | None = None
     on_step: Callable[[StepMetrics], None] | None = None
     on_event: Callable[[str, int | None, dict[str, Any]], None] | None = None
+    on_progress: Callable[[str, int, int], None] | None = None  # ("weights" bytes | "tokenize" rows, done, total)
 
 
 class RunContext:
@@ -43,7 +44,8 @@ class RunContext:
         self._store: Any = None
         self._engine: Any = None
         self._examples: list[Any] | None = None
-        self._model_config: dict[str, Any] | None = None
+        self._model_input: Any = None
+        self._reporter: Any = None
         self._inbox_size = -1
 
     # ------------------------------------------------------------------ events and logs
@@ -57,6 +59,19 @@ class RunContext:
         rec = m.model_dump(mode="json", exclude={"sample_ids"})
         rec.update(peak_lr=peak_lr, tier=tier, sample_ids=list(m.sample_ids))
         append_jsonl(self.paths.metrics, rec)
+        if self.cfg.report_to:
+            if self._reporter is None:
+                from aegis.supervise.reporting import open_reporter
+
+                self._reporter = open_reporter(
+                    self.cfg.report_to, self.paths.logs, run_id=self.paths.run_id,
+                    config=self.cfg.model_dump(mode="json", exclude={"model"}),
+                )
+            if self._reporter is not None:
+                self._reporter.log(m.step, {
+                    "train/loss": m.loss, "train/grad_norm": m.grad_norm, "train/learning_rate": m.lr,
+                    "train/tokens_per_s": m.tokens_per_s, "train/fallback_tier": float(tier),
+                })
         if self.callbacks.on_step is not None:
             self.callbacks.on_step(m)
 
@@ -96,20 +111,60 @@ class RunContext:
     # ------------------------------------------------------------------ heavy members (lazy)
 
     @property
+    def model_input(self) -> Any:
+        """The model's config, weights folder and tokenizer (a changed base since the run began is refused)."""
+        if self._model_input is None:
+            from aegis.supervise.engine import resolve_model_input
+
+            model = resolve_model_input(self.cfg.model, self.cfg.init)
+            self._check_source(model)
+            self._model_input = model
+        return self._model_input
+
+    def _check_source(self, model: Any) -> None:
+        """Record the base's fingerprint at the first start; on resume, refuse weights that changed."""
+        from aegis.errors import CheckpointError
+
+        fingerprint = model.source.fingerprint if model.source is not None else None
+        if self.paths.source.is_file():
+            recorded = json.loads(self.paths.source.read_text()).get("fingerprint")
+            if recorded != fingerprint:
+                where = model.source.folder if model.source is not None else self.cfg.model
+                raise CheckpointError(
+                    f"the base model at {where} changed since run {self.paths.run_id} started (weights fingerprint "
+                    f"{str(recorded)[:12]} -> {str(fingerprint)[:12]}); restore the original weights or start a new run"
+                )
+            return
+        info = {
+            "model": model.name,
+            "folder": str(model.source.folder) if model.source is not None else None,
+            "hub_id": model.source.hub_id if model.source is not None else None,
+            "weight_files": list(model.source.weight_files) if model.source is not None else [],
+            "fingerprint": fingerprint,
+            "init": "random" if model.random_init else "pretrained",
+            "tokenizer": str(model.tokenizer_folder) if model.tokenizer_folder is not None else "byte (demo)",
+            "data": self.cfg.data,
+        }
+        write_json_atomic(self.paths.source, info)
+
+    @property
     def examples(self) -> list[Any]:
         if self._examples is None:
             from aegis.supervise.engine import load_examples
 
-            self._examples = load_examples(self.cfg.data)
+            cb = self.callbacks.on_progress
+            examples, report = load_examples(
+                self.cfg, self.model_input, on_progress=None if cb is None else (lambda n, t: cb("tokenize", n, t))
+            )
+            self.event("data_loaded", None, **report.summary())
+            for warning in report.warnings():
+                self.event("data_warning", None, message=warning)
+            self._examples = examples
         return self._examples
 
     @property
     def model_config(self) -> dict[str, Any]:
-        if self._model_config is None:
-            from aegis.supervise.engine import resolve_model_config
-
-            self._model_config = resolve_model_config(self.cfg.model)
-        return self._model_config
+        return self.model_input.config
 
     @property
     def store(self) -> Any:
@@ -128,7 +183,11 @@ class RunContext:
             from aegis.supervise.engine import Engine
 
             self._engine = None  # free the old tier's arrays before building the next
-            self._engine = Engine.build(self.cfg, self.model_config, self.examples, state.fallback_tier)
+            cb = self.callbacks.on_progress
+            self._engine = Engine.build(
+                self.cfg, self.model_input, self.examples, state.fallback_tier,
+                on_load=None if cb is None else (lambda n, t: cb("weights", n, t)),
+            )
         return self._engine
 
     def write_samples_manifest(self) -> None:
@@ -143,7 +202,25 @@ class RunContext:
     def known_ids(self) -> set[str]:
         return set(json.loads(self.paths.samples.read_text())["ids"])
 
+    def export_model(self, state: RunState, out: Any = None, *, merge: bool = False, step: int | None = None) -> Any:
+        """Write the model at ``step`` (default: the state's) to ``out`` (default ``<run>/export``): a PEFT
+        adapter or an HF folder. The engine is restored from the checkpoint when it is not at that step."""
+        engine = self.engine_for(state)
+        want = state.step if step is None else step
+        if engine.dirty or engine.step != want:
+            engine.restore(self.store, state, max_step=want)
+        path = engine.export(out or self.paths.export, merge=merge, chat_template=self.cfg.chat_template)
+        self.event("exported", engine.step, path=str(path), merged=merge, method=engine.trainer.train_config.method)
+        return path
+
+    def drop_engine(self) -> None:
+        """Forget the engine (after an out-of-memory while building or saving it); the next use rebuilds."""
+        self._engine = None
+
     def close(self) -> None:
+        if self._reporter is not None:
+            self._reporter.close()
+            self._reporter = None
         if self._store is not None:
             self._store.close()
             self._store = None

@@ -22,7 +22,15 @@ from aegis.supervise.checkpoints import CheckpointStore, Restored
 from aegis.supervise.config import RunConfig
 from aegis.supervise.state import RunState
 
-__all__ = ["Engine", "is_oom", "load_examples", "resolve_model_config"]
+__all__ = [
+    "Engine",
+    "ModelInput",
+    "is_oom",
+    "load_examples",
+    "make_renderer",
+    "resolve_model_config",
+    "resolve_model_input",
+]
 
 _OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OOM when allocating")
 
@@ -37,39 +45,100 @@ def is_oom(err: BaseException) -> bool:
     return False
 
 
-def resolve_model_config(model: str | dict[str, Any]) -> dict[str, Any]:
-    """The config.json dict a RunConfig's ``model`` names."""
+@dataclasses.dataclass
+class ModelInput:
+    """What a run's ``model:`` names: the config, the weights' folder (None: random init) and the tokenizer's."""
+
+    config: dict[str, Any]
+    source: Any = None  # aegis.model_source.ModelSource when weights are loaded
+    tokenizer_folder: Any = None  # Path of the tokenizer files (None: the demo's byte tokenizer)
+
+    @property
+    def random_init(self) -> bool:
+        return self.source is None
+
+    @property
+    def name(self) -> str:
+        if self.source is not None:
+            return self.source.display
+        return str(self.config.get("_name_or_path") or self.config.get("model_type") or "inline config")
+
+
+def resolve_model_input(model: str | dict[str, Any], init: str = "pretrained", *, download: bool = False) -> ModelInput:
+    """The config, weights and tokenizer a RunConfig's ``model`` names.
+
+    'tiny-llama' and inline dicts are the demo's and tests' random models (byte tokens). Anything else
+    is a model folder / config.json / Hub id / alias whose weights must be on this machine, unless
+    ``init == 'random'`` (config.json and tokenizer only).
+    """
     import json
     from pathlib import Path
 
     from aegis.errors import InvalidConfigError
+    from aegis.model_source import locate_model
 
     if isinstance(model, dict):
-        return dict(model)
+        return ModelInput(dict(model))
     if model == "tiny-llama":
         from aegis.data import tiny_llama_config
 
-        return tiny_llama_config()
-    p = Path(model)
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.is_file():
-        raise InvalidConfigError(
-            f"model {model!r} is neither 'tiny-llama' nor a config.json path; pass a path to a model's config.json"
-        )
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as err:
-        raise InvalidConfigError(f"{p} is not valid JSON: {err.msg} (line {err.lineno})") from err
+        return ModelInput(tiny_llama_config())
+    if init == "random":
+        p = Path(model).expanduser()
+        folder = p if p.is_dir() else p.parent
+        file = folder / "config.json"
+        if not file.is_file():
+            raise InvalidConfigError(f"no config.json at {file}: `init: random` needs a model folder or its config.json")
+        try:
+            config = json.loads(file.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise InvalidConfigError(f"{file} is not valid JSON: {err.msg} (line {err.lineno})") from err
+        return ModelInput(config, None, folder)
+    source = locate_model(model, download=download)
+    return ModelInput(source.config(), source, source.folder)
 
 
-def load_examples(data: str) -> list[Any]:
-    """Tokenised examples of a RunConfig's ``data`` ('toy' or a JSONL path), with the byte tokenizer."""
-    from aegis.data import ByteTokenizer, toy_dataset_path
-    from aegis.train.data import load_jsonl
+def resolve_model_config(model: str | dict[str, Any]) -> dict[str, Any]:
+    """The config.json dict a RunConfig's ``model`` names (no weights needed)."""
+    return resolve_model_input(model, "random" if isinstance(model, str) and model != "tiny-llama" else "pretrained").config
 
-    path = toy_dataset_path() if data == "toy" else data
-    return load_jsonl(path, ByteTokenizer())
+
+def make_renderer(cfg: RunConfig, model: ModelInput) -> Any:
+    """The model's own tokenizer and chat template (the demo's byte tokenizer for random demo models)."""
+    if model.tokenizer_folder is None:
+        from aegis.data import ByteTokenizer
+
+        return ByteTokenizer()
+    from aegis.render import ChatRenderer
+
+    return ChatRenderer.from_folder(model.tokenizer_folder, chat_template=cfg.chat_template)
+
+
+def load_examples(
+    cfg: RunConfig, model: ModelInput | None = None, on_progress: Callable[[int, int], None] | None = None
+) -> tuple[list[Any], Any]:
+    """(examples, DataReport) of a RunConfig's ``data`` rendered with the model's tokenizer."""
+    from aegis.render import load_examples as render_examples
+
+    model = model or resolve_model_input(cfg.model, cfg.init)
+    if cfg.data == "toy" and model.tokenizer_folder is None:  # the demo: mixed text/messages rows, byte tokens
+        from aegis.data import ByteTokenizer, toy_dataset_path
+        from aegis.render import DataReport
+        from aegis.train.data import load_jsonl
+
+        examples = load_jsonl(toy_dataset_path(), ByteTokenizer())
+        report = DataReport(source="toy", format="mixed", rows=len(examples), examples=len(examples),
+                            tokens=sum(len(e) for e in examples))
+        return examples, report
+    if cfg.data == "toy":
+        from aegis.data import toy_dataset_path
+
+        data = str(toy_dataset_path())
+    else:
+        data = cfg.data
+    return render_examples(
+        data, make_renderer(cfg, model), seq_len=cfg.tiers[0].seq_len, overlong=cfg.overlong, on_progress=on_progress
+    )
 
 
 class Engine:
@@ -80,11 +149,33 @@ class Engine:
         self.tier = tier
         self.tiers = tuple(tiers)  # every tier's TrainConfig: a checkpoint of another tier is converted on restore
         self.dirty = True  # True until the in-memory state is known to match the run state's step
+        self.model_input: ModelInput | None = None
 
     @classmethod
-    def build(cls, cfg: RunConfig, model_config: dict[str, Any], examples: Sequence[Any], tier: int) -> "Engine":
+    def build(
+        cls,
+        cfg: RunConfig,
+        model: ModelInput | dict[str, Any],
+        examples: Sequence[Any],
+        tier: int,
+        *,
+        on_load: Callable[[int, int], None] | None = None,
+    ) -> "Engine":
+        """The Trainer of ``tier``, its weights streamed from the model's folder (random for demo models)."""
         from aegis.train.loop import Trainer
         from aegis.train.step import OptimizerSettings
+
+        if isinstance(model, dict):
+            model = ModelInput(model)
+        load_params = None
+        if model.source is not None:
+            from aegis.train.weights import load_checkpoint
+
+            folder = model.source.folder
+            nf4 = cfg.tiers[tier].method == "qlora"
+
+            def load_params(m: Any, dtype: Any) -> Any:
+                return load_checkpoint(m, folder, dtype=dtype, nf4=nf4, on_progress=on_load)
 
         train_config = cfg.tiers[tier]
         settings = OptimizerSettings(
@@ -95,14 +186,17 @@ class Engine:
             min_lr_ratio=cfg.training.min_lr_ratio,
         )
         trainer = Trainer(
-            model_config,
+            model.config,
             train_config,
             examples,
             optimizer=settings,
+            load_params=load_params,
             seed=cfg.training.seed,
             packing=False,
         )
-        return cls(trainer, tier, cfg.tiers)
+        engine = cls(trainer, tier, cfg.tiers)
+        engine.model_input = model
+        return engine
 
     # ------------------------------------------------------------------ settings
 
@@ -184,6 +278,30 @@ class Engine:
         self.sync(state)
         self.dirty = False
         return restored
+
+    # ------------------------------------------------------------------ export
+
+    def export(self, out: Any, *, merge: bool = False, chat_template: str | None = None) -> Any:
+        """Write the trained model for transformers/PEFT (see :func:`aegis.train.export.export_trained`)."""
+        import jax
+
+        from aegis.render import load_chat_template
+        from aegis.train.export import export_trained
+
+        t = self.trainer
+        model = self.model_input or ModelInput(t.model_config)
+        source = model.source
+        return export_trained(
+            t.model,
+            jax.device_get(t.state.trainable),
+            method=t.train_config.method,
+            out=out,
+            base=source.folder if source is not None else None,
+            base_name=(source.hub_id or str(source.folder)) if source is not None else None,
+            tokenizer=model.tokenizer_folder,
+            chat_template=load_chat_template(chat_template) if chat_template else None,
+            merge=merge,
+        )
 
     # ------------------------------------------------------------------ faults
 

@@ -150,7 +150,11 @@ def train_node(ctx: RunContext, gs: GraphState) -> GraphState:
     if state.step >= total:
         return dump(state)
     target = min(state.step + cfg.training.steps_per_window, total)
-    engine, state, window = _prepare_engine(ctx, state, target)
+    try:
+        engine, state, window = _prepare_engine(ctx, state, target)
+    except Exception as err:  # out of memory while building, loading or restoring: the next fallback tier
+        oom = _oom_anomaly(ctx, err, state.step + 1)
+        return dump(state.update(anomaly=oom, window=()))
     store = ctx.store
     detector = Detector(cfg.monitoring, state.metrics)
     for m in window:
@@ -188,11 +192,7 @@ def train_node(ctx: RunContext, gs: GraphState) -> GraphState:
             if ctx.urgent_command_waiting(state.inbox_offset):
                 break
     except Exception as err:
-        from aegis.supervise.engine import is_oom
-
-        if not is_oom(err):
-            raise
-        anomaly = Anomaly(type="oom", step=engine.step + 1, detail=str(err).splitlines()[0][:300])
+        anomaly = _oom_anomaly(ctx, err, engine.step + 1)
     finally:
         steps.close()
         injector.after(engine)
@@ -205,8 +205,22 @@ def train_node(ctx: RunContext, gs: GraphState) -> GraphState:
             return dump(state.update(anomaly=anomaly))
         return dump(state)
     engine.settle()
-    path = engine.checkpoint(store, engine.step, state)
+    try:
+        path = engine.checkpoint(store, engine.step, state)
+    except Exception as err:  # out of memory copying the state to the host
+        return dump(state.update(anomaly=_oom_anomaly(ctx, err, engine.step)))
     return dump(state.update(last_checkpoint_path=path, last_checkpoint_step=engine.step))
+
+
+def _oom_anomaly(ctx: RunContext, err: Exception, step: int) -> Anomaly:
+    """An ``oom`` anomaly for an out-of-memory error anywhere in a step (device or host transfer); any
+    other error propagates. The engine is dropped so the repair's next tier builds afresh."""
+    from aegis.supervise.engine import is_oom
+
+    if not is_oom(err):
+        raise err
+    ctx.drop_engine()
+    return Anomaly(type="oom", step=step, detail=(str(err).strip().splitlines() or ["out of memory"])[0][:300])
 
 
 # --------------------------------------------------------------------------- monitor
@@ -245,8 +259,11 @@ def monitor_node(ctx: RunContext, gs: GraphState) -> GraphState:
     ctx.event("window_done", state.step, loss=clean[-1].loss if clean else None, steps=len(clean))
     if state.step >= cfg.training.total_steps:
         ctx.store.wait()
-        ctx.event("completed", state.step, blacklist=list(state.blacklist))
         ctx.export_blacklist(state)
+        if cfg.export:
+            ctx.export_model(state)
+        ctx.event("completed", state.step, blacklist=list(state.blacklist),
+                  export=str(ctx.paths.export) if cfg.export else None)
         return dump(state.update(status="completed"))
     return dump(state)
 

@@ -83,6 +83,21 @@ class RunPaths:
     def lock(self) -> Path:
         return self.root / "lock"
 
+    @property
+    def source(self) -> Path:
+        """The model and data the run trains: folder, Hub id, weights fingerprint, data counts."""
+        return self.root / "source.json"
+
+    @property
+    def export(self) -> Path:
+        """Where the finished run's PEFT adapter or HF model folder is written."""
+        return self.root / "export"
+
+    @property
+    def logs(self) -> Path:
+        """Metric loggers' files (TensorBoard events, MLflow store)."""
+        return self.root / "logs"
+
     def exists(self) -> bool:
         return self.config.is_file()
 

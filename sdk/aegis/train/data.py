@@ -44,6 +44,7 @@ __all__ = [
     "pack_examples",
     "iter_batches",
     "split_examples",
+    "sample_id_of",
 ]
 
 _STATE_VERSION = 1
@@ -122,7 +123,8 @@ class Batch:
 # --------------------------------------------------------------------------- tokenisation
 
 
-def _sample_id(row: Mapping[str, Any]) -> str:
+def sample_id_of(row: Mapping[str, Any]) -> str:
+    """A row's stable id: its ``id`` field, else a hash of its content."""
     if "id" in row and isinstance(row["id"], (str, int)):
         return str(row["id"])
     canonical = json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
@@ -132,7 +134,7 @@ def _sample_id(row: Mapping[str, Any]) -> str:
 def tokenize_row(row: Mapping[str, Any], tokenizer: Tokenizer, *, default_domain: str = "default") -> Example:
     """Tokenise one row: ``{"text": ...}`` or ``{"messages": [...]}``, optional ``id`` and ``domain``."""
     domain = str(row.get("domain", default_domain))
-    sample_id = _sample_id(row)
+    sample_id = sample_id_of(row)
     if isinstance(row.get("text"), str):
         ids = [tokenizer.bos_id, *tokenizer.encode(row["text"]), tokenizer.eos_id]
         mask = [False] + [True] * (len(ids) - 1)

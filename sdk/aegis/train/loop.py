@@ -122,6 +122,7 @@ class Trainer:
         optimizer: OptimizerSettings | None = None,
         eval_examples: Sequence[Example] | None = None,
         params: Any = None,
+        load_params: Callable[[Any, Any], Any] | None = None,
         seed: int = 0,
         packing: bool = True,
         domain_weights: Mapping[str, float] | None = None,
@@ -170,11 +171,19 @@ class Trainer:
 
         rng = jax.random.PRNGKey(seed)
         init_rng, lora_rng, state_rng = jax.random.split(rng, 3)
+        if params is None and load_params is not None:  # pretrained weights, streamed in the params dtype
+            params = load_params(self.model, dtypes.params)
         if params is None:
             params = self.model.init(init_rng)
-        else:  # e.g. fp32 weights from a checkpoint, trained in bf16
+        else:  # e.g. fp32 weights from a checkpoint, trained in bf16 (NF4 weights stay as they are)
+            from aegis.train.nf4 import NF4Tensor
+
             params = jax.tree.map(
-                lambda x: x.astype(dtypes.params) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
+                lambda x: x.astype(dtypes.params)
+                if not isinstance(x, NF4Tensor) and jnp.issubdtype(x.dtype, jnp.floating)
+                else x,
+                params,
+                is_leaf=lambda x: isinstance(x, NF4Tensor),
             )
         trainable, frozen = build_trainable(self.model, params, train_config, lora_rng, dtypes.lora)
         self.tx = make_optimizer(train_config, self.settings)

@@ -40,6 +40,7 @@ __all__ = [
     "dequantize",
     "maybe_dequantize",
     "quantize_params",
+    "quantize_leaf",
     "DEFAULT_SKIP",
 ]
 
@@ -240,13 +241,26 @@ def quantize_params(
     def visit(node: Any, path: tuple[str, ...]) -> Any:
         if isinstance(node, dict):
             return {k: visit(v, path + (k,)) for k, v in node.items()}
-        if path[-1] not in ("weight", "gate_up_proj", "down_proj") or any(
-            p in skip or p.endswith("norm") for p in path
-        ):
-            return node
-        batch_dims = 1 if "layers" in path else 0
-        if node.ndim - batch_dims < 2:
-            return node
-        return quantize(node, block_size, double_quant, batch_dims=batch_dims)
+        return quantize_leaf(path, node, block_size=block_size, double_quant=double_quant, skip=skip)
 
     return visit(params, ())
+
+
+def quantize_leaf(
+    path: tuple[str, ...],
+    node: Any,
+    *,
+    block_size: int = 64,
+    double_quant: bool = True,
+    skip: tuple[str, ...] = DEFAULT_SKIP,
+) -> Any:
+    """One params leaf as QLoRA keeps it: an :class:`NF4Tensor` for a linear weight, else unchanged
+    (the rule of :func:`quantize_params`, applied while a checkpoint streams in)."""
+    if isinstance(node, NF4Tensor):
+        return node
+    if path[-1] not in ("weight", "gate_up_proj", "down_proj") or any(p in skip or p.endswith("norm") for p in path):
+        return node
+    batch_dims = 1 if "layers" in path else 0
+    if node.ndim - batch_dims < 2:
+        return node
+    return quantize(node, block_size, double_quant, batch_dims=batch_dims)

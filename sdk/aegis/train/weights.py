@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -154,6 +155,14 @@ class CheckpointReader:
     def __contains__(self, name: str) -> bool:
         return name in self._where
 
+    def nbytes(self, name: str) -> int:
+        begin, end = self._where[name][1]["data_offsets"]
+        return int(end - begin)
+
+    def total_bytes(self) -> int:
+        """Bytes of tensor data in every file (for progress bars)."""
+        return sum(self.nbytes(n) for n in self._where)
+
     def names(self) -> list[str]:
         return sorted(self._where)
 
@@ -208,9 +217,26 @@ def _get(tree: dict[str, Any], path: tuple[str, ...]) -> Any:
     return tree
 
 
-def load_checkpoint(model: Model, path: str | Path, *, dtype: Any = None) -> dict[str, Any]:
-    """Read a safetensors checkpoint into the params tree (cast to ``dtype``, default ``model.param_dtype``)."""
+def load_checkpoint(
+    model: Model,
+    path: str | Path,
+    *,
+    dtype: Any = None,
+    nf4: bool = False,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Read a safetensors checkpoint into the params tree (cast to ``dtype``, default ``model.param_dtype``).
+
+    Tensors stream one parameter (all layers) at a time from the memory-mapped shards, so the host holds
+    about one stacked parameter beside the growing tree. ``nf4``: linear weights are quantised to NF4 as
+    they arrive (QLoRA), by the rule of :func:`aegis.train.nf4.quantize_params`. ``on_progress(bytes
+    read, total bytes)`` after each parameter.
+    """
+    from aegis.train.nf4 import quantize_leaf
+
     reader = CheckpointReader(path)
+    total_bytes = reader.total_bytes()
+    done_bytes = 0
     recipe = get_family(model.config.get("model_type")).recipe
     target = jnp.dtype(dtype or model.param_dtype)
     np_target = np.dtype(ml_dtypes.bfloat16) if target == jnp.bfloat16 else np.dtype(target)
@@ -230,6 +256,7 @@ def load_checkpoint(model: Model, path: str | Path, *, dtype: Any = None) -> dic
                         "check that the checkpoint and config.json belong to the same model."
                     )
                 parts.append(reader.get(key))
+                done_bytes += reader.nbytes(key)
             joined = r.join(parts)
             if tuple(joined.shape) != shape:
                 bad = r.keys[0] if len(r.keys) == 1 else name
@@ -239,7 +266,11 @@ def load_checkpoint(model: Model, path: str | Path, *, dtype: Any = None) -> dic
                 )
             slices.append(np.asarray(joined).astype(np_target, copy=False))
         arr = np.stack(slices) if layer_ids != [None] else slices[0]
-        _set(params, path_, jnp.asarray(arr))
+        leaf = jnp.asarray(arr)
+        del arr, slices
+        _set(params, path_, quantize_leaf(path_, leaf) if nf4 else leaf)
+        if on_progress is not None:
+            on_progress(min(done_bytes, total_bytes), total_bytes)
     return params
 
 

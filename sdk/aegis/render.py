@@ -1,0 +1,295 @@
+"""The one renderer: dataset rows -> token ids and an assistant-token mask, with the model's own
+tokenizer and chat template. Planning (token statistics) and training (examples) both go through it,
+so the token counts a plan reports are the tokens a run trains.
+
+    r = ChatRenderer.from_folder("./my-model")              # tokenizer.json + its chat template
+    ids, mask = r.render([("user", "hi"), ("assistant", "hello")])   # mask: loss on assistant tokens
+    ids, mask = r.render("raw text")                        # raw text: BOS + text + EOS, loss on all but BOS
+    r.lengths(items)                                        # the same lengths, batched (the planner's path)
+    examples, report = load_examples("data.jsonl", r, seq_len=1024, overlong="truncate")
+
+Chats render exactly as transformers' ``apply_chat_template`` renders them (it *is* that call). The
+loss mask is transformers' ``return_assistant_tokens_mask`` where the template marks assistant text
+with ``{% generation %}``; otherwise each assistant turn's span is found by rendering prefixes (the
+conversation up to the turn with the generation prompt, then up to and including the turn) and mapping
+the characters to tokens through the tokenizer's offsets. Rows of every format the planner detects
+(:mod:`aegis.datasets`) are read by the same reader and turned into turns by the same function.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from aegis.errors import DatasetError, InvalidConfigError
+
+__all__ = ["ChatRenderer", "DataReport", "load_examples", "load_chat_template", "Item"]
+
+Item = list[tuple[str, str]] | str
+"""A row as (role, content) turns, or a raw text (``aegis.datasets.to_conversation``'s output)."""
+
+_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def load_chat_template(value: str) -> str:
+    """A ``chat_template:`` setting: a path to a .jinja file, or the Jinja text itself."""
+    p = Path(value).expanduser()
+    if "{" not in value and p.suffix in (".jinja", ".j2", ".txt") :
+        if not p.is_file():
+            raise InvalidConfigError(f"chat_template file {p} does not exist; pass a .jinja file or the template text")
+        return p.read_text(encoding="utf-8")
+    return value
+
+
+def _load_tokenizer(folder: Path) -> Any:
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as err:
+        raise InvalidConfigError("training on a model's own tokenizer needs transformers: pip install 'aegis-ml[data]'") from err
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if not any((folder / n).is_file() for n in names):
+        raise DatasetError(
+            f"{folder} has no tokenizer files (tokenizer.json / tokenizer_config.json); copy the model's tokenizer "
+            "into the folder (`hf download <org/name> --include 'tokenizer*' --local-dir <folder>`)"
+        )
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as err:  # transformers raises OSError/ValueError/... for broken tokenizer files
+        line = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise DatasetError(f"cannot load the tokenizer in {folder}: {line}") from err
+
+
+class ChatRenderer:
+    """A tokenizer and its chat template, rendering rows for planning and training alike."""
+
+    def __init__(self, tokenizer: Any, *, chat_template: str | None = None, name: str = "tokenizer") -> None:
+        self.tokenizer = tokenizer
+        self.name = name
+        self.template: str | None = chat_template or getattr(tokenizer, "chat_template", None) or None
+        if isinstance(self.template, dict):  # several named templates: the default one
+            self.template = self.template.get("default")
+        self.generation_tags = bool(self.template and _GENERATION_TAG.search(self.template))
+        self.eos_id: int | None = getattr(tokenizer, "eos_token_id", None)
+        self.bos_id: int | None = getattr(tokenizer, "bos_token_id", None)
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, *, chat_template: str | None = None) -> "ChatRenderer":
+        folder = Path(folder)
+        template = load_chat_template(chat_template) if chat_template else None
+        return cls(_load_tokenizer(folder), chat_template=template, name=str(folder))
+
+    @property
+    def has_template(self) -> bool:
+        return bool(self.template)
+
+    def _need_template(self) -> str:
+        if not self.template:
+            raise DatasetError(
+                f"the tokenizer in {self.name} has no chat template, and the data is chats: set `chat_template:` "
+                "in the run config (a .jinja file or the template text), or train on a text dataset"
+            )
+        return self.template
+
+    # ------------------------------------------------------------------ rendering
+
+    @staticmethod
+    def _messages(turns: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
+        return [{"role": r, "content": c} for r, c in turns]
+
+    def render_text(self, turns: Sequence[tuple[str, str]], *, generation_prompt: bool = False) -> str:
+        """The conversation as the template renders it (``apply_chat_template(tokenize=False)``)."""
+        try:
+            return self.tokenizer.apply_chat_template(
+                self._messages(turns), chat_template=self._need_template(), tokenize=False,
+                add_generation_prompt=generation_prompt,
+            )
+        except DatasetError:
+            raise
+        except Exception as err:  # the template's raise_exception() (roles not alternating, ...)
+            raise ValueError(f"the chat template refused the row: {(str(err).splitlines() or [''])[0][:160]}") from err
+
+    def _encode_text(self, text: str) -> tuple[list[int], list[bool]]:
+        ids = list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+        if self.eos_id is not None:
+            ids.append(int(self.eos_id))
+        return ids, [False] + [True] * (len(ids) - 1)
+
+    def _encode_chat(self, turns: Sequence[tuple[str, str]]) -> tuple[list[int], list[bool]]:
+        template = self._need_template()
+        if self.generation_tags:
+            try:
+                out = self.tokenizer.apply_chat_template(
+                    self._messages(turns), chat_template=template, tokenize=True, return_dict=True,
+                    return_assistant_tokens_mask=True,
+                )
+            except Exception as err:
+                raise ValueError(f"the chat template refused the row: {(str(err).splitlines() or [''])[0][:160]}") from err
+            return list(out["input_ids"]), [bool(m) for m in out["assistant_masks"]]
+        full = self.render_text(turns)
+        spans = self._assistant_spans(turns, full)
+        enc = self.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+        ids = list(enc["input_ids"])
+        mask = [False] * len(ids)
+        for k, (start, end) in enumerate(enc["offset_mapping"]):
+            if end > start and any(s <= start < e for s, e in spans):
+                mask[k] = True
+        return ids, mask
+
+    def _assistant_spans(self, turns: Sequence[tuple[str, str]], full: str) -> list[tuple[int, int]]:
+        """Character spans of assistant turns: between the prefix rendered with the generation prompt and
+        the prefix rendered through the turn (its end-of-turn tokens included). When a template renders
+        earlier turns differently once later turns exist, the turn's content is located in the text."""
+        spans: list[tuple[int, int]] = []
+        cursor = 0
+        for i, (role, content) in enumerate(turns):
+            if role != "assistant":
+                continue
+            before = self.render_text(turns[:i], generation_prompt=True) if i else ""
+            through = self.render_text(turns[: i + 1])
+            if full.startswith(before) and full.startswith(through) and len(through) > len(before) >= cursor:
+                spans.append((len(before), len(through)))
+                cursor = len(through)
+                continue
+            at = full.find(content, cursor) if content else -1
+            if at >= 0:
+                spans.append((at, at + len(content)))
+                cursor = at + len(content)
+        return spans
+
+    def render(self, item: Item) -> tuple[list[int], list[bool]]:
+        """(token ids, loss mask) of one row: assistant tokens for chats, all but the first for text."""
+        return self._encode_text(item) if isinstance(item, str) else self._encode_chat(item)
+
+    def texts(self, items: Sequence[Item]) -> list[str]:
+        """Rendered texts (chat template applied; raw text as is)."""
+        return [it if isinstance(it, str) else self.render_text(it) for it in items]
+
+    def count(self, texts: Sequence[str], *, special: bool) -> list[int]:
+        """Token counts of texts (the Rust batch encoder when there is one)."""
+        if not texts:
+            return []
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None and hasattr(backend, "encode_batch_fast"):
+            return [len(e.ids) for e in backend.encode_batch_fast(list(texts), add_special_tokens=special)]
+        return [len(ids) for ids in self.tokenizer(list(texts), add_special_tokens=special)["input_ids"]]
+
+    def lengths(self, items: Sequence[Item]) -> list[int]:
+        """``len(render(item)[0])`` for each item, batched."""
+        texts = [it for it in items if isinstance(it, str)]
+        chats = [it for it in items if not isinstance(it, str)]
+        text_n = iter([n + (self.eos_id is not None) for n in self.count(texts, special=True)])
+        chat_n = iter(self.count(self.texts(chats), special=False))
+        return [next(text_n) if isinstance(it, str) else next(chat_n) for it in items]
+
+
+# --------------------------------------------------------------------------------------------- training
+
+
+@dataclass
+class DataReport:
+    """What loading a dataset for training found (counted in the run's events)."""
+
+    source: str
+    format: str
+    rows: int = 0
+    examples: int = 0
+    tokens: int = 0
+    bad_lines: tuple[int, ...] = ()
+    malformed: list[tuple[int, str]] = field(default_factory=list)
+    truncated: int = 0
+    dropped_overlong: int = 0
+    no_targets: int = 0
+    lengths: list[int] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "source": self.source, "format": self.format, "rows": self.rows, "examples": self.examples,
+            "tokens": self.tokens, "bad_lines": list(self.bad_lines[:50]), "bad_line_count": len(self.bad_lines),
+            "malformed_rows": [n for n, _ in self.malformed[:50]], "malformed_count": len(self.malformed),
+            "truncated": self.truncated, "dropped_overlong": self.dropped_overlong, "no_targets": self.no_targets,
+        }
+
+    def warnings(self) -> list[str]:
+        out = []
+        if self.bad_lines:
+            shown = ", ".join(map(str, self.bad_lines[:10])) + (" …" if len(self.bad_lines) > 10 else "")
+            out.append(f"{len(self.bad_lines)} corrupt lines skipped (lines {shown})")
+        if self.malformed:
+            n, why = self.malformed[0]
+            out.append(f"{len(self.malformed)} rows do not fit the {self.format} format and were skipped "
+                       f"(first: row {n}: {why})")
+        if self.truncated:
+            out.append(f"{self.truncated} rows longer than seq_len were truncated")
+        if self.dropped_overlong:
+            out.append(f"{self.dropped_overlong} rows longer than seq_len were dropped")
+        if self.no_targets:
+            out.append(f"{self.no_targets} rows have no assistant tokens within seq_len and were skipped")
+        return out
+
+
+def load_examples(
+    source: str,
+    renderer: Any,
+    *,
+    seq_len: int | None = None,
+    overlong: Literal["truncate", "drop"] = "truncate",
+    default_domain: str = "default",
+    on_progress: Callable[[int, int], None] | None = None,
+) -> tuple[list[Any], DataReport]:
+    """Every row of ``source`` (any format and file type :mod:`aegis.datasets` reads) as training examples.
+
+    ``renderer`` is a :class:`ChatRenderer` (or the demo's ``ByteTokenizer``: anything with ``render(item)``).
+
+    Corrupt lines and rows that do not fit the format are skipped and counted; rows longer than
+    ``seq_len`` are truncated or dropped (``overlong``). Raises DatasetError when nothing is left.
+    """
+    import numpy as np
+
+    from aegis.datasets import detect_format, read_rows, to_conversation
+    from aegis.train.data import Example, sample_id_of
+
+    rows = read_rows(str(source), sample_rows=2**62)
+    fmt, column = detect_format(rows.columns, rows.sample)
+    report = DataReport(source=str(source), format=fmt, rows=rows.num_rows, bad_lines=rows.bad_lines)
+    examples: list[Any] = []
+    seen: dict[str, int] = {}
+    total = len(rows.sample)
+    if fmt != "text" and isinstance(renderer, ChatRenderer):
+        renderer._need_template()
+    for n, row in enumerate(rows.sample, start=1):
+        if on_progress is not None and (n % 256 == 0 or n == total):
+            on_progress(n, total)
+        try:
+            if fmt != "text" and isinstance(row.get("text"), str) and not row.get(column or "messages"):
+                item: Item = row["text"]  # a raw-text row in a mixed file
+            else:
+                item = to_conversation(row, fmt, column)
+            ids, mask = renderer.render(item)
+        except ValueError as err:  # the row does not fit the format, or the template refuses it
+            report.malformed.append((n, str(err).splitlines()[0][:200] if str(err) else type(err).__name__))
+            continue
+        report.lengths.append(len(ids))
+        if seq_len is not None and len(ids) > seq_len:
+            if overlong == "drop":
+                report.dropped_overlong += 1
+                continue
+            ids, mask = ids[:seq_len], mask[:seq_len]
+            report.truncated += 1
+        if len(ids) < 2 or not any(mask[1:]):
+            report.no_targets += 1
+            continue
+        sid = sample_id_of(row)
+        seen[sid] = seen.get(sid, 0) + 1
+        if seen[sid] > 1:
+            sid = f"{sid}#{seen[sid]}"
+        domain = str(row.get("domain", default_domain)) if isinstance(row, dict) else default_domain
+        examples.append(Example(sid, domain, np.asarray(ids, np.int32), np.asarray(mask, bool)))
+        report.tokens += len(ids)
+    report.examples = len(examples)
+    if not examples:
+        problems = "; ".join(report.warnings()) or "no rows"
+        raise DatasetError(f"{source}: no trainable rows ({problems}); check the file and seq_len")
+    return examples, report
