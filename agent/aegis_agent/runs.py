@@ -7,6 +7,14 @@ commands as they arrive) and watches its status, telling listeners when it pause
 Commands go through ``Supervisor.command`` (the one grammar and validation); a ``resume`` for a
 run no process is running (after a restart) starts ``Supervisor.resume`` in a thread.
 
+What a run trains is the plan's: its model (a local folder as the user named it, made absolute, or the
+Hub id) with its weights loaded, on its dataset, with its recommended config and fallback chain. The
+template (``settings.run_template``, else the bundled demo's supervision sections) says only how it is
+supervised; its injected faults never reach a user's run. The weights must already be on this machine:
+`start` refuses with the download command otherwise, and a plan without a dataset asks for one. The demo
+(tiny-llama on toy data: random weights, byte tokens) runs only when asked for: ``start(None)`` (no plan),
+or a run template that itself names the demo model (``model: tiny-llama`` or an inline config).
+
     runs = RunManager(AgentSettings(runs_dir="runs"))
     runs.add_listener(lambda notice: print(notice.kind, notice.run_id))
     status = runs.start(report)                       # RunStatusReport once the folder exists
@@ -16,6 +24,7 @@ run no process is running (after a restart) starts ``Supervisor.resume`` in a th
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import secrets
 import threading
@@ -24,10 +33,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from aegis.errors import AegisError, RunError
+from aegis.access import looks_like_path
+from aegis.errors import AegisError, DatasetError, NothingFitsError, RunError
 from aegis.schema import Frozen, PlanReport
 from aegis.supervise import CommandReceipt, RunConfig, RunStatusReport, Supervisor, load_run_config, parse_run_config
 from aegis.supervise.runs import list_runs, open_run
+from aegis.supervise.status import status_markdown
 from pydantic import Field
 
 from aegis_agent.settings import AgentSettings
@@ -35,6 +46,8 @@ from aegis_agent.settings import AgentSettings
 __all__ = ["RunManager", "RunNotice", "status_markdown"]
 
 _POLL_S = 0.25
+_DEMO_ONLY = frozenset({"model", "data", "init", "train_config", "fallbacks", "training", "faults"})
+"""Sections of the bundled demo tuned for its random tiny llama: a real run takes none of them."""
 
 
 class RunNotice(Frozen):
@@ -49,6 +62,9 @@ class RunNotice(Frozen):
     suspected_samples: tuple[str, ...] = ()
     suggested_actions: tuple[str, ...] = ()
     lr: float | None = None
+    model: str | None = Field(default=None, description="What the run trains (its Hub id or folder).")
+    data: str | None = Field(default=None, description="The dataset it trains on.")
+    export_path: str | None = Field(default=None, description="Where a completed run's adapter / model went.")
 
 
 def _enable_compile_cache() -> None:
@@ -91,19 +107,58 @@ class RunManager:
     # ------------------------------------------------------------------ starting
 
     def run_config(self, report: PlanReport | None, run_id: str) -> RunConfig:
-        """The run's config: the template (model, data, supervision), with the plan's tiers when settings say so."""
-        if self.settings.run_template:
-            template = load_run_config(self.settings.run_template)
-        else:
-            from aegis.supervise.demo import demo_config
+        """The run's config: the plan's model, data and tiers under the template's supervision (module docstring);
+        the demo for ``report=None`` or a template naming the demo model. DatasetError without a dataset,
+        NothingFitsError without a recommended config, PathNotAllowedError for a path the policy refuses."""
+        template, bundled = self._template()
+        if report is None or (not bundled and _names_demo_model(template)):
+            data = template.model_dump(mode="json", by_alias=True)
+            data["run_id"] = run_id
+            if self.settings.tiers == "plan" and report is not None and report.recommended is not None:
+                data["train_config"] = report.recommended.config.model_dump(mode="json")
+                data["fallbacks"] = [t.config.model_dump(mode="json") for t in report.fallbacks]
+            return parse_run_config(data, "the chat run template")
+        return self._planned_config(report, template, bundled, run_id)
 
-            template = demo_config()
-        data = template.model_dump(mode="json", by_alias=True)
-        data["run_id"] = run_id
-        if self.settings.tiers == "plan" and report is not None and report.recommended is not None:
+    def _template(self) -> tuple[RunConfig, bool]:
+        """(template, whether it is the bundled demo)."""
+        if self.settings.run_template:
+            return load_run_config(self.settings.run_template), False
+        from aegis.supervise.demo import demo_config
+
+        return demo_config(), True
+
+    def _planned_config(self, report: PlanReport, template: RunConfig, bundled: bool, run_id: str) -> RunConfig:
+        request = report.request
+        if report.recommended is None:
+            raise NothingFitsError(f"nothing fits, so there is nothing to run: {report.nothing_fits}")
+        self.settings.path_policy.check_request(request)  # as the tools do: a remote user names no other path
+        if not request.dataset:
+            gpu = request.gpu or report.gpu.id
+            raise DatasetError(
+                f"the plan names no dataset, so there is nothing to train on: plan it with one "
+                f"(`{report.method} {request.model or report.model.model_id} on {gpu} with <data file>`), "
+                "then say `start the run`"
+            )
+        drop = set(_DEMO_ONLY) if bundled else {"model", "data", "faults"}  # injected faults: drills and demo only
+        data = template.model_dump(mode="json", by_alias=True, exclude=drop)
+        data.update(run_id=run_id, model=_plan_model(report), data=_local_or_id(request.dataset))
+        if not (self.settings.run_template and self.settings.tiers == "template"):
             data["train_config"] = report.recommended.config.model_dump(mode="json")
             data["fallbacks"] = [t.config.model_dump(mode="json") for t in report.fallbacks]
-        return parse_run_config(data, "the chat run template")
+            steps_set = not bundled and "total_steps" in template.training.model_fields_set
+            if not steps_set and report.steps_per_epoch:  # the plan's epochs, unless the template fixes the length
+                training = data.setdefault("training", {})
+                training["total_steps"] = max(1, math.ceil(report.epochs * report.steps_per_epoch))
+        return parse_run_config(data, f"the run of the plan for {request.model}")
+
+    def check_weights(self, cfg: RunConfig) -> None:
+        """Raise (WeightsNotFoundError: the `hf download …` command) unless ``cfg.model``'s weights are here."""
+        if not isinstance(cfg.model, str) or cfg.model == "tiny-llama":
+            return  # the demo's random models
+        from aegis.supervise.engine import resolve_model_input
+
+        resolve_model_input(cfg.model, cfg.init)
 
     def start(
         self,
@@ -113,9 +168,14 @@ class RunManager:
         prefix: str = "chat",
         timeout_s: float = 60.0,
     ) -> RunStatusReport:
-        """Start a run in a background thread; its status once its folder exists (RunError if it failed to start)."""
+        """Start a run of ``report`` (None: the demo) in a background thread; its status once its folder exists.
+
+        Nothing starts on an AegisError whose one line says what to do: the weights are not on this machine
+        (WeightsNotFoundError with the `hf download …` command), the plan has no dataset, nothing fits, a path
+        the policy refuses; RunError if the run failed to start."""
         run_id = run_id or _new_run_id(prefix)
         cfg = self.run_config(report, run_id)
+        self.check_weights(cfg)
         self._launch(run_id, lambda: self.supervisor.start(cfg, wait_for_commands_s=self.settings.run_wait_s))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -193,6 +253,9 @@ class RunManager:
             suspected_samples=suspects,
             suggested_actions=st.suggested_actions,
             lr=st.lr,
+            model=st.model,
+            data=st.data,
+            export_path=st.export_path,
         )
 
     def status(self, run_id: str) -> RunStatusReport:
@@ -249,20 +312,23 @@ class RunManager:
             thread.join(timeout_s)
 
 
-def status_markdown(st: RunStatusReport) -> str:
-    """A run status as short Markdown (chat and Slack mrkdwn-compatible bullets)."""
-    from aegis.supervise.status import sparkline
+def _names_demo_model(template: RunConfig) -> bool:
+    """A template that says which model to train, and names the demo's random one: settings asking for demo runs."""
+    return "model" in template.model_fields_set and (
+        template.model == "tiny-llama" or isinstance(template.model, dict)
+    )
 
-    lines = [f"**Run `{st.run_id}`**: {st.status}{' (live)' if st.live else ''}, step {st.step} / {st.total_steps}"]
-    if st.lr is not None:
-        lines.append(f"- LR {st.lr:.3g}, grad clip {st.grad_clip:.3g}, fallback tier {st.fallback_tier}")
-    if st.losses:
-        lines.append(f"- Loss `{sparkline(st.losses, 40)}` last {st.losses[-1]:.4g}")
-    if st.blacklist:
-        lines.append(f"- Blacklist: {', '.join(st.blacklist)}")
-    if st.last_anomaly:
-        lines.append(f"- Last anomaly: {st.last_anomaly}")
-    if st.pending_reason:
-        lines.append(f"- **Waiting for you**: {st.pending_reason}")
-        lines.append("- Try: " + " | ".join(f"`{a}`" for a in st.suggested_actions))
-    return "\n".join(lines)
+
+def _is_local(spec: str) -> bool:
+    return looks_like_path(spec) or Path(spec).expanduser().exists()
+
+
+def _local_or_id(spec: str) -> str:
+    """A local path made absolute (as the user named it, from the front end's working folder); an id as is."""
+    return str(Path(spec).expanduser().resolve()) if _is_local(spec) else spec
+
+
+def _plan_model(report: PlanReport) -> str:
+    """The planned model as a run's ``model``: the user's folder made absolute, else the canonical Hub id."""
+    spec = report.request.model or report.model.model_id
+    return _local_or_id(spec) if _is_local(spec) else report.model.model_id

@@ -47,7 +47,9 @@ class AgentSettings(Frozen):
     llm_base_url: str | None = Field(default=None, description="OpenAI-compatible server URL for llm_model.")
     llm_api_key: str | None = Field(default=None, repr=False, description="API key for llm_base_url.")
     run_template: str | None = Field(
-        default=None, description="YAML run config for chat-started runs (None: the demo)."
+        default=None,
+        description="YAML run config whose supervision sections (windows, monitoring, checkpoints...) chat-started "
+        "runs use; the model, data and configs come from the plan (None: the demo's supervision settings).",
     )
     run_tiers: Literal["plan", "template"] | None = Field(
         default=None, description="Train the plan's tiers or the template's config (None: plan iff a template is set)."

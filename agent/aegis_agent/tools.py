@@ -245,11 +245,8 @@ class AegisToolkit:
             return f"The run did not start: {err}", {"error": str(err)}
         cfg = self.runs.run_config(report, st.run_id)
         model = cfg.model if isinstance(cfg.model, str) else "an inline model config"
-        tiers = (
-            "the plan's recommended config"
-            if self.runs.settings.tiers == "plan" and report is not None
-            else "the run template's config"
-        )
+        planned = report is not None and report.recommended is not None and cfg.train_config == report.recommended.config
+        tiers = "the plan's recommended config" if planned else "the run template's config"
         text = (
             f"Started run `{st.run_id}`: trains {model} on {cfg.data} with {tiers} "
             f"({cfg.training.total_steps} steps, windows of {cfg.training.steps_per_window}). "

@@ -273,8 +273,8 @@ class SlackBot:
         resp = client.chat_postMessage(
             channel=self.settings.channel or channel,
             text=(
-                f":rocket: <@{user}> started run `{status.run_id}` ({status.total_steps} steps). "
-                "I will post here when it needs you; reply in this thread with commands."
+                f":rocket: <@{user}> started run `{status.run_id}`{_trains(status.model, status.data)} "
+                f"({status.total_steps} steps). I will post here when it needs you; reply in this thread with commands."
             ),
         )
         self._remember_thread(resp["channel"], resp["ts"], status.run_id)
@@ -330,8 +330,10 @@ class SlackBot:
             self._remember_thread(channel, resp["ts"], notice.run_id)
             return
         detail = f": {notice.reason}" if notice.reason else ""
+        trains = _trains(notice.model, notice.data)
+        export = f"; exported to `{notice.export_path}`" if notice.export_path else ""
         client.chat_postMessage(
-            channel=channel, text=f"Run `{notice.run_id}` {notice.kind} at step {notice.step}{detail}"
+            channel=channel, text=f"Run `{notice.run_id}` {notice.kind} at step {notice.step}{detail}{trains}{export}"
         )
 
     # ------------------------------------------------------------------ serving
@@ -372,6 +374,13 @@ class SlackBot:
                 log.info(fmt, *args)
 
         return ThreadingHTTPServer((host, port), Handler)
+
+
+def _trains(model: str | None, data: str | None) -> str:
+    """' (`model` on `data`)' for a run message; empty when unknown."""
+    if not model:
+        return ""
+    return f" (`{model}`" + (f" on `{data}`)" if data else ")")
 
 
 def _mrkdwn(markdown: str) -> str:

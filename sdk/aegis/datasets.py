@@ -70,6 +70,7 @@ class Rows:
     columns: tuple[str, ...]
     bad_lines: tuple[int, ...] = ()
     notes: list[str] = field(default_factory=list)
+    sample_lines: tuple[int, ...] = ()  # JSON Lines: the 1-based line of each sampled row (errors cite it)
 
 
 # ---------------------------------------------------------------------------------------- reading
@@ -99,6 +100,7 @@ def _columns(rows: Iterable[dict[str, Any]]) -> tuple[str, ...]:
 
 def _read_jsonl(path: Path, k: int, seed: int, on_bytes: Callable[[int], None] | None = None) -> Rows:
     rows: list[dict[str, Any]] = []
+    lines: list[int] = []
     bad: list[int] = []
     done = 0
     with path.open("r", encoding="utf-8", errors="replace") as fh:
@@ -116,14 +118,16 @@ def _read_jsonl(path: Path, k: int, seed: int, on_bytes: Callable[[int], None] |
                 continue
             if isinstance(obj, dict):
                 rows.append(obj)
+                lines.append(lineno)
             else:
                 bad.append(lineno)
     if not rows and bad:
         shown = ", ".join(map(str, bad[:10])) + (" …" if len(bad) > 10 else "")
         raise DatasetError(f"{path}: none of its {len(bad)} lines is a JSON object (bad lines {shown}); "
                            "each line must be one JSON object such as {\"text\": \"…\"}")
-    sample = [rows[i] for i in _sample_indices(len(rows), k, seed)]
-    return Rows(len(rows), sample, _columns(sample), tuple(bad))
+    picked = _sample_indices(len(rows), k, seed)
+    sample = [rows[i] for i in picked]
+    return Rows(len(rows), sample, _columns(sample), tuple(bad), sample_lines=tuple(lines[i] for i in picked))
 
 
 def _read_json(path: Path, k: int, seed: int) -> Rows:

@@ -11,8 +11,9 @@ so the token counts a plan reports are the tokens a run trains.
 Chats render exactly as transformers' ``apply_chat_template`` renders them (it *is* that call). The
 loss mask is transformers' ``return_assistant_tokens_mask`` where the template marks assistant text
 with ``{% generation %}``; otherwise each assistant turn's span is found by rendering prefixes (the
-conversation up to the turn with the generation prompt, then up to and including the turn) and mapping
-the characters to tokens through the tokenizer's offsets. Rows of every format the planner detects
+conversation up to the turn with the generation prompt, then up to and including the turn, less the
+whitespace after its end-of-turn token) and mapping the characters to tokens through the tokenizer's
+offsets. Rows of every format the planner detects
 (:mod:`aegis.datasets`) are read by the same reader and turned into turns by the same function.
 """
 
@@ -150,7 +151,9 @@ class ChatRenderer:
             before = self.render_text(turns[:i], generation_prompt=True) if i else ""
             through = self.render_text(turns[: i + 1])
             if full.startswith(before) and full.startswith(through) and len(through) > len(before) >= cursor:
-                spans.append((len(before), len(through)))
+                # the turn and its end-of-turn token; not the whitespace a template puts between turns
+                end = max(len(through.rstrip()), len(before) + 1)
+                spans.append((len(before), end))
                 cursor = len(through)
                 continue
             at = full.find(content, cursor) if content else -1
@@ -198,7 +201,7 @@ class DataReport:
     examples: int = 0
     tokens: int = 0
     bad_lines: tuple[int, ...] = ()
-    malformed: list[tuple[int, str]] = field(default_factory=list)
+    malformed: list[tuple[int, str]] = field(default_factory=list)  # (line of a JSONL file / row number, why)
     truncated: int = 0
     dropped_overlong: int = 0
     no_targets: int = 0
@@ -220,7 +223,7 @@ class DataReport:
         if self.malformed:
             n, why = self.malformed[0]
             out.append(f"{len(self.malformed)} rows do not fit the {self.format} format and were skipped "
-                       f"(first: row {n}: {why})")
+                       f"(first: line/row {n}: {why})")
         if self.truncated:
             out.append(f"{self.truncated} rows longer than seq_len were truncated")
         if self.dropped_overlong:
@@ -269,7 +272,8 @@ def load_examples(
                 item = to_conversation(row, fmt, column)
             ids, mask = renderer.render(item)
         except ValueError as err:  # the row does not fit the format, or the template refuses it
-            report.malformed.append((n, str(err).splitlines()[0][:200] if str(err) else type(err).__name__))
+            where = rows.sample_lines[n - 1] if rows.sample_lines else n
+            report.malformed.append((where, str(err).splitlines()[0][:200] if str(err) else type(err).__name__))
             continue
         report.lengths.append(len(ids))
         if seq_len is not None and len(ids) > seq_len:

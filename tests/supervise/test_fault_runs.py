@@ -92,6 +92,28 @@ def test_oom_falls_back_and_nan_rolls_back_with_lower_lr(tmp_path):
     assert all(rec["peak_lr"] == pytest.approx(3e-3) for s, rec in metrics.items() if s <= 40)
 
 
+@pytest.mark.parametrize("phase", ["build", "transfer"])
+def test_oom_while_building_or_copying_to_the_host_takes_the_fallback_chain(tmp_path, phase):
+    """An out-of-memory outside the jitted step (weights to the device, compilation, the checkpoint's
+    device-to-host copy) is an OOM anomaly like any other: the next tier trains, no traceback."""
+    cfg = parse_run_config(
+        run_config(
+            tmp_path,
+            run_id=phase,
+            training={"steps_per_window": 10, "total_steps": 10},
+            fallbacks=[{"method": "full", "micro_batch_size": 4, "seq_len": 64, "precision": "fp32"}],
+            faults={"oom_on_tiers": [0], "oom_phase": phase},
+        )
+    )
+    sup = Supervisor(tmp_path / "runs")
+    out = sup.start(cfg)
+    assert out.status == "completed" and out.step == 10 and out.fallback_tier == 1
+    events = sup.events(phase)
+    assert [e.data["type"] for e in events if e.kind == "anomaly"] == ["oom"]
+    assert [e.data["strategy"] for e in events if e.kind == "repair"] == ["fallback"]
+    assert all(rec["tier"] == 1 for rec in _metrics(tmp_path / "runs" / phase).values())
+
+
 def _cli(*args: str, runs_dir: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "AEGIS_RUNS_DIR": str(runs_dir)}
     return subprocess.run(

@@ -75,7 +75,7 @@ class _Live:
 
     def __init__(self, quiet: bool) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
         self.console = Console()
         self.quiet = quiet
@@ -84,7 +84,10 @@ class _Live:
             BarColumn(),
             TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
             TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[tps]} tok/s"),
             TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
             console=self.console,
             disable=quiet,
         )
@@ -94,17 +97,29 @@ class _Live:
     def callbacks(self) -> Any:
         from aegis.supervise.context import RunCallbacks
 
-        return RunCallbacks(on_window=self.on_window, on_step=self.on_step, on_event=self.on_event)
+        return RunCallbacks(
+            on_window=self.on_window, on_step=self.on_step, on_event=self.on_event, on_progress=self.on_progress
+        )
+
+    def on_progress(self, what: str, done: int, total: int) -> None:
+        """Loading weights (bytes) and tokenising the dataset (rows): one bar each, removed when done."""
+        bars = self.__dict__.setdefault("_bars", {})
+        if what not in bars:
+            label = "loading weights" if what == "weights" else "tokenising rows"
+            bars[what] = self.progress.add_task(label, total=max(total, 1), completed=0, loss="-", tps="-")
+        self.progress.update(bars[what], completed=done, total=max(total, 1))
+        if done >= total:
+            self.progress.remove_task(bars.pop(what))
 
     def on_window(self, start: int, target: int) -> None:
         if self.task is not None:
             self.progress.remove_task(self.task)
         self.offset = start
-        self.task = self.progress.add_task(f"window {start}→{target}", total=target, completed=start, loss="-")
+        self.task = self.progress.add_task(f"window {start}→{target}", total=target, completed=start, loss="-", tps="-")
 
     def on_step(self, m: Any) -> None:
         if self.task is not None:
-            self.progress.update(self.task, completed=m.step, loss=f"{m.loss:.4g}")
+            self.progress.update(self.task, completed=m.step, loss=f"{m.loss:.4g}", tps=f"{m.tokens_per_s:,.0f}")
 
     def on_event(self, kind: str, step: int | None, data: dict[str, Any]) -> None:
         line = _describe(kind, step, data)
@@ -235,11 +250,29 @@ def command(
     typer.echo(f"queued '{receipt.command}' for {run_id}: {where}")
 
 
-_COMMANDS = {"run": run, "resume": resume, "status": status, "interrupt": interrupt, "command": command}
+def export(
+    run_id: str = typer.Argument(..., help="Run id."),
+    out: Path = typer.Argument(None, help="Output folder (default: <runs_dir>/<run>/export)."),
+    merge: bool = typer.Option(False, "--merge", help="Fold LoRA adapters into the base: a full HF model folder."),
+    step: int = typer.Option(None, "--step", help="Newest checkpoint at or below this step (default: the run's step)."),
+    runs_dir: str = _RunsDir,
+) -> None:
+    """Export a run's checkpoint for transformers/PEFT: a PEFT adapter folder, or an HF model folder."""
+    from aegis.supervise.runner import Supervisor
+
+    try:
+        path = Supervisor(runs_dir).export(run_id, out, merge=merge, step=step)
+    except AegisError as err:
+        _fail(err)
+    kind = "HF model folder" if merge or (path / "config.json").is_file() else "PEFT adapter"
+    typer.echo(f"exported {run_id} to {path} ({kind})")
+
+
+_COMMANDS = {"run": run, "resume": resume, "status": status, "interrupt": interrupt, "command": command, "export": export}
 
 
 def register(parent: typer.Typer) -> None:
-    """Add run / resume / status / interrupt / command to ``parent`` (the main `aegis` app)."""
+    """Add run / resume / status / interrupt / command / export to ``parent`` (the main `aegis` app)."""
     for name, fn in _COMMANDS.items():
         parent.command(name)(fn)
 

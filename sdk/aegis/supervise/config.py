@@ -167,7 +167,12 @@ class FaultsSection(Frozen):
     )
     lr_spike_factor: float = Field(default=1e4, gt=1, description="LR multiplier of an injected spike.")
     oom_on_tiers: tuple[int, ...] = Field(
-        default=(), description="Fallback tiers (0: the plan's config) whose first step raises RESOURCE_EXHAUSTED."
+        default=(), description="Fallback tiers (0: the plan's config) that raise RESOURCE_EXHAUSTED (see oom_phase)."
+    )
+    oom_phase: Literal["step", "build", "transfer"] = Field(
+        default="step",
+        description="Where the injected OOM fires: the train step, building the tier (weights to the device, "
+        "compilation), or a device-to-host transfer (the checkpoint copy).",
     )
 
 

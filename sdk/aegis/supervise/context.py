@@ -188,7 +188,30 @@ class RunContext:
                 self.cfg, self.model_input, self.examples, state.fallback_tier,
                 on_load=None if cb is None else (lambda n, t: cb("weights", n, t)),
             )
+            faults = self.cfg.faults
+            if state.fallback_tier in faults.oom_on_tiers and faults.oom_phase != "step":
+                from aegis.supervise.faults import injected_oom
+
+                if faults.oom_phase == "build":
+                    self._engine = None
+                    raise injected_oom(state.fallback_tier)
+                self._engine.fail_transfer = injected_oom(state.fallback_tier)
+            self._check_memory(self._engine)
         return self._engine
+
+    def _check_memory(self, engine: Any) -> None:
+        """Record the compiled step's peak (XLA memory analysis) beside the planner's JAX estimate."""
+        from aegis.supervise.engine import is_oom
+        from aegis.train.memory_check import check_memory
+
+        try:
+            mc = check_memory(engine.trainer)
+        except Exception as err:  # the check must not stop a run; an OOM compiling the step must reach the fallback
+            if is_oom(err):
+                raise
+            self.event("memory_check", engine.step, tier=engine.tier, error=f"{type(err).__name__}: {err}"[:300])
+            return
+        self.event("memory_check", engine.step, tier=engine.tier, **mc.model_dump(mode="json"))
 
     def write_samples_manifest(self) -> None:
         """samples.json: every sample id and its domain (commands validate ids against it)."""

@@ -150,6 +150,7 @@ class Engine:
         self.tiers = tuple(tiers)  # every tier's TrainConfig: a checkpoint of another tier is converted on restore
         self.dirty = True  # True until the in-memory state is known to match the run state's step
         self.model_input: ModelInput | None = None
+        self.fail_transfer: BaseException | None = None
 
     @classmethod
     def build(
@@ -221,6 +222,8 @@ class Engine:
 
     def checkpoint(self, store: CheckpointStore, step: int, state: RunState) -> str:
         """Save params, optimizer and sampler state at ``step`` (async)."""
+        if self.fail_transfer is not None:  # the faults.oom_phase='transfer' drill
+            raise self.fail_transfer
         self.settle()
         meta = {
             "sampler": self.trainer.sampler.state_dict(),

@@ -8,7 +8,8 @@ configuration "does not fit"), so it fires whenever that tier trains.
 * ``nan_at_steps``: before the step, every trainable parameter becomes NaN;
 * ``lr_spike_at_steps``: the step runs with the LR multiplied by ``lr_spike_factor`` (divergence);
 * ``oom_on_tiers``: the step raises the same ``JaxRuntimeError("RESOURCE_EXHAUSTED: ...")`` XLA
-  raises when a buffer does not fit.
+  raises when a buffer does not fit — or, with ``oom_phase``, building the tier (``build``) or
+  copying its state to the host for a checkpoint (``transfer``).
 
     injector = FaultInjector(cfg.faults, state.faults_fired, tier=state.fallback_tier)
     injector.before(engine, step)      # may raise the OOM error
@@ -48,7 +49,7 @@ class FaultInjector:
     def before(self, engine: Any, step: int) -> None:
         """Inject what is due before ``step`` runs."""
         self.last = None
-        if self.tier in self.cfg.oom_on_tiers:
+        if self.tier in self.cfg.oom_on_tiers and self.cfg.oom_phase == "step":
             raise injected_oom(self.tier)
         key = f"nan@{step}"
         if step in self.cfg.nan_at_steps and key not in self.fired:

@@ -286,24 +286,29 @@ def forensics_node(ctx: RunContext, gs: GraphState) -> GraphState:
     state = load(gs)
     anomaly = state.anomaly
     assert anomaly is not None  # routed here only with an anomaly
-    engine = ctx.engine_for(state)
-    restored = engine.restore(
-        ctx.store,
-        state,
-        max_step=anomaly.step - 1,
-        on_corrupt=lambda step, why: ctx.event("checkpoint_corrupt", step, reason=why),
-    )
-    context = [m.sample_ids for m in state.window if m.step < anomaly.step and m.sample_ids]
-    report = diagnose(
-        anomaly.type,
-        engine.trainer,
-        anomaly.batch_sample_ids,
-        context,
-        anomaly.step,
-        restored.step,
-        ctx.cfg.forensics,
-        ctx.paths.diagnoses,
-    )
+    try:
+        engine = ctx.engine_for(state)
+        restored = engine.restore(
+            ctx.store,
+            state,
+            max_step=anomaly.step - 1,
+            on_corrupt=lambda step, why: ctx.event("checkpoint_corrupt", step, reason=why),
+        )
+        context = [m.sample_ids for m in state.window if m.step < anomaly.step and m.sample_ids]
+        report = diagnose(
+            anomaly.type,
+            engine.trainer,
+            anomaly.batch_sample_ids,
+            context,
+            anomaly.step,
+            restored.step,
+            ctx.cfg.forensics,
+            ctx.paths.diagnoses,
+        )
+    except Exception as err:  # per-sample gradients out of memory: the repair takes the next fallback tier
+        oom = _oom_anomaly(ctx, err, anomaly.step)
+        ctx.event("anomaly", oom.step, **_anomaly_data(oom))
+        return dump(state.update(anomaly=oom))
     ctx.event(
         "diagnosis",
         anomaly.step,

@@ -179,6 +179,23 @@ class Supervisor:
         """Ask the run to pause for a human review at its next step."""
         return self.command(run_id, "interrupt", source=source)
 
+    def export(
+        self, run_id: str, out: str | Path | None = None, *, merge: bool = False, step: int | None = None
+    ) -> Path:
+        """Write the run's model at its newest checkpoint (at or below ``step``) for transformers/PEFT:
+        a PEFT adapter folder (LoRA/QLoRA), a full HF folder (full fine-tuning, or ``merge``)."""
+        paths = open_run(self.runs_dir, run_id)
+        raw = read_state(paths)
+        if raw is None:
+            raise RunError(f"run '{run_id}' has no checkpoint yet; export it once it has trained")
+        state = RunState.model_validate(raw)
+        ctx = RunContext(self._config(paths), paths)
+        try:
+            target = Path(out) if out is not None else paths.export
+            return Path(ctx.export_model(state, target, merge=merge, step=step if step is not None else state.step))
+        finally:
+            ctx.close()
+
     # ------------------------------------------------------------------ reading
 
     def status(self, run_id: str) -> RunStatusReport:

@@ -1,11 +1,18 @@
-"""Run status: a snapshot of a run read from its folder (no JAX, no graph), and its rich rendering.
+"""Run status: a snapshot of a run read from its folder (no JAX, no graph), and its renderings — the one
+status every front end shows: a rich table for `aegis status`, Markdown for the chat and Slack run panels.
+
+What the run trains comes from ``<run>/source.json`` (written when the model is resolved: Hub id or folder,
+``pretrained``/``random``) or, before that, from its config; where its result went, from the last
+``exported`` event (``<run>/export/``: a PEFT adapter or an HF model folder).
 
     report = build_status(paths)            # RunStatusReport
     console.print(render_status(report))    # table + loss sparkline
+    status_markdown(report)                 # chat / Slack bullets
 """
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -18,7 +25,7 @@ from aegis.supervise.graph import read_state
 from aegis.supervise.runs import RunPaths, is_live
 from aegis.supervise.state import RunState
 
-__all__ = ["RunStatusReport", "build_status", "sparkline", "render_status"]
+__all__ = ["RunStatusReport", "build_status", "sparkline", "render_status", "status_markdown"]
 
 _BARS = "▁▂▃▄▅▆▇█"
 
@@ -43,6 +50,19 @@ class RunStatusReport(Frozen):
     losses: tuple[float, ...] = Field(default=(), description="Loss of the last logged steps, oldest first.")
     checkpoints: tuple[int, ...] = ()
     recent_events: tuple[str, ...] = ()
+    model: str | None = Field(
+        default=None,
+        description="What the run trains: the Hub id or folder of its weights (source.json), else the config's model.",
+    )
+    data: str | None = Field(default=None, description="The dataset it trains on: a file, a `datasets` id or 'toy'.")
+    init: str | None = Field(
+        default=None, description="'pretrained' (the model's weights loaded) or 'random' (demo, `init: random`)."
+    )
+    method: str | None = Field(default=None, description="full, lora or qlora: the tier-0 config's method.")
+    export_path: str | None = Field(
+        default=None, description="Where the run's PEFT adapter or HF folder was written (last `exported` event)."
+    )
+    export_kind: str | None = Field(default=None, description="'PEFT adapter' or 'HF model folder' for export_path.")
 
 
 def sparkline(values: list[float] | tuple[float, ...], width: int = 60) -> str:
@@ -65,6 +85,28 @@ def _checkpoint_steps(paths: RunPaths) -> tuple[int, ...]:
     return tuple(sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()))  # in-progress saves carry a suffix
 
 
+def _source(paths: RunPaths, cfg: RunConfig) -> dict[str, Any]:
+    """model / data / init of the run: source.json once the model was resolved, the config before."""
+    try:
+        src = json.loads(paths.source.read_text())
+    except (OSError, ValueError):
+        src = None
+    named = cfg.model if isinstance(cfg.model, str) else f"inline {cfg.model.get('model_type', 'model')} config"
+    if isinstance(src, dict):
+        model = src.get("hub_id") or src.get("folder") or named
+        return {"model": model, "data": src.get("data") or cfg.data, "init": src.get("init")}
+    random_init = cfg.init == "random" or not isinstance(cfg.model, str) or cfg.model == "tiny-llama"
+    return {"model": named, "data": cfg.data, "init": "random" if random_init else "pretrained"}
+
+
+def _export(events: list[Any]) -> dict[str, Any]:
+    last = next((e for e in reversed(events) if e.kind == "exported" and e.data.get("path")), None)
+    if last is None:
+        return {}
+    adapter = last.data.get("method") in ("lora", "qlora") and not last.data.get("merged")
+    return {"export_path": str(last.data["path"]), "export_kind": "PEFT adapter" if adapter else "HF model folder"}
+
+
 def build_status(paths: RunPaths, loss_points: int = 200) -> RunStatusReport:
     """The status of the run in ``paths`` from its SQLite state, metrics and events."""
     cfg = RunConfig.model_validate_json(paths.config.read_text())
@@ -85,6 +127,9 @@ def build_status(paths: RunPaths, loss_points: int = 200) -> RunStatusReport:
         losses=losses,
         checkpoints=_checkpoint_steps(paths),
         recent_events=recent,
+        method=cfg.tiers[0].method,
+        **_source(paths, cfg),
+        **_export(events),
     )
     if state is None:
         return RunStatusReport(status="starting", step=0, **common)
@@ -113,6 +158,10 @@ def render_status(report: RunStatusReport) -> Any:
     state = report.status + (" (live)" if report.live else "")
     t.add_row("status", state)
     t.add_row("step", f"{report.step} / {report.total_steps}")
+    if report.model:
+        t.add_row("model", f"{report.model}{_how(report)}")
+    if report.data:
+        t.add_row("data", report.data)
     if report.lr is not None:
         t.add_row("lr / clip", f"{report.lr:.3g} / {report.grad_clip:.3g}")
     t.add_row("fallback tier", str(report.fallback_tier))
@@ -128,5 +177,35 @@ def render_status(report: RunStatusReport) -> Any:
         t.add_row("waiting for", report.pending_reason)
         t.add_row("try", " | ".join(report.suggested_actions))
     t.add_row("recent events", " ".join(report.recent_events) or "-")
+    if report.export_path:
+        t.add_row("export", f"{report.export_path} ({report.export_kind})")
     t.add_row("folder", report.run_dir)
     return t
+
+
+def _how(report: RunStatusReport) -> str:
+    """' (lora)', ' (full, random init)' …: the method, and whether the weights are random."""
+    how = ", ".join(x for x in (report.method, "random init" if report.init == "random" else None) if x)
+    return f" ({how})" if how else ""
+
+
+def status_markdown(report: RunStatusReport) -> str:
+    """The status as short Markdown bullets (the chat and Gradio run panels; Slack converts it to mrkdwn)."""
+    st = report
+    lines = [f"**Run `{st.run_id}`**: {st.status}{' (live)' if st.live else ''}, step {st.step} / {st.total_steps}"]
+    if st.model:
+        lines.append(f"- Model `{st.model}`{_how(st)}" + (f" on `{st.data}`" if st.data else ""))
+    if st.lr is not None:
+        lines.append(f"- LR {st.lr:.3g}, grad clip {st.grad_clip:.3g}, fallback tier {st.fallback_tier}")
+    if st.losses:
+        lines.append(f"- Loss `{sparkline(st.losses, 40)}` last {st.losses[-1]:.4g}")
+    if st.blacklist:
+        lines.append(f"- Blacklist: {', '.join(st.blacklist)}")
+    if st.last_anomaly:
+        lines.append(f"- Last anomaly: {st.last_anomaly}")
+    if st.export_path:
+        lines.append(f"- Export ({st.export_kind}): `{st.export_path}`")
+    if st.pending_reason:
+        lines.append(f"- **Waiting for you**: {st.pending_reason}")
+        lines.append("- Try: " + " | ".join(f"`{a}`" for a in st.suggested_actions))
+    return "\n".join(lines)

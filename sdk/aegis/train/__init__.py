@@ -56,6 +56,9 @@ _EXPORTS: dict[str, str] = {
     "BatchForensics": "aegis.train.forensics",
     "SampleReport": "aegis.train.forensics",
     "run_benchmark": "aegis.train.benchmark",
+    "MemoryCheck": "aegis.train.memory_check",
+    "check_memory": "aegis.train.memory_check",
+    "export_trained": "aegis.train.export",
     "BenchmarkResult": "aegis.train.benchmark",
     "jax_step_memory": "aegis.train.benchmark",
 }

@@ -244,7 +244,8 @@ def load_checkpoint(
     params: dict[str, Any] = {}
     for path_, template, shape in _memory_names(model):
         layer_ids = range(n_layers) if "{i}" in template else [None]
-        slices = []
+        stacked = layer_ids != [None]
+        arr = np.empty((n_layers, *shape) if stacked else shape, np_target)  # one copy: cast while filling
         for i in layer_ids:
             name = template.format(i=i) if i is not None else template
             r = recipe(name, model.spec)
@@ -264,10 +265,12 @@ def load_checkpoint(
                     f"tensor {bad!r} has shape {tuple(joined.shape)}, expected {shape} from config.json; "
                     "the checkpoint and config.json belong to different models."
                 )
-            slices.append(np.asarray(joined).astype(np_target, copy=False))
-        arr = np.stack(slices) if layer_ids != [None] else slices[0]
+            if stacked:
+                arr[i] = joined
+            else:
+                arr[...] = joined
         leaf = jnp.asarray(arr)
-        del arr, slices
+        del arr
         _set(params, path_, quantize_leaf(path_, leaf) if nf4 else leaf)
         if on_progress is not None:
             on_progress(min(done_bytes, total_bytes), total_bytes)
