@@ -397,3 +397,47 @@ def test_qlora_quantises_the_folders_weights_while_loading_and_exports_an_adapte
     export = _run(tmp_path, "qlora", cfg) / "export"
     tuned = PeftModel.from_pretrained(_hf(folder), export)
     assert tuned.peft_config["default"].r == 4
+
+
+def test_a_hub_id_is_found_in_the_huggingface_cache_and_an_uncached_one_says_what_to_download(tmp_path, folder):
+    """`model: org/name` resolves to the snapshot huggingface_hub keeps (offline: local files only)."""
+    import shutil
+
+    cache = tmp_path / "hub"
+    snap = cache / "models--acme--tiny-support" / "snapshots" / "0123abcd"
+    shutil.copytree(folder, snap)
+    (cache / "models--acme--tiny-support" / "refs").mkdir()
+    (cache / "models--acme--tiny-support" / "refs" / "main").write_text("0123abcd")
+    code = (
+        "from aegis.model_source import locate_model\n"
+        "from aegis.errors import WeightsNotFoundError\n"
+        "src = locate_model('acme/tiny-support'); print(src.hub_id, src.folder, src.weight_files)\n"
+        "try:\n    locate_model('acme/not-here')\nexcept WeightsNotFoundError as e:\n    print('ERR', e)\n"
+    )
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, err = out.stdout.strip().splitlines()
+    assert first.startswith(f"acme/tiny-support {snap}") and "model.safetensors" in first
+    assert err.startswith("ERR the weights of acme/not-here are not on this machine") and "hf download acme/not-here" in err
+
+
+def test_sharded_and_tied_checkpoints_load_as_transformers_reads_them(tmp_path):
+    import jax
+    import jax.numpy as jnp
+
+    from aegis.train.models import build_model
+    from aegis.train.weights import load_checkpoint
+
+    sharded = make_model_folder(tmp_path / "sharded", max_shard_size="40KB", tie=True, hidden=64)
+    assert (sharded / "model.safetensors.index.json").is_file() and len(list(sharded.glob("*.safetensors"))) > 2
+    config = json.loads((sharded / "config.json").read_text())
+    model = build_model(config, dtype=jnp.float32, param_dtype=jnp.float32)
+    seen: list[tuple[int, int]] = []
+    params = load_checkpoint(model, sharded, dtype=jnp.float32, on_progress=lambda d, t: seen.append((d, t)))
+    assert seen[-1][0] == seen[-1][1] and all(a[0] <= b[0] for a, b in zip(seen, seen[1:]))  # bytes, monotone
+    ids = np.arange(1, 30) % config["vocab_size"]
+    ours = np.asarray(jax.jit(model.apply)(params, jnp.asarray(ids[None])))[0]
+    with torch.no_grad():
+        theirs = _hf(sharded)(torch.tensor(ids, dtype=torch.long)[None]).logits[0].numpy()
+    np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)

@@ -160,7 +160,8 @@ def run(
             cfg = demo_config()
             run_id = run_id or time.strftime("demo-%Y%m%d-%H%M%S")
         elif plan is not None:
-            overrides = load_run_config(config).model_dump(mode="json", by_alias=True) if config else {}
+            # only what the YAML says: its defaults (model, data) must not replace the plan's model and data
+            overrides = load_run_config(config).model_dump(mode="json", by_alias=True, exclude_unset=True) if config else {}
             overrides.pop("train_config", None)
             overrides.pop("fallbacks", None)
             cfg = run_config_from_plan(plan, overrides)

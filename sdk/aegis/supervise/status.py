@@ -25,7 +25,7 @@ from aegis.supervise.graph import read_state
 from aegis.supervise.runs import RunPaths, is_live
 from aegis.supervise.state import RunState
 
-__all__ = ["RunStatusReport", "build_status", "sparkline", "render_status", "status_markdown"]
+__all__ = ["RunStatusReport", "build_status", "sparkline", "render_status", "status_markdown", "memory_line"]
 
 _BARS = "▁▂▃▄▅▆▇█"
 
@@ -63,6 +63,12 @@ class RunStatusReport(Frozen):
         default=None, description="Where the run's PEFT adapter or HF folder was written (last `exported` event)."
     )
     export_kind: str | None = Field(default=None, description="'PEFT adapter' or 'HF model folder' for export_path.")
+    compiled_peak_bytes: int | None = Field(
+        default=None, description="Peak of the compiled train step (XLA memory analysis) of the current tier."
+    )
+    planned_peak_bytes: int | None = Field(
+        default=None, description="The planner's framework='jax' estimate for the same model and config."
+    )
 
 
 def sparkline(values: list[float] | tuple[float, ...], width: int = 60) -> str:
@@ -107,6 +113,26 @@ def _export(events: list[Any]) -> dict[str, Any]:
     return {"export_path": str(last.data["path"]), "export_kind": "PEFT adapter" if adapter else "HF model folder"}
 
 
+def _memory(events: list[Any]) -> dict[str, Any]:
+    last = next((e for e in reversed(events) if e.kind == "memory_check" and "compiled_peak_bytes" in e.data), None)
+    if last is None:
+        return {}
+    return {"compiled_peak_bytes": int(last.data["compiled_peak_bytes"]),
+            "planned_peak_bytes": int(last.data["planned_peak_bytes"])}
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3f} GiB" if n >= 2**26 else f"{n / 2**20:.1f} MiB"
+
+
+def memory_line(report: RunStatusReport) -> str | None:
+    """'compiled step 5.2 MiB, planned 5.6 MiB (+8.9%)' or None before the first build."""
+    if report.compiled_peak_bytes is None or report.planned_peak_bytes is None:
+        return None
+    c, p = report.compiled_peak_bytes, report.planned_peak_bytes
+    return f"compiled step {_gib(c)}, planned {_gib(p)} ({(p / c - 1) * 100:+.1f}%)"
+
+
 def build_status(paths: RunPaths, loss_points: int = 200) -> RunStatusReport:
     """The status of the run in ``paths`` from its SQLite state, metrics and events."""
     cfg = RunConfig.model_validate_json(paths.config.read_text())
@@ -130,6 +156,7 @@ def build_status(paths: RunPaths, loss_points: int = 200) -> RunStatusReport:
         method=cfg.tiers[0].method,
         **_source(paths, cfg),
         **_export(events),
+        **_memory(events),
     )
     if state is None:
         return RunStatusReport(status="starting", step=0, **common)
@@ -165,6 +192,8 @@ def render_status(report: RunStatusReport) -> Any:
     if report.lr is not None:
         t.add_row("lr / clip", f"{report.lr:.3g} / {report.grad_clip:.3g}")
     t.add_row("fallback tier", str(report.fallback_tier))
+    if memory_line(report):
+        t.add_row("memory", memory_line(report))
     if report.losses:
         t.add_row("loss", f"{sparkline(report.losses)}  last {report.losses[-1]:.4g}")
     t.add_row("blacklist", ", ".join(report.blacklist) or "-")
@@ -197,6 +226,8 @@ def status_markdown(report: RunStatusReport) -> str:
         lines.append(f"- Model `{st.model}`{_how(st)}" + (f" on `{st.data}`" if st.data else ""))
     if st.lr is not None:
         lines.append(f"- LR {st.lr:.3g}, grad clip {st.grad_clip:.3g}, fallback tier {st.fallback_tier}")
+    if memory_line(st):
+        lines.append(f"- Memory: {memory_line(st)}")
     if st.losses:
         lines.append(f"- Loss `{sparkline(st.losses, 40)}` last {st.losses[-1]:.4g}")
     if st.blacklist:
