@@ -12,9 +12,11 @@ component by component, without importing JAX:
   (five int32/float32 ``[accum, b, s]`` arrays). The new state is written into the donated buffers,
   so it costs nothing extra.
 - **gradients**: the backward dots' float32 weight gradients (each leaf is cast to the param dtype
-  into memory its float32 gradient frees), float32 accumulators with gradient accumulation, and for
-  full fine-tuning the head's float32 gradient. The scan allocates the stacked layer gradients before
-  its backward loop, so they are live from the loss on.
+  into memory its float32 gradient frees), float32 accumulators with gradient accumulation, and for a
+  tied head its dot gradient beside the embedding's scatter gradient. At the loss only those allocated
+  before it are live: the scan's stacked layer gradients (allocated before its backward loop; unrolled
+  layers make theirs in their own backward) and, for full fine-tuning, the embedding's scatter-add
+  gradient; the head's comes after the logits are freed.
 - **activations**: what the backward pass reads, per layer and token, as XLA keeps it (its memory
   report of the compiled step, for the engine's `train/models/layers.py` computation): the float32
   masked attention scores per head ([b, heads, s, s]: the engine's ``xla`` attention materialises
@@ -23,9 +25,11 @@ component by component, without importing JAX:
   inputs), q/k/v, six [b, s, intermediate] MLP tensors, LoRA ``x @ A``. Under remat (scanned
   layers) each layer keeps only its input and one layer is recomputed in the backward pass.
 - **logits**: float32 [b, s, vocab] logits and their gradient; the softmax, the one-hot target
-  select and the loss fuse into them (chunked cross-entropy: one chunk).
+  select and the loss fuse into them; with a trained head XLA:CPU also writes the gradient transposed
+  for the head-gradient dot (chunked cross-entropy: one chunk).
 - **backward temporaries**: one layer's gradient working set, and for QLoRA one layer's
-  dequantised weights (rematerialised in the backward pass).
+  dequantised weights (rematerialised in the backward pass). Unrolled layers free their residuals
+  as their backward consumes them, so only the working set beyond them counts.
 
 The peak is the larger of two moments: the loss and head backward (all residuals, the logits, the
 head) and the backward of the layers (all residuals, one layer's working set).
@@ -244,7 +248,8 @@ def _shapes(profile: ModelProfile) -> _Shapes:
 
 
 def _layer_residual_per_token(
-    sh: _Shapes, seq: int, r: int, lora_ranks: int, scanned: bool, flash: bool = False
+    sh: _Shapes, seq: int, r: int, lora_ranks: int, scanned: bool, flash: bool = False,
+    cpu_unrolled_bf16: bool = False, full: bool = False,
 ) -> dict[str, int]:
     """Bytes per token one layer keeps for its backward pass, by kind (r: float width of the kept copies).
 
@@ -265,6 +270,16 @@ def _layer_residual_per_token(
         "mlp": (6 * r + 4) * sh.inter,
         "lora": r * lora_ranks,
     }
+    if cpu_unrolled_bf16:
+        # XLA:CPU, bf16 compute, unrolled layers (its buffer assignment of the compiled step): the dots run on
+        # float32 operands, so the grouped q, the transposed k and v and LoRA's x @ A are kept as float32;
+        # five float32 hidden-wide tensors (two RMSNorm inputs, the two residual adds, the attention output),
+        # plus for full fine-tuning the two bf16 normed inputs the weight-gradient dots read; the MLP keeps
+        # act(gate) * up in float32 and four bf16 tensors (gate, up, and act's two derivative pieces)
+        terms["hidden"] = 5 * _FP32 * sh.d + (2 * 2 * sh.d if full else 0)
+        terms["q/k/v"] = _FP32 * (sh.q + 2 * sh.kvd)
+        terms["mlp"] = (_FP32 + 4 * 2) * sh.inter
+        terms["lora"] = _FP32 * lora_ranks
     if layer.num_experts:
         terms["router"] = 3 * _FP32 * layer.num_experts
     return terms
@@ -332,7 +347,8 @@ def estimate_jax(
 
     # ----- gradients --------------------------------------------------------------------------
     # the backward dots emit float32 weight gradients (XLA:GPU: the param dtype); each leaf is cast to the
-    # param dtype once complete, into memory its float32 gradient frees, so the cast adds no peak
+    # param dtype once complete, into memory its float32 gradient frees, so the cast adds no peak. At the end
+    # of backward every leaf's gradient is live, the head's (its dot gradient) once.
     grad_width = _FP32 if plat == "cpu" else tw
     accumulators = trainable_params * _FP32 if accum > 1 else 0
     gradients = trainable_params * grad_width + accumulators
@@ -340,7 +356,16 @@ def estimate_jax(
     if accumulators:
         grad_formula += f" + fp32 accumulators {trainable_params:,} x 4 B (accum {accum})"
     if cfg.method == "full" and sh.fam.tied(profile.config):
-        grad_formula += " (tied head: dot and scatter gradients)"
+        # a tied embedding gets two gradients, the head dot's and the lookup's scatter-add, summed at the end
+        gradients += head_params * _FP32
+        grad_formula += f" + tied head's dot gradient {head_params:,} x 4 B"
+    # At the loss only the gradients allocated before it are live: the scan's stacked layer gradients
+    # (allocated before its backward loop; unrolled layers make theirs during their own backward) and,
+    # for full fine-tuning, the embedding's float32 scatter-add gradient (zeros broadcast early, added into
+    # at the end). The head's dot gradient is made after the logits' buffers are freed.
+    stacked_trainable = sum(math.prod(x) for x, st in zip(trainable_shapes, trainable_stacked, strict=True) if st)
+    embed_grad = sh.vocab * sh.d * grad_width if cfg.method == "full" else 0
+    loss_gradients = (stacked_trainable * grad_width if scanned else 0) + embed_grad + accumulators
 
     # ----- activations ------------------------------------------------------------------------
     lora_ranks = 0
@@ -358,7 +383,8 @@ def estimate_jax(
             half_precision=comp == 2,
         )
     )
-    terms = _layer_residual_per_token(sh, s, r, lora_ranks, scanned, flash)
+    cpu_unrolled_bf16 = upcast and not scanned
+    terms = _layer_residual_per_token(sh, s, r, lora_ranks, scanned, flash, cpu_unrolled_bf16, cfg.method == "full")
     per_layer = sum(terms.values())
     recompute = 0
     remat = cfg.gradient_checkpointing  # always under the scan: one layer recomputed at a time
@@ -371,19 +397,31 @@ def estimate_jax(
         activations = sh.n * tokens * per_layer
         detail = ", ".join(f"{k} {v:,}" for k, v in terms.items())
         act_formula = f"{sh.n} layers x {tokens:,} tokens x {per_layer:,} B ({detail})"
+        if cpu_unrolled_bf16 and cfg.method == "full":
+            # outside the layers: the embedding lookup's bf16 output and its float32 copy (the first norm's
+            # input), and the final norm's float32 output the head-gradient dot reads
+            outer = tokens * (2 + 2 * _FP32) * sh.d
+            activations += outer
+            act_formula += f" + embedding and final-norm outputs {tokens:,} x {(2 + 2 * _FP32) * sh.d:,} B"
 
     # ----- logits -----------------------------------------------------------------------------
-    logit_width = 2 * _FP32  # float32 logits (exp(logits - max) in place) and their gradient; the rest fuses
+    # float32 logits (exp(logits - max) in place) and their gradient; the softmax, the one-hot target select
+    # and the loss fuse into them. When the head is trained XLA:CPU emits the logits gradient a second time
+    # in the transposed [vocab, tokens] layout its head-gradient dot reads (a GPU GEMM takes the transpose).
+    logit_buffers = 2 + (1 if cfg.method == "full" and plat == "cpu" else 0)
+    logit_width = logit_buffers * _FP32
     if cfg.chunked_cross_entropy:
         # step._chunked_nll_sum: OptimizerSettings.ce_chunk_tokens per chunk under lax.map, which also
         # materialises the transposed float32 head weight it reads
+        logit_width = 2 * _FP32
         chunk = min(CE_CHUNK_TOKENS, tokens)
         logits = chunk * sh.vocab * logit_width + tokens * sh.d * _FP32 + head_params * _FP32
         logits_formula = (f"chunked: {chunk:,}-token chunk x {sh.vocab:,} vocab x {logit_width} B + fp32 hidden grads "
                           f"+ transposed fp32 head {head_params:,} x 4 B")
     else:
         logits = tokens * sh.vocab * logit_width
-        logits_formula = f"{tokens:,} tokens x {sh.vocab:,} vocab x {logit_width} B (fp32 logits and their gradient)"
+        logits_formula = (f"{tokens:,} tokens x {sh.vocab:,} vocab x {logit_width} B (fp32 logits, their gradient"
+                          + (", its transposed copy)" if logit_buffers == 3 else ")"))
 
     # ----- copies and backward temporaries ----------------------------------------------------
     # one layer's backward: the float32 score gradient, plus (without remat) MLP and hidden gradients;
@@ -392,22 +430,23 @@ def estimate_jax(
     if not remat:
         bwd_per_token += 3 * _FP32 * sh.inter + 4 * _FP32 * sh.d
     backward = tokens * bwd_per_token + recompute
+    if not scanned:
+        # unrolled layers keep their residuals in separate buffers, each freed at its last use in that layer's
+        # backward: the working set of the last layer reuses the memory its own residuals free as it goes
+        backward = max(0, tokens * (bwd_per_token - per_layer))
     head_copy = head_params * _FP32 if upcast else 0  # XLA:CPU float32 copy of the bf16 head for its two dots
     layer_copies = layer_matrix_params * _FP32 if upcast and cfg.method != "qlora" else 0
     dequant = (layer_matrix_params // sh.n) * (_FP32 + comp) if cfg.method == "qlora" else 0  # one layer's dense weights
-    head_grad = 0
-    if cfg.method == "full":  # the head's float32 dot gradient (tied: the embedding's scatter gradient is separate)
-        head_grad = head_params * _FP32
 
     static = {"weights": weights, "adapters": adapters, "optimizer": optimizer, "batch": batch + scalars}
     moments = {
         "loss and head backward": {
             **static, "activations": activations, "logits": logits, "head copy": head_copy,
-            "weight copies": layer_copies, "gradients": gradients + head_grad,
+            "weight copies": layer_copies, "gradients": loss_gradients,
         },
         "backward of the layers": {
             **static, "activations": activations, "backward temporaries": backward + dequant,
-            "weight copies": layer_copies, "gradients": gradients + head_grad,
+            "weight copies": layer_copies, "gradients": gradients,
         },
     }
     peak_name, parts = max(moments.items(), key=lambda kv: sum(kv[1].values()))
@@ -420,7 +459,13 @@ def estimate_jax(
         "optimizer": (f"Optimizer state ({cfg.optimizer})", optimizer_formula, "donated: the update reuses them"),
         "batch": ("Batch + state scalars", f"{accum} x {tokens:,} tokens x {BATCH_ARRAYS} arrays x 4 B",
                   "input_ids, targets, loss_mask, segment_ids, positions"),
-        "gradients": ("Gradients", grad_formula, "all layers' gradients live at the end of backward"),
+        "gradients": ("Gradients", grad_formula, "all layers' gradients live at the end of backward")
+        if peak_name == "backward of the layers" else
+        ("Gradients", ("scanned layers' stacked gradients" if scanned and stacked_trainable else "")
+         + (" + " if scanned and stacked_trainable and embed_grad else "")
+         + (f"embedding scatter gradient {sh.vocab * sh.d:,} x {grad_width} B" if embed_grad else "")
+         + (f" + fp32 accumulators {trainable_params:,} x 4 B" if accumulators else ""),
+         "the gradients allocated before the loss"),
         "activations": ("Activations" + (" (remat)" if remat else ""), act_formula,
                         f"micro batch {b} x seq {s:,}; {'scanned' if scanned else 'unrolled'} layers"),
         "logits": ("Logits + loss buffers" + (" (chunked CE)" if cfg.chunked_cross_entropy else ""), logits_formula,

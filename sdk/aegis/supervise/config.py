@@ -310,8 +310,8 @@ def run_config_from_plan(plan_path: str | Path, overrides: dict[str, Any] | None
 
     The plan must hold ``recommended`` (a TrainConfig, or a tier with a ``config`` TrainConfig)
     and optionally ``fallbacks`` (a list of the same); ``overrides`` supplies the other sections.
-    Without ``model``/``data`` overrides, the plan request's model (resolved to its config.json by
-    :func:`aegis.hub.resolve_model`) and dataset path are used.
+    Without ``model``/``data`` overrides, the plan request's model (a local folder, made absolute, or its
+    Hub id: its weights are loaded when the run starts) and dataset are used.
     """
     p = Path(plan_path)
     try:
@@ -332,7 +332,8 @@ def run_config_from_plan(plan_path: str | Path, overrides: dict[str, Any] | None
         model = str(request["model"])
         data["model"] = str(Path(model).expanduser().resolve()) if Path(model).expanduser().exists() else model
     if "data" not in data and request.get("dataset"):
-        data["data"] = request["dataset"]
+        dataset = str(request["dataset"])
+        data["data"] = str(Path(dataset).expanduser().resolve()) if Path(dataset).expanduser().exists() else dataset
     data["train_config"] = as_config(plan["recommended"])
     data["fallbacks"] = [as_config(f) for f in plan.get("fallbacks", [])]
     return parse_run_config(data, str(p))

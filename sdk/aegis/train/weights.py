@@ -155,6 +155,25 @@ class CheckpointReader:
     def __contains__(self, name: str) -> bool:
         return name in self._where
 
+    def read_into(self, name: str, out: np.ndarray) -> None:
+        """Copy tensor ``name`` into ``out`` (same shape): one ``readinto`` from the file when ``out`` has the
+        stored dtype and is contiguous (no page faults through a memory map, no temporary), else a cast."""
+        f, info, start = self._where[name]
+        stored = SAFETENSORS_DTYPES.get(info["dtype"])
+        if stored is not None and out.dtype == stored and out.flags.c_contiguous:
+            begin, end = info["data_offsets"]
+            with open(f, "rb", buffering=0) as fh:
+                fh.seek(start + begin)
+                view = memoryview(out.reshape(-1).view(np.uint8))
+                done = 0
+                while done < end - begin:
+                    n = fh.readinto(view[done:])
+                    if not n:
+                        raise CheckpointError(f"{f} ends inside tensor {name!r}; re-download it.")
+                    done += n
+            return
+        out[...] = self.get(name)
+
     def nbytes(self, name: str) -> int:
         begin, end = self._where[name][1]["data_offsets"]
         return int(end - begin)
@@ -249,26 +268,25 @@ def load_checkpoint(
         for i in layer_ids:
             name = template.format(i=i) if i is not None else template
             r = recipe(name, model.spec)
-            parts = []
             for key in r.keys:
                 if key not in reader:
                     raise CheckpointError(
                         f"checkpoint lacks tensor {key!r} (expected for {model.family} with this config.json); "
                         "check that the checkpoint and config.json belong to the same model."
                     )
-                parts.append(reader.get(key))
                 done_bytes += reader.nbytes(key)
-            joined = r.join(parts)
+            slot = arr[i] if stacked else arr
+            if r.stored_as_kept and reader.shape(r.keys[0]) == shape:  # stored as kept: read straight into place
+                reader.read_into(r.keys[0], slot)
+                continue
+            joined = r.join([reader.get(key) for key in r.keys])
             if tuple(joined.shape) != shape:
                 bad = r.keys[0] if len(r.keys) == 1 else name
                 raise CheckpointError(
                     f"tensor {bad!r} has shape {tuple(joined.shape)}, expected {shape} from config.json; "
                     "the checkpoint and config.json belong to different models."
                 )
-            if stacked:
-                arr[i] = joined
-            else:
-                arr[...] = joined
+            slot[...] = joined
         leaf = jnp.asarray(arr)
         del arr
         _set(params, path_, quantize_leaf(path_, leaf) if nf4 else leaf)

@@ -50,6 +50,11 @@ class Recipe:
     join: Callable[[list[np.ndarray]], np.ndarray] = _first
     split: Callable[[np.ndarray], list[np.ndarray]] = _single
 
+    @property
+    def stored_as_kept(self) -> bool:
+        """One checkpoint tensor, kept as is (a loader may read it straight into place)."""
+        return len(self.keys) == 1 and self.join is _first
+
 
 def _identity_recipe(name: str, spec: ArchSpec) -> Recipe:
     return Recipe((name,))
