@@ -116,32 +116,28 @@ def _chat(rng: random.Random) -> tuple[str, str]:
     return q, _ANSWERS[_WORDS.index(q.split()[0]) % len(_ANSWERS)]
 
 
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
 def write_sharegpt(path: Path, n: int = 64, seed: int = 0) -> Path:
     rng = random.Random(seed)
-    with open(path, "w") as f:
-        for _ in range(n):
-            q, a = _chat(rng)
-            f.write(json.dumps({"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]}) + "\n")
-    return path
+    chats = [_chat(rng) for _ in range(n)]
+    return _write(path, [{"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]} for q, a in chats])
 
 
 def write_alpaca(path: Path, n: int = 64, seed: int = 1) -> Path:
     rng = random.Random(seed)
-    with open(path, "w") as f:
-        for _ in range(n):
-            q, a = _chat(rng)
-            f.write(json.dumps({"instruction": q, "input": "", "output": a}) + "\n")
-    return path
+    return _write(path, [{"instruction": q, "input": "", "output": a} for q, a in (_chat(rng) for _ in range(n))])
 
 
 def write_messages(path: Path, n: int = 64, seed: int = 2) -> Path:
     rng = random.Random(seed)
-    with open(path, "w") as f:
-        for _ in range(n):
-            q, a = _chat(rng)
-            q2, a2 = _chat(rng)
-            msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": q},
-                    {"role": "assistant", "content": a}, {"role": "user", "content": q2},
-                    {"role": "assistant", "content": a2}]
-            f.write(json.dumps({"messages": msgs}) + "\n")
-    return path
+    rows = []
+    for _ in range(n):
+        (q, a), (q2, a2) = _chat(rng), _chat(rng)
+        rows.append({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": q},
+                                  {"role": "assistant", "content": a}, {"role": "user", "content": q2},
+                                  {"role": "assistant", "content": a2}]})
+    return _write(path, rows)
