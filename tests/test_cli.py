@@ -60,7 +60,7 @@ def test_compare_lists_fitting_gpus_cheapest_first():
     ("args", "message"),
     [
         (["plan", "qlora llama-3.1-8b on 3900"], "unknown GPU '3900'"),
-        (["plan", "--model", "lama-3.1-8b", "--gpu", "3090"], "unknown model"),
+        (["plan", "--model", "llama-3.1-9b", "--gpu", "3090"], "unknown model"),
         (["plan", "--model", "./nope/config.json", "--gpu", "3090"], "no config.json"),
         (["plan", "lora llama-3.1-8b"], "no GPU named"),
         (["plan", "qlora llama-3.1-8b on 3090 with ./missing.jsonl"], "missing.jsonl"),

@@ -388,7 +388,8 @@ def test_csv_with_long_fields_and_json_encoded_chats(tmp_path: Path) -> None:
     chat = json.dumps([{"role": "user", "content": "Q"}, {"role": "assistant", "content": long_answer}])
     with (tmp_path / "chats.csv").open("w", newline="") as fh:
         csv.writer(fh).writerows([["messages"], [chat], [chat]])
-    profile = analyze_dataset(str(tmp_path / "chats.csv"), model=QWEN)
+    # the base model's 131,072 positions (the Instruct config.json says 32,768: the rows would be truncated)
+    profile = analyze_dataset(str(tmp_path / "chats.csv"), model="Qwen/Qwen2.5-7B")
     assert profile.format == "messages" and profile.num_rows == 2
     assert profile.tokens.max > 40_000 and profile.truncated_share == 0.0
 

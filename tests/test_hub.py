@@ -123,8 +123,9 @@ def test_moe_active_params_smaller_than_total():
 def test_aliases_and_errors(tmp_path):
     assert canonical_model_id("Llama-3.1-8B") == "meta-llama/Llama-3.1-8B"
     assert canonical_model_id("llama 3.1 8b") == "meta-llama/Llama-3.1-8B"
-    with pytest.raises(aegis.UnknownModelError, match="did you mean"):
-        resolve_model("lama-3.1-8b")
+    assert resolve_model("lama-3.1-8b").model_id == "meta-llama/Llama-3.1-8B"  # a spelling fix of a full name
+    with pytest.raises(aegis.UnknownModelError, match="did you mean meta-llama/"):
+        resolve_model("lama-8b")  # a shorthand is not guessed at
     bad = tmp_path / "config.json"
     bad.write_text("{not json")
     with pytest.raises(aegis.InvalidConfigError, match="not valid JSON"):

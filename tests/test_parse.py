@@ -17,12 +17,22 @@ from aegis.schema import PlanRequest as R
 LLAMA8, LLAMA70 = "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B"
 QWEN7, MIXTRAL, MISTRAL = "Qwen/Qwen2.5-7B", "mistralai/Mixtral-8x7B-v0.1", "mistralai/Mistral-7B-v0.3"
 
+
+def _bundled(hub_id: str, else_id: str) -> str:
+    """The catalog entry serving ``hub_id`` (an instruct checkpoint may have its own), else its sibling's."""
+    entry = catalog.model_entry(hub_id)
+    return entry.id if entry is not None else else_id
+
+
+QWEN7_INSTRUCT = _bundled("Qwen/Qwen2.5-7B-Instruct", QWEN7)
+LLAMA8_INSTRUCT = _bundled("meta-llama/Llama-3.1-8B-Instruct", LLAMA8)
+
 CORPUS = [
     ("qlora llama-3.1-8b on 3090 with ./data/support.jsonl",
      R(model=LLAMA8, method="qlora", gpu="rtx-3090", dataset="./data/support.jsonl")),
     ("full finetune qwen2.5-7b on 2x a100 80gb, seq 4096, 3 epochs",
      R(model=QWEN7, method="full", gpu="a100-80gb", gpu_count=2, seq_len=4096, epochs=3)),
-    ("lora r=32 mixtral on h100 bs 2",
+    ("lora r=32 mixtral 8x7b on h100 bs 2",
      R(model=MIXTRAL, method="lora", gpu="h100-sxm", lora_rank=32, micro_batch_size=2)),
     ("fine-tune Llama 3.1 8B with LoRA rank 64 on an RTX 4090 using tatsu-lab/alpaca",
      R(model=LLAMA8, method="lora", gpu="rtx-4090", lora_rank=64, dataset="tatsu-lab/alpaca")),
@@ -32,7 +42,7 @@ CORPUS = [
     ("gemma-2-9b lora on a10g, no gradient checkpointing, batch size 4, effective batch 32",
      R(model="google/gemma-2-9b", method="lora", gpu="a10g", gradient_checkpointing=False, micro_batch_size=4,
        effective_batch_size=32)),
-    ("8 x H100 full fine-tune llama 70b", R(model=LLAMA70, method="full", gpu="h100-sxm", gpu_count=8)),
+    ("8 x H100 full fine-tune llama 3.1 70b", R(model=LLAMA70, method="full", gpu="h100-sxm", gpu_count=8)),
     ("phi-3 mini qlora 3060 2 epochs",
      R(model="microsoft/Phi-3-mini-4k-instruct", method="qlora", gpu="rtx-3060-12gb", epochs=2)),
     ("Can I fine-tune qwen2.5 7b with lora on a single 4090?",
@@ -49,7 +59,7 @@ CORPUS = [
      R(model="Qwen/Qwen3-8B", method="full", gpu="b200", micro_batch_size=8, epochs=2)),
     ("4-bit lora llama3.1:70b on h100 80gb x 2, without checkpointing, sgd",
      R(model=LLAMA70, method="qlora", gpu="h100-sxm", gpu_count=2, gradient_checkpointing=False, optimizer="sgd")),
-    ("qlora qwen 14b on a100, r64, bs 1, seq 2048, one epoch, paged adamw 8bit",
+    ("qlora qwen2.5 14b on a100, r64, bs 1, seq 2048, one epoch, paged adamw 8bit",
      R(model="Qwen/Qwen2.5-14B", method="qlora", gpu="a100-80gb", lora_rank=64, micro_batch_size=1, seq_len=2048,
        epochs=1, optimizer="paged_adamw_8bit")),
     ("lora gemma 3 4b on mi300x with ~/datasets/chat.parquet, 2048 tokens",
@@ -66,39 +76,39 @@ CORPUS = [
        precision="fp32", epochs=1.5)),
     ("what GPU do I need for qwen2.5-72b full fine-tune with bf16?",
      R(model="Qwen/Qwen2.5-72B", method="full", precision="bf16")),
-    ("lora llama 8b 8xH100", R(model=LLAMA8, method="lora", gpu="h100-sxm", gpu_count=8)),
-    ("lora llama 8b H100x8", R(model=LLAMA8, method="lora", gpu="h100-sxm", gpu_count=8)),
-    ("lora llama 8b on 2 x rtx 4090", R(model=LLAMA8, method="lora", gpu="rtx-4090", gpu_count=2)),
-    ("lora llama 8b 4×A100", R(model=LLAMA8, method="lora", gpu="a100-80gb", gpu_count=4)),
-    ("lora llama 8b dual 3090", R(model=LLAMA8, method="lora", gpu="rtx-3090", gpu_count=2)),
-    ("lora llama 8b on a pair of 3090s", R(model=LLAMA8, method="lora", gpu="rtx-3090", gpu_count=2)),
-    ("lora llama 8b on 1x a100 40gb", R(model=LLAMA8, method="lora", gpu="a100-40gb", gpu_count=1)),
-    ("qlora llama 8b on nvidia geforce rtx 3090", R(model=LLAMA8, method="qlora", gpu="rtx-3090")),
-    ("qlora llama 8b on v100 32gb", R(model=LLAMA8, method="qlora", gpu="v100-32gb")),
-    ("lora-r16 llama 8b, ckpt off", R(model=LLAMA8, method="lora", lora_rank=16, gradient_checkpointing=False)),
-    ("lora llama 8b with r 8 and 3 epochs", R(model=LLAMA8, method="lora", lora_rank=8, epochs=3)),
-    ("lora llama-8b, gradient checkpointing on, max_seq_length=1024",
+    ("lora llama 3.1 8b 8xH100", R(model=LLAMA8, method="lora", gpu="h100-sxm", gpu_count=8)),
+    ("lora llama 3.1 8b H100x8", R(model=LLAMA8, method="lora", gpu="h100-sxm", gpu_count=8)),
+    ("lora llama 3.1 8b on 2 x rtx 4090", R(model=LLAMA8, method="lora", gpu="rtx-4090", gpu_count=2)),
+    ("lora llama 3.1 8b 4×A100", R(model=LLAMA8, method="lora", gpu="a100-80gb", gpu_count=4)),
+    ("lora llama 3.1 8b dual 3090", R(model=LLAMA8, method="lora", gpu="rtx-3090", gpu_count=2)),
+    ("lora llama 3.1 8b on a pair of 3090s", R(model=LLAMA8, method="lora", gpu="rtx-3090", gpu_count=2)),
+    ("lora llama 3.1 8b on 1x a100 40gb", R(model=LLAMA8, method="lora", gpu="a100-40gb", gpu_count=1)),
+    ("qlora llama 3.1 8b on nvidia geforce rtx 3090", R(model=LLAMA8, method="qlora", gpu="rtx-3090")),
+    ("qlora llama 3.1 8b on v100 32gb", R(model=LLAMA8, method="qlora", gpu="v100-32gb")),
+    ("lora-r16 llama 3.1 8b, ckpt off", R(model=LLAMA8, method="lora", lora_rank=16, gradient_checkpointing=False)),
+    ("lora llama 3.1 8b with r 8 and 3 epochs", R(model=LLAMA8, method="lora", lora_rank=8, epochs=3)),
+    ("lora llama-3.1-8b, gradient checkpointing on, max_seq_length=1024",
      R(model=LLAMA8, method="lora", gradient_checkpointing=True, seq_len=1024)),
-    ("lora llama-8b on an A100-SXM4-80GB", R(model=LLAMA8, method="lora", gpu="a100-80gb")),
-    ("lora llama-8b on H100 PCIe 80GB", R(model=LLAMA8, method="lora", gpu="h100-pcie")),
-    ("qlora llama-8b lora rank of 256 seq len 512", R(model=LLAMA8, method="qlora", lora_rank=256, seq_len=512)),
-    ("qlora llama-8b sequence length 1.5k, 0.5 epochs", R(model=LLAMA8, method="qlora", seq_len=1536, epochs=0.5)),
+    ("lora llama-3.1-8b on an A100-SXM4-80GB", R(model=LLAMA8, method="lora", gpu="a100-80gb")),
+    ("lora llama-3.1-8b on H100 PCIe 80GB", R(model=LLAMA8, method="lora", gpu="h100-pcie")),
+    ("qlora llama-3.1-8b lora rank of 256 seq len 512", R(model=LLAMA8, method="qlora", lora_rank=256, seq_len=512)),
+    ("qlora llama-3.1-8b sequence length 1.5k, 0.5 epochs", R(model=LLAMA8, method="qlora", seq_len=1536, epochs=0.5)),
     ("qlora mixtral 8x7b on 8xa100", R(model=MIXTRAL, method="qlora", gpu="a100-80gb", gpu_count=8)),
-    ("lora llama-8b batch size 4 x 8 accumulation",
+    ("lora llama-3.1-8b batch size 4 x 8 accumulation",
      R(model=LLAMA8, method="lora", micro_batch_size=4, effective_batch_size=32)),
-    ("train llama 8b, full, on 4 h100 gpus", R(model=LLAMA8, method="full", gpu="h100-sxm", gpu_count=4)),
-    ("llama 8b full precision lora", R(model=LLAMA8, method="lora", precision="fp32")),
-    ("lora Qwen2.5-7B-Instruct on 4090", R(model=QWEN7, method="lora", gpu="rtx-4090")),
+    ("train llama 3.1 8b, full, on 4 h100 gpus", R(model=LLAMA8, method="full", gpu="h100-sxm", gpu_count=4)),
+    ("llama 3.1 8b full precision lora", R(model=LLAMA8, method="lora", precision="fp32")),
+    ("lora Qwen2.5-7B-Instruct on 4090", R(model=QWEN7_INSTRUCT, method="lora", gpu="rtx-4090")),
     ("lora https://huggingface.co/Qwen/Qwen2.5-7B on 4090 with https://huggingface.co/datasets/tatsu-lab/alpaca",
      R(model=QWEN7, method="lora", gpu="rtx-4090", dataset="tatsu-lab/alpaca")),
-    ("lora llama-8b on 4090 with data.jsonl", R(model=LLAMA8, method="lora", gpu="rtx-4090", dataset="data.jsonl")),
-    ("lora llama-8b on 4090 using my_data/", R(model=LLAMA8, method="lora", gpu="rtx-4090", dataset="my_data/")),
+    ("lora llama-3.1-8b on 4090 with data.jsonl", R(model=LLAMA8, method="lora", gpu="rtx-4090", dataset="data.jsonl")),
+    ("lora llama-3.1-8b on 4090 using my_data/", R(model=LLAMA8, method="lora", gpu="rtx-4090", dataset="my_data/")),
     ("lora ./checkpoints/my-model on 4090 with ./data.jsonl",
      R(model="./checkpoints/my-model", method="lora", gpu="rtx-4090", dataset="./data.jsonl")),
-    ("lora llama 8b on 2 gpus with dataset imdb", R(model=LLAMA8, method="lora", gpu_count=2, dataset="imdb")),
-    ("lora llama-8b, gradient_checkpointing=false, bf16 amp",
+    ("lora llama 3.1 8b on 2 gpus with dataset imdb", R(model=LLAMA8, method="lora", gpu_count=2, dataset="imdb")),
+    ("lora llama-3.1-8b, gradient_checkpointing=false, bf16 amp",
      R(model=LLAMA8, method="lora", gradient_checkpointing=False, precision="bf16_mixed")),
-    ("lora llama-8b on h100 with activation checkpointing, 3 epochs on 5000 samples",
+    ("lora llama-3.1-8b on h100 with activation checkpointing, 3 epochs on 5000 samples",
      R(model=LLAMA8, method="lora", gpu="h100-sxm", gradient_checkpointing=True, epochs=3)),
     ("LoRA on Mixtral-8x7B-v0.1, 4 x L40S, adamw, micro_batch_size: 2, seq=2048",
      R(model=MIXTRAL, method="lora", gpu="l40s", gpu_count=4, optimizer="adamw", micro_batch_size=2, seq_len=2048)),
@@ -112,8 +122,8 @@ CORPUS = [
        dataset="HuggingFaceH4/no_robots")),
     ("lora mistral-7b-v0.3 on H200, grad accumulation 4, micro batch 8, use paged adamw 32bit",
      R(model=MISTRAL, method="lora", gpu="h200", micro_batch_size=8, effective_batch_size=32, optimizer="adamw")),
-    ("4 a100s, llama-70b, qlora, ZeRO-3", R(model=LLAMA70, method="qlora", gpu="a100-80gb", gpu_count=4)),
-    ("lora llama-8b, mixed precision with fp16, grad ckpt = 1",
+    ("4 a100s, llama-3.1-70b, qlora, ZeRO-3", R(model=LLAMA70, method="qlora", gpu="a100-80gb", gpu_count=4)),
+    ("lora llama-3.1-8b, mixed precision with fp16, grad ckpt = 1",
      R(model=LLAMA8, method="lora", precision="fp16_mixed", gradient_checkpointing=True)),
     ("gradient checkpointing 1 epochs on mi300 x2", R(gradient_checkpointing=True, epochs=1, gpu="mi300x", gpu_count=2)),
     ("lora LLaMA-3.1-8B, 3 × 4090, 2k seq, bs=1, r=8, AdamW 8bit, no gc",
@@ -123,20 +133,19 @@ CORPUS = [
      R(model=MIXTRAL, method="qlora", gpu="h100-sxm", gpu_count=1, gradient_checkpointing=True,
        optimizer="paged_adamw_8bit")),
     ("I want to finetune llama3.1 8b instruct on my 3090 with my own data at ./d/train.jsonl. Will it fit at 16k context?",
-     R(model=LLAMA8, gpu="rtx-3090", dataset="./d/train.jsonl", seq_len=16384)),
+     R(model=LLAMA8_INSTRUCT, gpu="rtx-3090", dataset="./d/train.jsonl", seq_len=16384)),
     ("qlora on 3090 using meta-llama/Llama-3.1-8B with tatsu-lab/alpaca",
      R(model=LLAMA8, method="qlora", gpu="rtx-3090", dataset="tatsu-lab/alpaca")),
     ("train on my-org/my-data the model my-org/my-model", R(model="my-org/my-model", dataset="my-org/my-data")),
-    ("lora llama 8b on 4090, max_steps 1000, save every 500 steps, eval batch size 8, lr 2e-4, 10% warmup",
+    ("lora llama 3.1 8b on 4090, max_steps 1000, save every 500 steps, eval batch size 8, lr 2e-4, 10% warmup",
      R(model=LLAMA8, method="lora", gpu="rtx-4090")),
-    ("lora llama 8b on 4090, learning rate 1e-5, weight decay 0.1, bs 2",
+    ("lora llama 3.1 8b on 4090, learning rate 1e-5, weight decay 0.1, bs 2",
      R(model=LLAMA8, method="lora", gpu="rtx-4090", micro_batch_size=2)),
     ("gpu: h100, model: qwen2.5-1.5b, method: lora, epochs: 2, rank: 8",
      R(model="Qwen/Qwen2.5-1.5B", method="lora", gpu="h100-sxm", epochs=2, lora_rank=8)),
-    ("fine tune deepseek-r1 on 4090", R(gpu="rtx-4090")),
     ("qlora llama-3.1-8b on 3090, lora on all linear layers",
      R(model=LLAMA8, method="qlora", gpu="rtx-3090", lora_targets=("all-linear",))),
-    ("lora r=16 mixtral on h100 target_modules: all-linear",
+    ("lora r=16 mixtral-8x7b on h100 target_modules: all-linear",
      R(model=MIXTRAL, method="lora", gpu="h100-sxm", lora_rank=16, lora_targets=("all-linear",))),
     ("lora qwen2.5-7b on a100 80gb, attention only",
      R(model=QWEN7, method="lora", gpu="a100-80gb", lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"))),
@@ -163,23 +172,25 @@ def test_corpus_is_large_and_distinct():
     [
         ("qlora llama-3.1-8b on 3900", "gpu", ["'3900'", "rtx-3090", "aegis gpus"]),
         ("lora on l40 with mixtral", "gpu", ["'l40'", "l40s"]),
-        ("plan lora llama-8b on a 3900", "gpu", ["'3900'", "rtx-3090"]),
-        ("plan lora llama-8b on an h300", "gpu", ["'h300'", "h200"]),
-        ("lora llama 8b on 2x rtx 3080", "gpu", ["'rtx 3080'", "rtx-3090"]),
+        ("plan lora llama-3.1-8b on a 3900", "gpu", ["'3900'", "rtx-3090"]),
+        ("plan lora llama-3.1-8b on an h300", "gpu", ["'h300'", "h200"]),
+        ("lora llama 3.1 8b on 2x rtx 3080", "gpu", ["'rtx 3080'", "rtx-3090"]),
         ("lora deepseek 7b on 4090", "model", ["'deepseek 7b'", "config.json"]),
-        ("lora llama-8b mixed precision fp32", "precision", ["fp32", "keep one"]),
-        ("qlora lama-3.1-8b on 3090", "model", ["'lama-3.1-8b'", "llama", "aegis models"]),
-        ("lora llama 13b on a100", "model", ["'llama 13b'", "aegis models"]),
-        ("teach a small qwen to write SQL on my 4090", "model", ["'small qwen'", "Qwen/Qwen2.5-7B", "Qwen/Qwen3-8B"]),
+        ("fine tune deepseek-r1 on 4090", "model", ["'deepseek-r1'", "config.json"]),
+        ("lora gemma-3-19b on h100", "model", ["'gemma-3-19b'", "google/gemma-3-", "--model ./path/config.json"]),
+        ("lora llama-3.1-8b mixed precision fp32", "precision", ["fp32", "keep one"]),
+        ("qlora lama-8b on 3090", "model", ["'lama-8b'", LLAMA8, "aegis models"]),
+        ("lora llama 19b on a100", "model", ["'llama 19b'", "aegis models"]),
+        ("teach a small qwen to write SQL on my 4090", "model", ["'small qwen'", "which qwen", "Qwen/"]),
         ("lora mixtral on 3090 or 4090", "gpu", ["rtx-3090", "rtx-4090", "keep one"]),
-        ("lora qwen 7b and llama 8b on 4090", "model", [QWEN7, LLAMA8]),
+        ("lora qwen2.5 7b and llama 3.1 8b on 4090", "model", [QWEN7, LLAMA8]),
         ("lora mistral on a100 40gb, 3 epochs, then 2 epochs", "epochs", ["3", "2", "keep one"]),
-        ("qlora llama-8b on 3090 bs 0", "micro_batch_size", ["'bs 0'", "out of range"]),
-        ("qlora llama-8b rank 5000", "lora_rank", ["4096"]),
-        ("full lora llama-8b", "method", ["full", "lora"]),
-        ("lora llama-8b bf16/fp16", "precision", ["fp16_mixed", "bf16"]),
-        ("lora llama-8b bs=4, grad_accum=8, global batch 64", "effective_batch_size", ["32", "64"]),
-        ("lora llama-8b 2x 4090 on 4 gpus", "gpu_count", ["2", "4"]),
+        ("qlora llama-3.1-8b on 3090 bs 0", "micro_batch_size", ["'bs 0'", "out of range"]),
+        ("qlora llama-3.1-8b rank 5000", "lora_rank", ["4096"]),
+        ("full lora llama-3.1-8b", "method", ["full", "lora"]),
+        ("lora llama-3.1-8b bf16/fp16", "precision", ["fp16_mixed", "bf16"]),
+        ("lora llama-3.1-8b bs=4, grad_accum=8, global batch 64", "effective_batch_size", ["32", "64"]),
+        ("lora llama-3.1-8b 2x 4090 on 4 gpus", "gpu_count", ["2", "4"]),
         ("x" * (MAX_REQUEST_CHARS + 1), "request", [str(MAX_REQUEST_CHARS)]),
     ],
 )
@@ -195,7 +206,7 @@ def test_unknown_or_ambiguous_parts_name_the_part_and_the_fix(text, part, says):
 
 
 def test_a_count_before_an_unknown_gpu_is_not_a_second_unknown_gpu():
-    issues = parse_request_lenient("lora llama-8b on 2x 3900").issues
+    issues = parse_request_lenient("lora llama-3.1-8b on 2x 3900").issues
     assert [(i.part, i.text) for i in issues] == [("gpu", "3900")]
 
 
@@ -210,7 +221,7 @@ def test_unknown_gpu_message_comes_from_the_catalog_lookup():
 
 
 def test_unknown_model_suggestions_are_catalog_ids():
-    result = parse_request_lenient("qlora lama-3.1-8b on 3090")
+    result = parse_request_lenient("qlora lama-8b on 3090")
     issue = next(i for i in result.issues if i.part == "model")
     ids = {m.id for m in catalog.models()}
     assert issue.suggestions and set(issue.suggestions) <= ids
@@ -219,7 +230,7 @@ def test_unknown_model_suggestions_are_catalog_ids():
 
 
 def test_lenient_reports_notes_and_unparsed_words():
-    result = parse_request_lenient("lora llama-8b on 4090, mixed precision, with lots of love")
+    result = parse_request_lenient("lora llama-3.1-8b on 4090, mixed precision, with lots of love")
     assert result.ok and result.request.precision == "bf16_mixed"
     assert any("bf16_mixed" in note for note in result.notes)
     assert "love" in result.unparsed and "lots" in result.unparsed
@@ -227,15 +238,21 @@ def test_lenient_reports_notes_and_unparsed_words():
 
 
 def test_settings_the_planner_does_not_use_are_noted_not_misread():
-    result = parse_request_lenient("lora llama 8b on 4090, eval batch size 8, lora_alpha=32, seed 42")
+    result = parse_request_lenient("lora llama 3.1 8b on 4090, eval batch size 8, lora_alpha=32, seed 42")
     assert result.ok and result.request == R(model=LLAMA8, method="lora", gpu="rtx-4090")
     assert any("eval batch size 8" in note and "seed 42" in note for note in result.notes)
 
 
-def test_instruct_variant_is_noted():
-    result = parse_request_lenient("lora gemma-2-9b-it on a10g")
-    assert result.request.model == "google/gemma-2-9b"
-    assert any("gemma-2-9b-it" in note for note in result.notes)
+@pytest.mark.parametrize("name", ["gemma-2-9b-it", "llama-3.1-8b-chat", "qwen2.5-7b-chat"])
+def test_instruct_variant_is_noted(name):
+    """An instruct/base sibling planned with another bundled config says which config it is."""
+    from aegis.hub import match_model
+
+    found = match_model(name)
+    result = parse_request_lenient(f"lora {name} on a10g")
+    assert result.request.model == found.model_id
+    if found.note:
+        assert found.note.startswith(f"{found.model_id} (config used for {name})") and found.note in result.notes
 
 
 def test_local_model_folder_with_config_is_a_model(tmp_path):
@@ -250,7 +267,7 @@ def test_local_model_folder_with_config_is_a_model(tmp_path):
 
 
 def test_flags_win_over_text():
-    parsed = parse_request("qlora llama-8b on 3090 bs 4")
+    parsed = parse_request("qlora llama-3.1-8b on 3090 bs 4")
     flags = R(gpu="rtx-4090", micro_batch_size=2)
     merged = parsed.merged(flags)
     assert merged == R(model=LLAMA8, method="qlora", gpu="rtx-4090", micro_batch_size=2)
@@ -272,7 +289,7 @@ def test_every_model_alias_parses_to_its_catalog_id(name, model_id):
 @pytest.mark.parametrize(("name", "gpu_id"), GPU_NAMES)
 def test_every_gpu_name_parses_to_its_catalog_id(name, gpu_id):
     assert find_gpu(name).id == gpu_id
-    request = parse_request(f"lora llama-8b on 2x {name}")
+    request = parse_request(f"lora llama-3.1-8b on 2x {name}")
     assert (request.gpu, request.gpu_count) == (gpu_id, 2)
 
 

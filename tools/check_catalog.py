@@ -1,70 +1,79 @@
-"""Check the bundled model configs against transformers and published parameter counts.
+"""Check the bundled model configs against published parameter counts and transformers.
 
-Every ``sdk/aegis/catalog/models/*.json`` listed in ``models.json`` is loaded into the
-transformers config class of its ``model_type``, the model is built on the meta device
-(no memory, no download), and its parameter count is compared with the count the
-publisher reports (safetensors metadata / model card). A config with a wrong size,
-vocabulary or tie flag shows up as a ratio other than 1.0000. Anything transformers
-logs or warns while reading a config is printed under the table.
+For every entry of ``sdk/aegis/catalog/models.json``: the planner's count from shapes
+(`aegis.hub.profile_from_config`) is compared with each parameter count the entry says is published
+(model card, paper, Hub safetensors total) — total, non-embedding or active — within one unit of the
+published figure's last digit (exact for an exact figure). A figure the entry marks as known to
+disagree (with the reason) is reported, not failed. With transformers installed, the model is also
+built on the meta device (no memory, no download) and its count must equal the planner's exactly;
+anything transformers logs or warns while reading a config is printed under the table.
 
-    python tools/check_catalog.py            # table; exit status 1 on any mismatch
-    python tools/check_catalog.py --only qwen  # ids containing "qwen"
+    python tools/check_catalog.py               # table; exit status 1 on any unexplained mismatch
+    python tools/check_catalog.py --only qwen   # ids containing "qwen"
+    python tools/check_catalog.py --no-meta     # published counts only (no torch/transformers)
 
-Needs torch and transformers (test/tools dependencies, not needed by the planner).
+The same checks run in tests/test_catalog.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
-CATALOG_DIR = Path(__file__).resolve().parents[1] / "sdk" / "aegis" / "catalog"
-
-# Parameter counts as published: the safetensors "total" the Hugging Face Hub shows for the
-# repository (tied embeddings counted once) or the exact figure in the model card. They are the
-# reference this tool checks the vendored configs against, not an output of Aegis.
-PUBLISHED_PARAMS: dict[str, int] = {
-    "meta-llama/Llama-3.1-8B": 8_030_261_248,
-    "meta-llama/Llama-3.1-70B": 70_553_706_496,
-    "meta-llama/Llama-3.2-1B": 1_235_814_400,
-    "meta-llama/Llama-3.2-3B": 3_212_749_824,
-    "Qwen/Qwen2.5-0.5B": 494_032_768,
-    "Qwen/Qwen2.5-1.5B": 1_543_714_304,
-    "Qwen/Qwen2.5-7B": 7_615_616_512,
-    "Qwen/Qwen2.5-14B": 14_770_033_664,
-    "Qwen/Qwen2.5-32B": 32_763_876_352,
-    "Qwen/Qwen2.5-72B": 72_706_203_648,
-    "Qwen/Qwen3-0.6B": 596_049_920,
-    "Qwen/Qwen3-8B": 8_190_735_360,
-    "mistralai/Mistral-7B-v0.3": 7_248_023_552,
-    "microsoft/Phi-3-mini-4k-instruct": 3_821_079_552,
-    "google/gemma-2-2b": 2_614_341_888,
-    "google/gemma-2-9b": 9_241_705_984,
-    "google/gemma-3-1b-pt": 999_885_952,
-    "mistralai/Mixtral-8x7B-v0.1": 46_702_792_704,
-    "Qwen/Qwen1.5-MoE-A2.7B": 14_315_784_192,
-    "Qwen/Qwen3-30B-A3B": 30_532_122_624,
-}
+from aegis import catalog
+from aegis.hub import profile_from_config
 
 
 @dataclass(frozen=True)
-class Row:
-    """One checked model."""
+class Figure:
+    """One published figure against the planner's count."""
+
+    model_id: str
+    counts: str
+    published: str
+    where: str
+    computed: int
+    verdict: str  # exact | within | known | MISMATCH
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class MetaRow:
+    """The planner's total against transformers' meta-device model."""
 
     model_id: str
     architecture: str
-    params: int
-    published: int | None
+    planner: int
+    transformers: int
     messages: tuple[str, ...]
 
-    @property
-    def ratio(self) -> float | None:
-        return None if self.published is None else self.params / self.published
+
+def counts_of(entry: catalog.CatalogModel) -> dict[str, int]:
+    """total / non_embedding / active parameters of an entry, from shapes."""
+    p = profile_from_config(catalog.read_model_config(entry), model_id=entry.id, source="catalog")
+    return {"total": p.total_params, "non_embedding": p.total_params - p.embedding_params - p.lm_head_params,
+            "active": p.active_params_per_token}
+
+
+def verdict(figure: catalog.PublishedCount, computed: int) -> str:
+    if figure.agrees(computed):
+        return "exact" if figure.tolerance == 0 else "within"
+    return "known" if figure.disagrees else "MISMATCH"
+
+
+def check_published(only: str | None = None) -> list[Figure]:
+    rows = []
+    for entry in catalog.models():
+        if only and only.lower() not in entry.id.lower():
+            continue
+        counts = counts_of(entry)
+        for fig in entry.published:
+            got = counts[fig.counts]
+            rows.append(Figure(entry.id, fig.counts, fig.value, fig.where, got, verdict(fig, got), fig.disagrees))
+    return rows
 
 
 class _Collect(logging.Handler):
@@ -76,7 +85,7 @@ class _Collect(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def count_params(config_dict: dict) -> tuple[str, int, tuple[str, ...]]:
+def meta_count(config_dict: dict) -> tuple[str, int, tuple[str, ...]]:
     """Build the model of ``config_dict`` on the meta device; return (class name, params, warnings)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -96,48 +105,46 @@ def count_params(config_dict: dict) -> tuple[str, int, tuple[str, ...]]:
     finally:
         tf_logger.removeHandler(handler)
     params = sum(p.numel() for p in model.parameters())
-    messages = tuple(handler.messages) + tuple(str(w.message) for w in caught)
-    return type(model).__name__, params, messages
+    return type(model).__name__, params, tuple(handler.messages) + tuple(str(w.message) for w in caught)
 
 
-def check(only: str | None = None) -> list[Row]:
-    """Check every indexed model (optionally only ids containing ``only``)."""
-    index = json.loads((CATALOG_DIR / "models.json").read_text())
+def check_meta(only: str | None = None) -> list[MetaRow]:
     rows = []
-    for entry in index:
-        if only and only.lower() not in entry["id"].lower():
+    for entry in catalog.models():
+        if only and only.lower() not in entry.id.lower():
             continue
-        config_dict = json.loads((CATALOG_DIR / "models" / entry["file"]).read_text())
-        arch, params, messages = count_params(config_dict)
-        rows.append(Row(entry["id"], arch, params, PUBLISHED_PARAMS.get(entry["id"]), messages))
+        arch, params, messages = meta_count(catalog.read_model_config(entry))
+        rows.append(MetaRow(entry.id, arch, counts_of(entry)["total"], params, messages))
     return rows
 
 
-def render(rows: list[Row]) -> str:
-    """The table, then any messages transformers emitted per model."""
-    head = f"{'model':36} {'class':28} {'transformers':>16} {'published':>16} {'ratio':>8}"
+def render(figures: list[Figure], meta: list[MetaRow]) -> str:
+    head = f"{'model':52} {'counts':13} {'published':>16} {'computed':>17} verdict"
     lines = [head, "-" * len(head)]
-    for r in rows:
-        pub = f"{r.published:,}" if r.published is not None else "n/a"
-        ratio = f"{r.ratio:.4f}" if r.ratio is not None else "-"
-        lines.append(f"{r.model_id:36} {r.architecture:28} {r.params:>16,} {pub:>16} {ratio:>8}")
-    for r in rows:
-        for m in r.messages:
-            lines.append(f"[{r.model_id}] {m}")
+    for f in figures:
+        lines.append(f"{f.model_id:52} {f.counts:13} {f.published:>16} {f.computed:>17,} {f.verdict}")
+    tally = {v: sum(f.verdict == v for f in figures) for v in ("exact", "within", "known", "MISMATCH")}
+    lines.append(f"\n{len(figures)} published figures: " + ", ".join(f"{n} {v}" for v, n in tally.items()))
+    lines += [f"  known: {f.model_id} {f.published} ({f.where}): {f.why}" for f in figures if f.verdict == "known"]
+    if meta:
+        off = [m for m in meta if m.planner != m.transformers]
+        lines.append(f"transformers meta-device counts: {len(meta) - len(off)}/{len(meta)} equal the planner's")
+        lines += [f"  DIFFERS {m.model_id} ({m.architecture}): planner {m.planner:,} transformers {m.transformers:,}"
+                  for m in off]
+        lines += [f"  [{m.model_id}] {msg}" for m in meta for msg in m.messages]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="check only ids containing this text")
+    parser.add_argument("--no-meta", action="store_true", help="skip the transformers meta-device build")
     args = parser.parse_args(argv)
-    rows = check(args.only)
-    print(render(rows))
-    bad = [r.model_id for r in rows if r.published is not None and r.params != r.published]
-    if bad:
-        print(f"\nMISMATCH: {', '.join(bad)}")
-        return 1
-    return 0
+    figures = check_published(args.only)
+    meta = [] if args.no_meta else check_meta(args.only)
+    print(render(figures, meta))
+    failed = any(f.verdict == "MISMATCH" for f in figures) or any(m.planner != m.transformers for m in meta)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

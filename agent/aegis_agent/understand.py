@@ -6,7 +6,10 @@ Deterministic first, in this order: run commands in the supervisor's grammar (``
 message is a follow-up when the conversation already has a request: what it names replaces the
 previous value, everything else carries over ("on a 4090 instead", "rank 32", "with 8-bit adam").
 Only when the parser reads nothing, or names something unknown, is the optional LLM asked
-(`aegis_agent.llm.RequestExtractor`), and its answer goes through the same carry-over.
+(`aegis_agent.llm.RequestExtractor`), and its answer goes through the same carry-over. A message naming one
+model Aegis cannot resolve ('gemma-3-27b') is answered with that one-line error (close models, how to pass a
+config.json) — never planned, compared or explained as another model, and not handed to the LLM; a model the LLM
+names is read by the same decision (`aegis.hub.match_model`) as the parser's.
 With a remote ``policy`` (`aegis.access.PathPolicy`), a message naming a local path outside the allowed
 roots is answered with the refusal before the parser looks at the file system.
 
@@ -21,7 +24,7 @@ from typing import Any
 
 from aegis.access import PathPolicy
 from aegis.errors import AegisError, CommandError, PathNotAllowedError
-from aegis.parse import parse_request_lenient
+from aegis.parse import ParseIssue, parse_request_lenient
 from aegis.schema import Frozen, PlanRequest
 from aegis.supervise.commands import COMMAND_NAMES, parse_command
 from pydantic import Field
@@ -146,6 +149,9 @@ def understand(
         except PathNotAllowedError as err:
             return Understanding(reply=str(err), source="rules")
     parsed = parse_request_lenient(text)
+    unknown_model = _unknown_model(parsed.issues)
+    if unknown_model:
+        return Understanding(reply=unknown_model, source="parser")
     if _COMPARE.search(text):
         req = carry_over(request, parsed.request)
         return Understanding(call=ToolCall(name="compare_gpus", args=_request_args(req)), source="rules")
@@ -171,6 +177,11 @@ def understand(
             req = extractor.extract(text, current=request)
         except AegisError as err:
             return Understanding(reply=f"The language model could not read that: {err}", source="llm")
+        if req.model:
+            try:
+                req = _checked_model(req)
+            except AegisError as err:
+                return Understanding(reply=str(err), source="llm")
         if req.model_dump(exclude_none=True):
             return _plan(carry_over(request, req), "llm")
     if not parsed.issues:
@@ -181,6 +192,22 @@ def understand(
         lines = "\n".join(f"- {issue.message}" for issue in parsed.issues)
         return Understanding(reply=f"I could not read part of that request:\n{lines}", source="parser")
     return Understanding(reply="I did not find a request in that. " + HELP, source="parser")
+
+
+def _unknown_model(issues: tuple[ParseIssue, ...]) -> str | None:
+    """The error for a model the message names precisely ('gemma-3-27b', 'mistral nemo') and Aegis cannot
+    resolve: the whole answer. A vague one ('a small qwen') is left to the LLM, when there is one."""
+    from aegis.hub import names_one_model
+
+    return next((i.message for i in issues if i.part == "model" and names_one_model(i.text)), None)
+
+
+def _checked_model(req: PlanRequest) -> PlanRequest:
+    """``req`` with the LLM's model read as the parser reads one (bundled id, Hub id or path); UnknownModelError."""
+    from aegis.hub import match_model
+
+    assert req.model is not None
+    return req.model_copy(update={"model": match_model(req.model).model_id})
 
 
 def _unknown_gpu(text: str) -> str | None:

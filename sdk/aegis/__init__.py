@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from aegis.errors import *  # noqa: F403
 from aegis.errors import __all__ as _errors_all
 from aegis.hardware import find_gpu, list_gpus
-from aegis.hub import resolve_model
+from aegis.hub import ModelMatch, match_model, resolve_model
 from aegis.memory import estimate_memory
 from aegis.schema import (
     GPU,
@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from aegis.parse import parse_request
     from aegis.planner import plan
     from aegis.solver import solve
+    from aegis.forge import merge_models
+    from aegis.model_source import locate_model
     from aegis.supervise import Supervisor, load_run_config
 
 __version__ = "0.1.0"
@@ -49,6 +51,8 @@ _LAZY = {
     "solve": "aegis.solver",
     "Supervisor": "aegis.supervise",
     "load_run_config": "aegis.supervise",
+    "locate_model": "aegis.model_source",
+    "merge_models": "aegis.forge",
 }
 
 __all__ = [
@@ -58,6 +62,7 @@ __all__ = [
     "LoRAConfig",
     "MemoryComponent",
     "MemoryEstimate",
+    "ModelMatch",
     "ModelProfile",
     "PlanReport",
     "PlanRequest",
@@ -69,6 +74,9 @@ __all__ = [
     "find_gpu",
     "list_gpus",
     "load_run_config",
+    "locate_model",
+    "match_model",
+    "merge_models",
     "parse_request",
     "plan",
     "resolve_model",

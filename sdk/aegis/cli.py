@@ -123,11 +123,54 @@ def compare(
 
 
 @app.command()
-def models(json_: JsonOpt = False, markdown: MarkdownOpt = False) -> None:
-    """The bundled models (offline) with their computed parameter counts."""
-    from aegis.compare import render_models
+def models(
+    query: Annotated[Optional[str], typer.Argument(
+        help="Words of an id or alias, e.g. 'qwen', 'coder', 'llama3.1:8b'.")] = None,
+    family: Annotated[Optional[str], typer.Option(help="A family ('llama-3.1', 'qwen2.5') or series ('llama').")] = None,
+    size: Annotated[Optional[str], typer.Option(help="A size as named: 8b, 0.5b, 8x7b, 30b (finds 30b-a3b).")] = None,
+    json_: JsonOpt = False,
+    markdown: MarkdownOpt = False,
+) -> None:
+    """The bundled models (offline): family, size, total/active parameters from shapes, context, config source."""
+    import json
 
-    typer.echo(render_models(_output(json_, markdown).value))
+    from aegis import catalog
+    from aegis.compare import _table
+    from aegis.hub import profile_from_config
+
+    fmt = _output(json_, markdown)
+    found = catalog.search(query, family=family, size=size)
+    if not found:
+        asked = " ".join(f"{k} {v!r}" for k, v in (("query", query), ("family", family), ("size", size)) if v)
+        typer.secho(f"no bundled model matches {asked}: `aegis models` lists them all; for any other model pass "
+                    "its Hub id or the path of its config.json", err=True)
+        raise typer.Exit(1)
+    rows = []
+    for entry in found:
+        p = profile_from_config(catalog.read_model_config(entry), model_id=entry.id, source="catalog")
+        rows.append({"id": entry.id, "also_ids": list(entry.also_ids), "family": entry.family,
+                     "size": entry.size, "variant": entry.variant, "architecture": p.architecture, "params": p.total_params,
+                     "active_params": p.active_params_per_token, "context": p.max_position_embeddings,
+                     "source": str(entry.source), "aliases": list(entry.aliases)})
+    if fmt is Output.json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+
+    def count(n: int) -> str:
+        return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+    def source(entry: catalog.CatalogModel) -> str:
+        src = entry.source
+        text = "Hub config.json" if src.library == "hub" else f"{src.library} {src.version} {src.entry}"
+        return text + (f" (+{len(src.overrides)} set)" if src.overrides else "")
+
+    body = [[r["id"] + (f" (+{len(r['also_ids'])})" if r["also_ids"] else ""), r["family"], r["size"],
+             count(r["params"]), count(r["active_params"]) if r["active_params"] != r["params"] else "",
+             f"{r['context'] // 1024}k" if r["context"] % 1024 == 0 else f"{r['context']:,}", source(entry)]
+            for r, entry in zip(rows, found)]
+    title = f"Bundled models (offline): {len(rows)} of {len(catalog.models())}"
+    typer.echo(_table(["model (+ids sharing its config)", "family", "size", "params", "active", "context",
+                       "config from"], body, fmt.value, title))
 
 
 @app.command()
@@ -172,23 +215,57 @@ def _benchmark_text(result) -> str:
             f"peak {rec.peak_memory_bytes / 1e9:.2f} GB -- stored for GPU '{rec.gpu_id}'")
 
 
+def _mount_missing(names: tuple[str, ...], err: ImportError) -> None:
+    """Commands whose extra is not installed: listed by --help, and each says in one line what to install."""
+    from rich.markup import escape
+
+    from aegis._extras import COMMAND_EXTRAS, install_hint
+    from aegis.errors import MissingExtraError
+
+    for name in names:
+        extra = COMMAND_EXTRAS[name]
+
+        def stub(ctx: typer.Context, _name: str = name, _extra: str = extra) -> None:
+            raise MissingExtraError(
+                f"`aegis {_name}` needs the '{_extra}' extra ({err}): {install_hint(_extra)}"
+            )
+
+        app.command(
+            name,
+            help=escape(f"(not installed: {install_hint(extra)})"),
+            context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+        )(stub)
+
+
 def _mount_run_commands() -> None:
-    """The supervisor's commands (run, resume, status, interrupt, command) live in aegis.supervise.cli;
-    `chat` and `slack` in aegis_apps.cli."""
+    """The supervisor's commands (run, resume, status, interrupt, command, export) live in aegis.supervise.cli;
+    `chat` and `slack` in aegis_apps.cli. Without their extra, stand-ins name the extra to install."""
     try:
         from aegis.supervise.cli import register
-    except ImportError:  # the supervisor's CLI module is optional in a planner-only install
+    except ImportError as err:  # the supervisor's CLI module is optional in a planner-only install
+        _mount_missing(("run", "resume", "status", "interrupt", "command", "export", "chat", "slack"), err)
         return
     register(app)
     try:
         from aegis_apps.cli import chat, slack
-    except ImportError:  # the chat and Slack front ends are installed with the `apps` extra
+    except ImportError as err:  # the chat and Slack front ends are installed with the `apps` extra
+        _mount_missing(("chat", "slack"), err)
         return
     app.command("chat")(chat)
     app.command("slack")(slack)
 
 
-_PLANNER_COMMANDS = frozenset({"plan", "compare", "models", "gpus", "benchmark"})
+_PLANNER_COMMANDS = frozenset({"plan", "compare", "models", "gpus", "benchmark", "merge"})
+
+
+def _mount_forge_commands() -> None:
+    """`aegis merge` (mergekit YAML): its module imports only typer; numpy and safetensors load when it runs."""
+    from aegis.forge.cli import merge
+
+    app.command("merge")(merge)
+
+
+_mount_forge_commands()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -202,6 +279,12 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(rc)
     except AegisError as err:
         typer.secho(f"error: {err}", err=True, fg="red")
+        raise SystemExit(2) from None
+    except ImportError as err:  # an optional extra is not installed: name it, no traceback
+        from aegis._extras import missing_extra
+
+        command = next((a for a in args if not a.startswith("-")), "")
+        typer.secho(f"error: {missing_extra(err, f'`aegis {command}`'.replace(' `', '`'))}", err=True, fg="red")
         raise SystemExit(2) from None
     except typer.Abort:
         raise SystemExit(130) from None

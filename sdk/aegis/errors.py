@@ -25,6 +25,7 @@ __all__ = [
     "RunError",
     "CommandError",
     "WeightsNotFoundError",
+    "MissingExtraError",
     "PathNotAllowedError",
 ]
 
@@ -83,3 +84,7 @@ class WeightsNotFoundError(AegisError, FileNotFoundError):
 
 class PathNotAllowedError(AegisError, PermissionError):
     """A remote request naming a local path outside the allowed roots (AEGIS_MODEL_DIRS / AEGIS_DATA_DIRS)."""
+
+
+class MissingExtraError(AegisError, ImportError):
+    """A feature whose optional extra is not installed; the message names the pip command."""

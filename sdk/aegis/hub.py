@@ -1,62 +1,495 @@
 """Model resolution: an id, alias or path → a `ModelProfile` computed from config.json shapes.
 
-Order: a local config.json or model folder; the bundled catalog (offline); the Hugging Face Hub
-through ``huggingface_hub`` (cached; served from the cache when offline).
+One function decides what a model name means, for the parser and the loader alike: `match_model`.
 
+    match_model("llama-3.1-8b-chat")       # ModelMatch(model_id='meta-llama/Llama-3.1-8B-Instruct', source='catalog',
+                                           #   note='meta-llama/Llama-3.1-8B-Instruct (config used for llama-3.1-8b-chat)…')
+    match_model("qwen3-13b")               # UnknownModelError: no bundled qwen 3 13B (qwen 3 is bundled in …);
+                                           #   did you mean Qwen/Qwen3-14B, …? how to pass a config.json
     profile = resolve_model("llama-3.1-8b")           # bundled alias
     profile = resolve_model("./my-model/config.json")  # local file
     profile.total_params, profile.trainable_params("lora")
+
+How a name is read (never a model of another family, version, size or variant):
+
+1. a path (an existing file or folder, ``*.json``, ``./``, ``/``, ``~``) is read as given;
+2. a Hub id ``org/name``: the bundled model of that id; else its config.json in the local Hub cache; else a
+   bundled model of the same org whose name differs only by an instruct/base suffix (the same config.json);
+   else the Hub id itself, fetched (and cached) when `resolve_model` runs online;
+3. any other name is cut into family, version, size (compared as numbers: ``0.5b`` = ``500m``; ``8x7b``;
+   ``30b-a3b``), and other words; Ollama's ``name:size[-tag]`` reads as ``name-size[-tag]``. It is the bundled
+   model whose id or alias has the same tokens (the catalog's naming rule); else the one bundled model whose id or
+   versioned alias has the same family, version, size and words, ignoring instruct/base suffixes (``-it``/``-pt``,
+   ``-Instruct``, ``-chat``, ``-base``, ``-hf``, Ollama quantisation tags), which share a config.json — the closest
+   suffix wins (same suffix, then same kind), and the match says which config is used; else the
+   same with the family word's spelling corrected (``lama-3.1-8b``), when the name gives a size (or a version and
+   a variant word) and its family word is no known family; else a model in the local Hub cache read the same way;
+4. anything else is an `UnknownModelError` that lists the close bundled models (same family first) and how to
+   pass a config.json. Two or more bundled matches are an error too: a name never picks one of several.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from aegis import catalog
 from aegis.errors import InvalidConfigError, OfflineError, UnknownModelError
 from aegis.families import get_family
-from aegis.schema import LinearModule, ModelProfile
+from aegis.schema import Frozen, LinearModule, ModelProfile
 
-__all__ = ["resolve_model", "canonical_model_id", "profile_from_config", "list_models"]
+__all__ = [
+    "ModelMatch", "match_model", "suggest_models", "names_one_model", "resolve_model", "canonical_model_id",
+    "profile_from_config", "list_models",
+]
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_KEY_TOKEN = re.compile(r"\d+(?:\.\d+)*|[a-z]+")
+
+SAME_CONFIG_WORDS = frozenset({"instruct", "it", "pt", "chat", "base", "hf"})
+"""Suffixes of instruct/base siblings, which publish the same config.json (shapes) as each other."""
+_INSTRUCT_WORDS = frozenset({"instruct", "it", "chat"})
+_QUANT_TAG = re.compile(r"[-_:](?:q[2-8](?:_[a-z0-9]+)*|i?q[1-4]_[a-z0-9_]+|f16|fp16|bf16|qat|gguf|latest)$")
+"""Ollama/GGUF tags (``-q4_K_M``, ``-qat``, ``:latest``): a packaging of the same model."""
+OTHER_FAMILIES = frozenset(
+    "deepseek falcon yi olmo olmoe granite starcoder starcoder2 codellama codegemma codeqwen internlm internlm2 "
+    "baichuan chatglm glm gpt opt bloom bloomz pythia tinyllama smollm smollm2 smollm3 zephyr vicuna aya jamba dbrx "
+    "arctic nemotron minitron exaone hermes openhermes qwq solar stablelm mpt wizardlm mamba rwkv grok kimi ernie "
+    "hunyuan magistral devstral codestral ministral pixtral mathstral llava idefics paligemma recurrentgemma "
+    "shieldgemma medgemma openchat tulu cohere command minicpm orion xverse seallm sailor".split()
+)
+"""Model families a user may name besides the catalog's (which come from the catalog): such a name is that
+family's model — bundled or not, never a misspelt bundled family ('ministral' is not 'mistral')."""
+
+Source = Literal["catalog", "path", "hub", "cache"]
 
 
-def _norm(name: str) -> str:
-    """Loose form for matching: lower case, separators and a trailing -hf/-instruct-less."""
-    return re.sub(r"[\s_.]+", "-", name.strip().lower())
+class ModelMatch(Frozen):
+    """What a model name refers to, decided by `match_model`."""
+
+    model_id: str = Field(description="The bundled id, Hub id or path whose config.json is used.")
+    source: Source = Field(description="Where that config.json comes from: catalog, path, cache or hub (to fetch).")
+    note: str = Field(default="", description="How the name was read when it is not that id: a variant sharing the "
+                                              "config, a spelling fixed, a cached repo. Empty when it is the id.")
+
+
+# ------------------------------------------------------------------------------------------ names
+
+
+@dataclass(frozen=True)
+class _Size:
+    total: float | None = None
+    experts: int | None = None
+    active: float | None = None
+
+    def same(self, other: "_Size") -> bool:
+        """``self`` (what was asked) equals ``other`` (a known name); an asked size may leave the active part out."""
+        if self.experts != other.experts or not _close(self.total, other.total):
+            return False
+        return self.active is None or _close(self.active, other.active)
+
+    @property
+    def magnitude(self) -> float:
+        """Parameters, roughly (for ordering): experts x size, else the total, else the active part."""
+        return (self.total or self.active or 1.0) * (self.experts or 1)
+
+    def __str__(self) -> str:
+        out = (f"{self.experts}x" if self.experts else "") + (_fmt_params(self.total) if self.total else "")
+        return out + (f"-A{_fmt_params(self.active)}" if self.active else "")
+
+
+def _close(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return abs(a - b) <= 0.01 * max(a, b)
+
+
+def _fmt_params(n: float) -> str:
+    return f"{n / 1e9:g}B" if n >= 1e8 else f"{n / 1e6:g}M"
+
+
+@dataclass(frozen=True)
+class _Name:
+    """A model name cut into parts: 'Qwen2.5-7B-Instruct' → family qwen, version 2.5, size 7B, variant instruct."""
+
+    family: str | None
+    version: str | None
+    size: _Size | None
+    words: tuple[str, ...]  # what else names the model (coder, mini, 4k, v0.3, ...), sorted
+    variant: tuple[str, ...]  # instruct/base suffixes (SAME_CONFIG_WORDS), sorted
+    specific: bool  # names one model, not a family: a size, or a known family word with a version or word after it
+
+    def same_model(self, other: "_Name", family: str | None = None) -> bool:
+        """Same family, version, size and words (instruct/base suffixes aside)."""
+        sizes = (self.size is None and other.size is None) or (
+            self.size is not None and other.size is not None and self.size.same(other.size))
+        return ((family or self.family) == other.family and self.version == other.version and sizes
+                and self.words == other.words)
+
+    @property
+    def group(self) -> str:
+        return " ".join(p for p in (self.family, self.version) if p)
+
+
+_SIZE_RX = re.compile(r"^(?:(\d{1,3})x)?(\d+(?:\.\d+)?)([bm])$")
+_ACTIVE_RX = re.compile(r"^a(\d+(?:\.\d+)?)([bm])$")
+_NUMBER_RX = re.compile(r"^\d+(?:\.\d+)*$")
+_LEAD_RX = re.compile(r"^([a-z]+)(\d.*)?$")
+
+
+def _unit(value: str, unit: str) -> float:
+    return float(value) * (1e9 if unit == "b" else 1e6)
+
+
+def _parse_name(name: str) -> _Name:
+    text = name.strip().lower().rsplit("/", 1)[-1]
+    while True:  # Ollama/GGUF packaging tags
+        stripped = _QUANT_TAG.sub("", text)
+        if stripped == text:
+            break
+        text = stripped
+    chunks = [c for c in re.split(r"[\s_:-]+", text) if c]
+    known = _families()
+    at = next((i for i, c in enumerate(chunks) if _LEAD_RX.match(c) and _LEAD_RX.match(c).group(1) in known), None)
+    if at is None:
+        at = next((i for i, c in enumerate(chunks) if _LEAD_RX.match(c)), len(chunks))
+    if 0 < at and chunks[at - 1] == "meta" and chunks[at].startswith("llama"):
+        del chunks[at - 1]  # Meta-Llama-3-8B
+        at -= 1
+    family, pieces = None, list(chunks[:at])
+    if at < len(chunks):
+        lead = _LEAD_RX.match(chunks[at])
+        assert lead is not None
+        family = lead.group(1)
+        pieces += ([lead.group(2)] if lead.group(2) else []) + chunks[at + 1:]
+    before = len(chunks[:at])
+    version = None
+    total = experts = active = None
+    words: list[str] = []
+    variant: list[str] = []
+    for i, piece in enumerate(pieces):
+        size, act = _SIZE_RX.match(piece), _ACTIVE_RX.match(piece)
+        if size and total is None and i >= before:
+            experts = int(size.group(1)) if size.group(1) else None
+            total = _unit(size.group(2), size.group(3))
+        elif act and active is None and i >= before:
+            active = _unit(act.group(1), act.group(2))
+        elif _NUMBER_RX.match(piece) and i == before and family is not None:
+            version = piece  # the number right after the family word: qwen 2.5, gemma-3, phi3
+        elif piece in SAME_CONFIG_WORDS:
+            variant.append(piece)
+        else:
+            words.append(piece)
+    sized = _Size(total, experts, active) if (total or active) else None
+    specific = sized is not None or (family in known and (version is not None or len(pieces) > before))
+    return _Name(family, version, sized, tuple(sorted(words)), tuple(sorted(variant)), specific)
+
+
+def _key(name: str) -> tuple[str, ...]:
+    """Case- and separator-insensitive tokens: 'Llama-3.1-8B', 'llama 3.1 8b', 'llama3.1:8b' → one key."""
+    return tuple(_KEY_TOKEN.findall(name.lower()))
+
+
+def names_one_model(name: str) -> bool:
+    """True when ``name`` names one model ('gemma-3-27b', 'mistral nemo'), not only a family ('a small qwen')."""
+    return _parse_name(name).specific
+
+
+# ---------------------------------------------------------------------------------------- catalog
+
+
+@dataclass(frozen=True)
+class _Known:
+    """A bundled model and the names it answers to."""
+
+    id: str
+    org: str
+    group: str  # its family and version, for "same family first"
+    full: tuple[_Name, ...]  # its id (and structured catalog fields): names spelling may be corrected to
+    names: tuple[_Name, ...]  # full + the ids and aliases that keep its family and version (a series alias such
+    # as 'llama-8b' is the catalog's choice for that exact name, not stretched to 'llama-8b-chat')
+
+
+def _ids(entry: Any) -> tuple[str, ...]:
+    """The Hub ids a bundled config serves: its id, and those the catalog lists as sharing it (``also_ids``)."""
+    return (entry.id, *getattr(entry, "also_ids", ()))
+
+
+def _field(entry: Any, name: str) -> str | None:
+    value = getattr(entry, name, None)
+    return str(value).strip() or None if value not in (None, "") else None
+
+
+def _known_of(entry: Any) -> _Known:
+    base = _parse_name(entry.id)
+    full = [base]
+    family, size, variant = _field(entry, "family"), _field(entry, "size"), _field(entry, "variant")
+    if family or size:  # structured fields, where the catalog has them: one more full name
+        fam = _parse_name(family) if family else base
+        fam_word = fam.family if fam.family == base.family or not base.family else base.family
+        parts = [fam_word or "", fam.version or base.version or "", size or "", *base.words]
+        if variant and variant.lower() in SAME_CONFIG_WORDS:
+            parts.append(variant)
+        extra = _parse_name("-".join(p for p in parts if p))
+        if extra.size is not None and extra != base:
+            full.append(extra)
+    aliases = [_parse_name(a) for a in (*(i.split("/", 1)[-1] for i in _ids(entry)), *entry.aliases)]
+    kept = [a for a in aliases if (a.family, a.version) == (base.family, base.version)]  # not 'llama-8b', 'gemma-2b'
+    group = " ".join(_key(family)) if family else base.group
+    return _Known(entry.id, entry.id.split("/", 1)[0].lower(), group, tuple(full), tuple(full + kept))
 
 
 @lru_cache(maxsize=1)
-def _alias_table() -> dict[str, str]:
-    table: dict[str, str] = {}
-    for entry in catalog.models():
-        for name in (entry.id, entry.id.split("/", 1)[1], *entry.aliases):
-            table[_norm(name)] = entry.id
-    return table
+def _catalog() -> tuple[tuple[_Known, ...], dict[tuple[str, ...], frozenset[str]]]:
+    entries = catalog.models()
+    exact: dict[tuple[str, ...], set[str]] = {}
+    for entry in entries:
+        for name in (*_ids(entry), *(i.split("/", 1)[-1] for i in _ids(entry)), *entry.aliases):
+            exact.setdefault(_key(name), set()).add(entry.id)
+    return tuple(_known_of(e) for e in entries), {k: frozenset(v) for k, v in exact.items()}
+
+
+@lru_cache(maxsize=1)
+def _families() -> frozenset[str]:
+    keys = (_key(m.id.split("/", 1)[-1]) for m in catalog.models())
+    keys = (k[1:] if k[:2] == ("meta", "llama") else k for k in keys)  # Meta-Llama-3-8B
+    bundled = {k[0] for k in keys if k and k[0].isalpha()}
+    fields = {_key(f)[0] for m in catalog.models() if (f := _field(m, "family")) and _key(f) and _key(f)[0].isalpha()}
+    return frozenset(bundled | fields | OTHER_FAMILIES)
+
+
+@lru_cache(maxsize=1)
+def bundled_families() -> frozenset[str]:
+    """First words of the bundled models' names (llama, qwen, gemma, ...)."""
+    return frozenset(k.names[0].family for k in _catalog()[0] if k.names[0].family)
+
+
+# -------------------------------------------------------------------------------------- decision
+
+
+def match_model(name: str) -> ModelMatch:
+    """The model ``name`` refers to (the rules are in this module's docstring); UnknownModelError otherwise.
+
+    The parser and `resolve_model` both ask this function, so they never disagree on a name."""
+    if not isinstance(name, str) or not name.strip():
+        raise UnknownModelError("empty model name: pass an alias like 'llama-3.1-8b', a Hub id, or a config.json path")
+    name = name.strip()
+    path = Path(name).expanduser()
+    if name.endswith(".json") or name.startswith((".", "/", "~")) or _exists(path):
+        return ModelMatch(model_id=name, source="path")
+    if _HUB_ID.match(name):
+        return _match_hub_id(name)
+    known, exact = _catalog()
+    ids = exact.get(_key(name))
+    asked = _parse_name(name)
+    if ids and len(ids) == 1:
+        entry = next(k for k in known if k.id in ids)
+        return ModelMatch(model_id=entry.id, source="catalog", note=_variant_note(name, entry, asked))
+    if ids:
+        raise UnknownModelError(_ambiguous(name, sorted(ids)))
+    if asked.family is None:
+        raise UnknownModelError(_unknown_message(name, asked))
+    found = _closest_variant(asked, [k for k in known if any(asked.same_model(n) for n in k.names)])
+    if len(found) > 1:
+        raise UnknownModelError(_ambiguous(name, [k.id for k in found]))
+    if found:
+        cached = _match_cache(asked, exact_variant=True) if _variant_note(name, found[0], asked) else None
+        if cached:
+            return cached
+        return ModelMatch(model_id=found[0].id, source="catalog", note=_variant_note(name, found[0], asked))
+    fixed = _spelling(name, asked, known)
+    if len(fixed) == 1:
+        note = _variant_note(name, fixed[0], asked)
+        return ModelMatch(model_id=fixed[0].id, source="catalog", note=(
+            f"read {name!r} as {fixed[0].id} (spelling of {asked.family!r} corrected)" + (f"; {note}" if note else "")))
+    if len(fixed) > 1:
+        raise UnknownModelError(_ambiguous(name, [k.id for k in fixed]))
+    cached = _match_cache(asked, exact_variant=False)
+    if cached:
+        return cached
+    raise UnknownModelError(_unknown_message(name, asked))
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def _match_hub_id(repo_id: str) -> ModelMatch:
+    entry = catalog.model_entry(repo_id)  # its id, or one of the ids it lists as sharing its config
+    if entry is not None:
+        note = "" if entry.id.lower() == repo_id.lower() else _shared_note(repo_id, entry.id)
+        return ModelMatch(model_id=entry.id, source="catalog", note=note)
+    if _cached_config(repo_id):
+        return ModelMatch(model_id=repo_id, source="cache")
+    org, _, rest = repo_id.partition("/")
+    asked = _parse_name(rest)
+    same = [k for k in _catalog()[0] if k.org == org.lower() and any(asked.same_model(n) for n in k.full)]
+    if len(same) == 1:
+        return ModelMatch(model_id=same[0].id, source="catalog", note=_variant_note(repo_id, same[0], asked))
+    return ModelMatch(model_id=repo_id, source="hub")
+
+
+def _closest_variant(asked: _Name, found: list[_Known]) -> list[_Known]:
+    """Of bundled siblings that differ only by instruct/base suffix, those closest to the suffix asked: the same
+    suffix, else the same kind (instruct, it, chat / base, pt, hf), else one that states none."""
+    if len(found) < 2:
+        return found
+
+    def distance(k: _Known) -> int:
+        theirs = set(k.full[0].variant)
+        if theirs == set(asked.variant):
+            return 0
+        if not theirs or not asked.variant:
+            return 2
+        return 1 if bool(theirs & _INSTRUCT_WORDS) == bool(set(asked.variant) & _INSTRUCT_WORDS) else 3
+
+    best = min(distance(k) for k in found)
+    return [k for k in found if distance(k) == best]
+
+
+def _variant_note(name: str, known: _Known, asked: _Name) -> str:
+    """Said when ``name`` carries an instruct/base suffix the bundled id does not ('gemma-3-4b-it' → -pt)."""
+    if set(asked.variant) <= set(known.full[0].variant):
+        return ""
+    return _shared_note(name, known.id)
+
+
+def _shared_note(name: str, model_id: str) -> str:
+    return (f"{model_id} (config used for {name}): instruct and base checkpoints share the config.json, "
+            "so the memory plan is the same")
+
+
+def _spelling(name: str, asked: _Name, known: tuple[_Known, ...]) -> list[_Known]:
+    """Bundled models whose full name is ``name`` with its family word's spelling corrected: the entry the
+    corrected name is in the catalog, else those whose id has its family, version, size and words."""
+    family = asked.family
+    if not family or family in _families() or len(family) < 3 or not asked.specific:
+        return []
+    if asked.size is None and not (asked.version and asked.words):
+        return []
+    found: list[_Known] = []
+    for fixed in difflib.get_close_matches(family, sorted(bundled_families()), n=3, cutoff=0.75):
+        full = [k for k in known if any(asked.same_model(n, family=fixed) for n in k.full)]
+        key = tuple(fixed if t == family else t for t in _key(name))
+        named = [k for k in full if k.id in _catalog()[1].get(key, ())]
+        found += named or _closest_variant(asked, full)
+    return found
+
+
+def _cached_config(repo_id: str) -> str | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except (ValueError, OSError):  # an id the Hub would refuse
+        return None
+    return found if isinstance(found, str) and os.path.isfile(found) else None
+
+
+def _cached_repos() -> list[str]:
+    """Model repos with a cached config.json (names read from the cache's ``models--org--name`` folders)."""
+    from huggingface_hub import constants
+
+    try:
+        folders = os.listdir(constants.HF_HUB_CACHE)
+    except OSError:
+        return []
+    repos = [f.removeprefix("models--").replace("--", "/", 1) for f in folders if f.startswith("models--")]
+    return sorted(r for r in repos if "/" in r and _cached_config(r))
+
+
+def _match_cache(asked: _Name, *, exact_variant: bool) -> ModelMatch | None:
+    repos = [r for r in _cached_repos() if asked.same_model(n := _parse_name(r)) and (
+        not exact_variant or n.variant == asked.variant)]
+    exact = [r for r in repos if _parse_name(r).variant == asked.variant]
+    pick = (exact or repos)[:1]
+    if not pick:
+        return None
+    note = "" if exact else f"{pick[0]} from the local Hub cache (an instruct/base sibling: the same config.json)"
+    return ModelMatch(model_id=pick[0], source="cache", note=note)
+
+
+# ----------------------------------------------------------------------------------------- errors
+
+
+def suggest_models(name: str, n: int = 3) -> tuple[str, ...]:
+    """Bundled ids close to ``name``, best first: same family and version, then the family, nearest size first."""
+    asked = _parse_name(name)
+    known = _catalog()[0]
+    families = {asked.family} if asked.family else set()
+    if asked.family and asked.family not in _families():
+        families |= set(difflib.get_close_matches(asked.family, sorted(bundled_families()), n=2, cutoff=0.75))
+
+    def rank(k: _Known) -> tuple[float, ...]:
+        mine = k.full[0]
+        kin = 0 if mine.family in families and mine.version == asked.version else 1 if mine.family in families else 2
+        words = 0 if set(mine.words) == set(asked.words) else 1
+        gap = 9.0
+        if asked.size and mine.size:
+            gap = abs(math.log(asked.size.magnitude / mine.size.magnitude))
+        return (kin, words, gap, -difflib.SequenceMatcher(None, name.lower(), k.id.lower()).ratio())
+
+    ranked = sorted(known, key=rank)
+    kin = [k.id for k in ranked if k.full[0].family in families]
+    if kin:
+        return tuple(kin[:n])
+    low = name.lower().rsplit("/", 1)[-1]
+    alike = (k.id for k in ranked if difflib.SequenceMatcher(None, low, k.id.split("/", 1)[-1].lower()).ratio() >= 0.6)
+    return tuple(alike)[:n]
+
+
+def _how_to_pass(asked: _Name) -> str:
+    orgs = sorted({k.id.split("/", 1)[0] for k in _catalog()[0] if k.full[0].family == asked.family})
+    hub = f"{orgs[0]}/<name>" if len(orgs) == 1 else "org/name"
+    return (f"pass its config.json (`--model ./path/config.json`) or its Hub id (`--model {hub}`, fetched when "
+            "online); `aegis models` lists the bundled ones")
+
+
+def _unknown_message(name: str, asked: _Name) -> str:
+    known = _catalog()[0]
+    kin = [k for k in known if k.full[0].family == asked.family]
+    if asked.family is None or not kin:
+        why = f"no bundled {asked.family!r} model" if asked.family else "not a model name Aegis knows"
+    elif not asked.specific:
+        why = f"which {asked.family}? Say its version and size"
+    else:
+        same = [k for k in kin if k.full[0].version == asked.version]
+        parts = (asked.family, asked.version, *asked.words, str(asked.size) if asked.size else "")
+        said = " ".join(p for p in parts if p)
+        sizes = sorted({k.full[0].size for k in same if k.full[0].size}, key=lambda z: z.magnitude)
+        listed = ", ".join(str(z) for z in sizes)
+        why = f"no bundled {said}" + (f" ({asked.group} is bundled in {listed})" if same and sizes else "")
+    close = suggest_models(name, n=6 if asked.family and not asked.specific else 3)
+    mean = f"; did you mean {', '.join(close)}?" if close else ";"
+    return f"unknown model {name!r}: {why}{mean} to plan it, {_how_to_pass(asked)}"
+
+
+def _ambiguous(name: str, ids: list[str]) -> str:
+    return f"model {name!r} is ambiguous: it could be {', '.join(ids)}; name one (`aegis models` lists them)"
+
+
+# -------------------------------------------------------------------------------------- resolving
 
 
 def canonical_model_id(name: str) -> str:
-    """Bundled model id for an alias or id (case/separator-insensitive); UnknownModelError with close matches."""
-    found = _alias_table().get(_norm(name))
-    if found:
-        return found
-    raise UnknownModelError(_unknown_model_message(name))
-
-
-def _unknown_model_message(name: str) -> str:
-    close = difflib.get_close_matches(_norm(name), list(_alias_table()), n=3, cutoff=0.6)
-    hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
-    return (
-        f"unknown model {name!r}: {hint}`aegis models` lists the bundled ones; pass a Hub id (org/name) "
-        "or the path of a config.json / model folder"
-    )
+    """Bundled model id that ``name`` is read as (see `match_model`); UnknownModelError with close matches."""
+    found = match_model(name)
+    if found.source == "catalog":
+        return found.model_id
+    asked = _parse_name(name)
+    raise UnknownModelError(f"{name!r} is not a bundled model: {_how_to_pass(asked)}")
 
 
 def list_models() -> list[ModelProfile]:
@@ -64,28 +497,24 @@ def list_models() -> list[ModelProfile]:
     return [resolve_model(entry.id) for entry in catalog.models()]
 
 
+def resolve_model(id_or_path: str) -> ModelProfile:
+    """Resolve a model id, alias, config.json path or model folder to its profile (`match_model` decides which)."""
+    if not isinstance(id_or_path, str) or not id_or_path.strip():
+        raise UnknownModelError("empty model name: pass an alias like 'llama-3.1-8b', a Hub id, or a config.json path")
+    found = match_model(id_or_path)
+    return _load(found.model_id, found.source)
+
+
 @lru_cache(maxsize=256)
-def _resolve_cached(key: str) -> ModelProfile:
-    path = Path(key).expanduser()
-    if path.exists() or key.endswith(".json") or key.startswith((".", "/", "~")):
-        return _from_path(path)
-    table = _alias_table()
-    if _norm(key) in table:
-        model_id = table[_norm(key)]
+def _load(model_id: str, source: Source) -> ModelProfile:
+    if source == "path":
+        return _from_path(Path(model_id).expanduser())
+    if source == "catalog":
         entry = catalog.model_entry(model_id)
         assert entry is not None
         return profile_from_config(catalog.read_model_config(entry), model_id=model_id, source="catalog")
-    if _HUB_ID.match(key):
-        config, source = _from_hub(key)
-        return profile_from_config(config, model_id=key, source=source)
-    raise UnknownModelError(_unknown_model_message(key))
-
-
-def resolve_model(id_or_path: str) -> ModelProfile:
-    """Resolve a model id, alias, config.json path or model folder to its profile."""
-    if not isinstance(id_or_path, str) or not id_or_path.strip():
-        raise UnknownModelError("empty model name: pass an alias like 'llama-3.1-8b', a Hub id, or a config.json path")
-    return _resolve_cached(id_or_path.strip())
+    config, where = _from_hub(model_id)
+    return profile_from_config(config, model_id=model_id, source=where)
 
 
 def _from_path(path: Path) -> ModelProfile:
@@ -100,12 +529,14 @@ def _from_path(path: Path) -> ModelProfile:
 
 
 def _from_hub(repo_id: str) -> tuple[dict[str, Any], str]:
-    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+    from huggingface_hub import hf_hub_download
     from huggingface_hub import errors as hf_errors
 
-    cached = try_to_load_from_cache(repo_id, "config.json")
-    if isinstance(cached, str) and os.path.isfile(cached):
+    cached = _cached_config(repo_id)
+    if cached:
         return json.loads(Path(cached).read_text(encoding="utf-8")), "cache"
+    close = suggest_models(repo_id)
+    hint = f"; close bundled models: {', '.join(close)}" if close else ""
     try:
         file = hf_hub_download(repo_id, "config.json", etag_timeout=5)
     except hf_errors.GatedRepoError as err:
@@ -114,15 +545,22 @@ def _from_hub(repo_id: str) -> tuple[dict[str, Any], str]:
             "or pass the path of its config.json"
         ) from err
     except hf_errors.RepositoryNotFoundError as err:
-        raise UnknownModelError(_unknown_model_message(repo_id)) from err
+        raise UnknownModelError(
+            f"unknown model {repo_id!r}: no such model on the Hugging Face Hub{hint}; check the id, or pass the path "
+            "of its config.json (`--model ./path/config.json`)"
+        ) from err
+    except (hf_errors.OfflineModeIsEnabled, hf_errors.LocalEntryNotFoundError) as err:  # before its base class
+        raise OfflineError(_offline_message(repo_id, hint)) from err
     except hf_errors.EntryNotFoundError as err:
         raise UnknownModelError(f"{repo_id} has no config.json on the Hub: pass a local config.json path") from err
-    except (hf_errors.OfflineModeIsEnabled, hf_errors.LocalEntryNotFoundError, OSError) as err:
-        raise OfflineError(
-            f"cannot reach the Hugging Face Hub for {repo_id} and it is not cached: connect once, "
-            "or pass the path of its config.json"
-        ) from err
+    except OSError as err:
+        raise OfflineError(_offline_message(repo_id, hint)) from err
     return json.loads(Path(file).read_text(encoding="utf-8")), "hub"
+
+
+def _offline_message(repo_id: str, hint: str) -> str:
+    return (f"cannot reach the Hugging Face Hub for {repo_id} and it is not cached: connect once (it is fetched and "
+            f"cached), or pass the path of its config.json (`--model ./path/config.json`){hint}")
 
 
 def profile_from_config(config: Any, *, model_id: str, source: str) -> ModelProfile:

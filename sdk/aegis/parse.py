@@ -19,9 +19,12 @@ How it reads a request, in order (each stage masks what it consumed so later sta
    ``.../config.json``), Hub ids ``org/name`` and huggingface.co URLs;
 2. keywords: method (``qlora``, ``4-bit lora``, ``lora``, ``full fine-tune``, ``fft``), optimizer,
    precision, gradient checkpointing on/off;
-3. the model: the longest run of tokens equal to a catalog id or alias (``aegis.catalog.models``);
-   tokens split letters from digits but keep decimals, so ``Llama 3.1 8B``, ``llama3.1-8b`` and
-   ``llama-3.1-8b`` are one key;
+3. the model: a run of tokens that starts with a catalog id or alias (``aegis.catalog.models``; tokens split
+   letters from digits but keep decimals, so ``Llama 3.1 8B``, ``llama3.1-8b`` and ``llama-3.1-8b`` are one
+   key) and goes on over what still belongs to the name (``-27b``, ``:14b``, `` small``, ``-Instruct``,
+   ``-v0.3``): ``gemma-3-27b`` is one name, never ``gemma-3`` and a stray ``27b``. What the name means is
+   decided by `aegis.hub.match_model`, the function `aegis.resolve_model` uses: an unbundled size or variant is
+   an issue naming the close bundled models, never another model;
 4. numbers: effective batch, gradient accumulation, micro batch, LoRA rank, sequence length, epochs
    (settings the planner does not use, such as ``lr 2e-4`` or ``eval batch size 8``, are set aside first
    and listed in ``notes`` so their numbers are not misread);
@@ -30,8 +33,8 @@ How it reads a request, in order (each stage masks what it consumed so later sta
 6. ``dataset NAME``; then the items are assigned: a catalog model, a dataset after
    ``with``/``using``/``on``/``dataset``, the first other Hub id a model when none was named;
 7. what is left: a GPU-like word after ``on``/``2x``/``gpu`` is looked up with `aegis.hardware.find_gpu`, a
-   model-like phrase (a family word such as ``llama`` or a size such as ``13b``) with
-   `aegis.hub.canonical_model_id`; their errors (with close matches) become issues.
+   model-like phrase (a family word such as ``llama`` or ``deepseek-v3``, or a size such as ``13b``) with
+   `aegis.hub.match_model`; their errors (with close matches) become issues.
 """
 
 from __future__ import annotations
@@ -164,8 +167,15 @@ class _Table:
         return tuple(ids[:n])
 
 
-_VARIANTS = frozenset({"instruct", "chat", "it", "hf", "base"})
-"""Suffixes of fine-tuned siblings with the base model's shapes ('Qwen2.5-7B-Instruct' → Qwen/Qwen2.5-7B)."""
+_NAME_WORD = re.compile(
+    r"(?:\d+x)?\d+(?:\.\d+)?[bm]|a\d+(?:\.\d+)?b|v\d+(?:\.\d+)*"
+    r"|instruct|it|pt|chat|base|hf|coder|math|vl|vision|moe|distill|preview"
+    r"|small|medium|mini|large|nano|nemo|tiny", re.ASCII)
+"""A space-separated word that goes on a model name ('gemma 3 27b', 'mistral small', 'llama 8b instruct');
+glued words ('qwen2.5-coder-32b', 'qwen3:14b') always do. Name words other than sizes, versions and
+instruct/base suffixes only go on before a size ('mistral small 24b', not 'llama 8b small batch')."""
+_SIZED = re.compile(r"(?:\d+x)?\d+(?:\.\d+)?[bm]", re.ASCII)
+_SUFFIX = re.compile(r"(?:\d+x)?\d+(?:\.\d+)?[bm]|a\d+(?:\.\d+)?b|v\d+(?:\.\d+)*|instruct|it|pt|chat|base|hf", re.ASCII)
 _VENDOR_WORDS = ("nvidia", "geforce", "amd", "tesla", "instinct")
 
 
@@ -183,6 +193,14 @@ def _family_words() -> frozenset[str]:
 
     keys = (_key(m.id.split("/", 1)[-1]) for m in catalog.models())
     return frozenset(k[0] for k in keys if k and k[0].isalpha() and len(k[0]) >= 3)
+
+
+@lru_cache(maxsize=1)
+def _other_families() -> frozenset[str]:
+    """Families Aegis bundles nothing of ('deepseek', 'falcon', ...): with a version or size they name a model."""
+    from aegis.hub import OTHER_FAMILIES
+
+    return OTHER_FAMILIES - _family_words()
 
 
 @lru_cache(maxsize=1)
@@ -425,20 +443,52 @@ def _read_model(r: _Reader) -> None:
             i += 1
             continue
         n, ids = hit
-        start, end = toks[i][1], toks[i + n - 1][2]
+        m = _name_end(r.work, toks, i, i + n)
+        start, end = toks[i][1], toks[m - 1][2]
         said = r.text[start:end]
-        variant = toks[i + n] if i + n < len(toks) and _adjacent(r.work, toks[i + n - 1], toks[i + n], False) else None
-        if variant and variant[0] in _VARIANTS and len(ids) == 1:
-            end = variant[2]
-            r.notes.append(f"{r.text[start:end]!r} planned with the bundled {next(iter(ids))} config (same shapes)")
-            said = r.text[start:end]
-            n += 1
-        if len(ids) == 1:
-            r.put("model", next(iter(ids)), said)
-        else:
+        if len(ids) > 1 and m == i + n and not _one_model(said):
             r.issues.append(_ambiguous("model", said, sorted(ids), "`aegis models` lists them"))
+        else:
+            _model_name(r, said)
         r.consume(start, end)
-        i += n
+        i = m
+
+
+def _name_end(work: str, toks: list[tuple[str, int, int]], i: int, j: int) -> int:
+    """Index of the first token after the model name that starts at token ``i`` and has read up to ``j``:
+    glued tokens go on it, a space-separated word only if it is a name word (see `_NAME_WORD`)."""
+    while j < len(toks) and _adjacent(work, toks[j - 1], toks[j], False):
+        if not any(c.isspace() for c in work[toks[j - 1][2]:toks[j][1]]):
+            j += 1
+            continue
+        k = j + 1
+        while k < len(toks) and work[toks[k - 1][2]:toks[k][1]] == "":
+            k += 1
+        sized = any(_SIZED.fullmatch(w) for w in re.split(r"[\s_:-]+", work[toks[i][1]:toks[j - 1][2]]))
+        if not (_SUFFIX if sized else _NAME_WORD).fullmatch(work[toks[j][1]:toks[k - 1][2]]):
+            break
+        j = k
+    return j
+
+
+def _one_model(said: str) -> bool:
+    from aegis.hub import names_one_model
+
+    return names_one_model(said)
+
+
+def _model_name(r: _Reader, said: str) -> None:
+    """The model ``said`` names, as `aegis.hub.match_model` decides (the loader's decision too), or an issue."""
+    from aegis.hub import match_model, suggest_models
+
+    try:
+        found = match_model(said)
+    except AegisError as err:
+        r.issues.append(ParseIssue(part="model", text=said, message=str(err), suggestions=suggest_models(said)))
+        return
+    r.put("model", found.model_id, said)
+    if found.note:
+        r.notes.append(found.note)
 
 
 def _match_at(work: str, toks: list[tuple[str, int, int]], i: int, table: _Table, *, strict_letters: bool):
@@ -560,9 +610,11 @@ def _assign_items(r: _Reader) -> None:
             else:
                 pending.append((item, start))
         else:  # a Hub id
-            canonical = _canonical_model(item)
-            if canonical:
-                r.put("model", canonical, item)
+            found = _bundled_or_cached(item)
+            if found is not None:
+                r.put("model", found.model_id, item)
+                if found.note:
+                    r.notes.append(found.note)
             elif data_cue:
                 r.put("dataset", item, item)
             else:
@@ -571,17 +623,16 @@ def _assign_items(r: _Reader) -> None:
         r.put("dataset" if r.values.get("model") else "model", item, item)
 
 
-def _canonical_model(name: str) -> str | None:
-    """The catalog id of a bundled model's id or alias, else None (our looser keys screen out misses cheaply)."""
-    from aegis.hub import canonical_model_id
+def _bundled_or_cached(repo_id: str) -> Any:
+    """`aegis.hub.match_model` of a Hub id when it is a bundled model or a cached model repo, else None
+    (an id to fetch may as well be a dataset: the cues around it decide)."""
+    from aegis.hub import match_model
 
-    ids = _models().exact.get(_key(name)) or _models().exact.get(_key(name.split("/", 1)[-1]))
-    if not ids or len(ids) != 1:
-        return None
     try:
-        return canonical_model_id(name)
+        found = match_model(repo_id)
     except AegisError:
         return None
+    return found if found.source in ("catalog", "cache") else None
 
 
 def _read_leftovers(r: _Reader) -> list[str]:
@@ -601,7 +652,7 @@ def _read_leftovers(r: _Reader) -> list[str]:
         start, end = run[0][1], run[-1][2]
         said = r.text[start:end]
         sized = any(_SIZE.match(a) and b in ("b", "m") for a, b in zip(words, words[1:]))
-        family = any(w in families for w in words)
+        family = any(w in families for w in words) or (words[0] in _other_families() and len(words) > 1)
         cued = _GPU_CUE.search(r.work, max(0, start - 30), start) or _COUNT_CUE.search(r.work, max(0, start - 8), start)
         gpu_like = any(c.isdigit() for c in said) and cued is not None
         vendor = words[0] in _GPU_BRANDS
@@ -613,30 +664,13 @@ def _read_leftovers(r: _Reader) -> list[str]:
             unparsed.extend(w for w in words if w.isalpha() and w not in _STOP and len(w) > 1)
         elif family or (sized and not r.values.get("model")):
             lookups += 1
-            _unknown_model(r, said)
+            _model_name(r, said)
         elif (gpu_like or vendor) and words[0] not in _STOP:
             lookups += 1
             _unknown_gpu(r, said)
         else:
             unparsed.extend(w for w in words if w.isalpha() and w not in _STOP and len(w) > 1)
     return unparsed
-
-
-def _unknown_model(r: _Reader, said: str) -> None:
-    from aegis.hub import canonical_model_id
-
-    try:
-        r.put("model", canonical_model_id(said), said)
-    except AegisError as err:
-        message, suggestions = str(err), _models().suggest(said)
-        family = [w for w in _key(said) if w in _family_words()]
-        if family and "did you mean" not in message:  # 'a small qwen': list that family's bundled models
-            kin = tuple(i for i in sorted({i for ids in _models().exact.values() for i in ids})
-                        if _key(i.split("/", 1)[-1])[:1] == (family[0],))
-            message = (f"unknown model {said!r}: which {family[0]}? The bundled ones are {', '.join(kin)}; "
-                       "or pass a Hub id (org/name) or the path of a config.json")
-            suggestions = kin
-        r.issues.append(ParseIssue(part="model", text=said, message=message, suggestions=suggestions))
 
 
 def _unknown_gpu(r: _Reader, said: str) -> None:

@@ -88,7 +88,7 @@ def test_checkpointing_and_chunked_ce_reduce_memory():
         (dict(micro_batch_size=0), aegis.InvalidConfigError, "micro_batch_size must be a positive integer"),
         (dict(seq_len=-5), aegis.InvalidConfigError, "seq_len must be a positive integer"),
         (dict(gpu="3900"), aegis.UnknownGPUError, "did you mean"),
-        (dict(model="lama-3.1-8b"), aegis.UnknownModelError, "aegis models"),
+        (dict(model="llama-3.1-9b"), aegis.UnknownModelError, "aegis models"),
     ],
 )
 def test_bad_input_is_a_one_line_error(kwargs, error, match):

@@ -1,35 +1,129 @@
-"""Bundled data: model config.json copies, the GPU catalog, chat templates.
+"""Bundled data: model config.json copies (with where each came from), the GPU catalog, chat templates.
 
-Everything here is a data file shipped in the package and validated by pydantic on load;
-loaders are cached, so the cost is paid once per process.
+Everything here is a data file shipped in the package and validated by pydantic on first use; loaders
+are cached, so the cost is paid once per process and only by a process that asks.
 
     from aegis import catalog
-    entry = catalog.model_entry("meta-llama/Llama-3.1-8B")
+    entry = catalog.find_model("llama3.1:8b")       # any id, name or alias → CatalogModel
+    entry.family, entry.size, entry.variant, str(entry.source)
     config = catalog.read_model_config(entry)
+    catalog.search("qwen", size="7b")                # what `aegis models` lists
     gpus = catalog.gpus()
+
+``models.json`` is written by ``tools/import_catalog.py``; the names an entry answers to come from one
+rule (`aegis.catalog._aliases`), not from the file.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, TypeAdapter
 
+from aegis.catalog import _aliases
 from aegis.schema import GPU, Frozen
 
-__all__ = ["CatalogModel", "models", "model_entry", "read_model_config", "gpus"]
+__all__ = [
+    "CatalogModel",
+    "ConfigSource",
+    "PublishedCount",
+    "models",
+    "model_entry",
+    "find_model",
+    "search",
+    "read_model_config",
+    "gpus",
+]
+
+Variant = Literal["base", "instruct", "coder", "math", "python", "reasoning", "distill"]
+
+_FIGURE = re.compile(r"^(?P<num>\d[\d,]*(?:\.(?P<frac>\d+))?)(?P<unit>[KMBT]?)$")
+_UNITS = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
+
+
+class ConfigSource(Frozen):
+    """Where a bundled config.json came from."""
+
+    library: str = Field(description="'hub' for a Hugging Face Hub file kept as published, else the library whose "
+                                     "model table it was converted from ('litgpt', 'torchtune').")
+    version: str = Field(default="", description="The library's version; empty for a Hub file.")
+    entry: str = Field(description="What was read: a litgpt config name, a torchtune builder, 'org/name/config.json'.")
+    overrides: dict[str, str] = Field(
+        default_factory=dict, description="config.json keys not taken from the entry → where their value came from.")
+
+    def __str__(self) -> str:
+        more = f" (+{len(self.overrides)} set)" if self.overrides else ""
+        return " ".join(p for p in (self.library, self.version, self.entry) if p) + more
+
+
+class PublishedCount(Frozen):
+    """A parameter count as its authors or the Hub publish it, at the precision they give."""
+
+    value: str = Field(description="As published: '8.03B', '494M', or an exact '8,030,261,248'.")
+    counts: Literal["total", "non_embedding", "active"] = Field(
+        default="total", description="What the figure counts: all parameters, all but embedding and LM head, "
+        "or those one token uses (MoE).")
+    where: str = Field(description="Where it is published (model card, paper table, Hub safetensors total).")
+    disagrees: str = Field(default="", description="Why the figure is known not to match the weights (empty: it must).")
+
+    @property
+    def params(self) -> int:
+        """The figure as a parameter count."""
+        match = _FIGURE.match(self.value)
+        if match is None:
+            raise ValueError(f"unreadable published count {self.value!r}")
+        number = match.group("num").replace(",", "")
+        unit = _UNITS[match.group("unit")]
+        whole, _, frac = number.partition(".")
+        return int(whole) * unit + (int(frac) * unit // 10 ** len(frac) if frac else 0)
+
+    @property
+    def tolerance(self) -> int:
+        """One unit in the figure's last significant digit: '7.61B' ±0.01B, '13B' ±1B, '300M' ±100M (trailing zeros
+        of a whole number are not significant); an exact count ('8,030,261,248', no unit) ±0. Rounding and
+        truncation of the true count both agree."""
+        match = _FIGURE.match(self.value)
+        if match is None:
+            raise ValueError(f"unreadable published count {self.value!r}")
+        unit = _UNITS[match.group("unit")]
+        if unit == 1:
+            return 0
+        if match.group("frac"):
+            return unit // 10 ** len(match.group("frac"))
+        digits = match.group("num").replace(",", "")
+        return unit * 10 ** (len(digits) - len(digits.rstrip("0")))
+
+    def agrees(self, params: int) -> bool:
+        return abs(params - self.params) <= self.tolerance
 
 
 class CatalogModel(Frozen):
-    """One bundled model: its hub id, the config.json copy and the short names people type."""
+    """One bundled config.json: the Hub ids it serves, what it is, where it came from, what is published."""
 
     id: str = Field(description="Canonical Hugging Face id.")
+    also_ids: tuple[str, ...] = Field(
+        default=(), description="Other Hub ids whose config (every key written here) is the same (e.g. the -Instruct).")
     file: str = Field(description="File name under catalog/models/.")
-    aliases: tuple[str, ...] = Field(default=(), description="Short lower-case names.")
+    family: str = Field(description="Release line, lower case: 'llama-3.1', 'qwen2.5', 'gemma-3', 'mistral'.")
+    size: str = Field(description="Size as named: '8b', '0.5b', '8x7b', '30b-a3b', '135m', '3.8b'.")
+    variant: Variant = Field(description="What the canonical checkpoint is: base, instruct, coder, math, ...")
+    source: ConfigSource
+    published: tuple[PublishedCount, ...] = Field(default=(), description="Published parameter counts.")
     note: str = Field(default="", description="Anything a user should know (e.g. text config of a multimodal model).")
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """Every Hub id this config serves, canonical first."""
+        return (self.id, *self.also_ids)
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """Every name this entry answers to under the catalog's naming rule, canonical id excluded."""
+        return tuple(n for n in _owners()[self.id] if n != self.id)
 
 
 def _read_json(*parts: str) -> Any:
@@ -38,14 +132,69 @@ def _read_json(*parts: str) -> Any:
 
 @lru_cache(maxsize=1)
 def models() -> tuple[CatalogModel, ...]:
-    """All bundled models, validated."""
+    """All bundled models, validated, in catalog order."""
     return tuple(TypeAdapter(list[CatalogModel]).validate_python(_read_json("models.json")))
 
 
+@lru_cache(maxsize=1)
+def _owners() -> dict[str, tuple[str, ...]]:
+    return _aliases.alias_owners(models())
+
+
+@lru_cache(maxsize=1)
+def _by_key() -> dict[tuple[str, ...], CatalogModel]:
+    by_id = {m.id: m for m in models()}
+    return {_aliases.key(name): by_id[owner] for owner, names in _owners().items() for name in names}
+
+
+@lru_cache(maxsize=1)
+def _by_id() -> dict[str, CatalogModel]:
+    return {hub_id.lower(): m for m in models() for hub_id in m.ids}
+
+
 def model_entry(model_id: str) -> CatalogModel | None:
-    """The bundled entry whose id equals ``model_id`` (case-insensitive), or None."""
-    wanted = model_id.lower()
-    return next((m for m in models() if m.id.lower() == wanted), None)
+    """The bundled entry serving Hub id ``model_id`` (case-insensitive), or None."""
+    return _by_id().get(model_id.lower())
+
+
+def find_model(name: str) -> CatalogModel | None:
+    """The entry a Hub id, name or alias names ('llama3.1:8b', 'Qwen2.5-7B-Instruct'), or None."""
+    return model_entry(name) or _by_key().get(_aliases.key(name))
+
+
+def _matches(query: tuple[str, ...], name: str) -> bool:
+    """Whether the tokens of ``query`` run in ``name``'s tokens: all equal, the last one a prefix
+    ('llama-3' finds Llama-3-8B and Llama-3.1-8B, not CodeLlama-34b; 'smol' finds SmolLM2)."""
+    tokens = _aliases.key(name)
+    *head, last = query
+    return any(tokens[i:i + len(head)] == tuple(head) and tokens[i + len(head)].startswith(last)
+               for i in range(len(tokens) - len(head)))
+
+
+def search(query: str | None = None, *, family: str | None = None, size: str | None = None,
+           variant: str | None = None) -> list[CatalogModel]:
+    """Entries matching every filter given, in catalog order. ``query`` is found in an id, alias or family
+    by tokens (case and separators ignored; the last word may be cut short); ``family`` is a family or a
+    series ('llama' is every Llama line, 'llama3.1' one); ``size`` is a size or a MoE total ('30b' finds
+    '30b-a3b')."""
+    wanted_q = _aliases.key(query) if query else ()
+    wanted_f = "".join(_aliases.key(family)) if family else ""
+    wanted_s = size.lower() if size else ""
+    found = []
+    for m in models():
+        if wanted_q and not any(_matches(wanted_q, n) for n in (*m.ids, *m.aliases, m.family)):
+            continue
+        if wanted_f:
+            parsed = _aliases.series_version(m.family)
+            names = {m.family, parsed[0]} if parsed else {m.family}
+            if wanted_f not in {"".join(_aliases.key(n)) for n in names}:
+                continue
+        if wanted_s and wanted_s not in _aliases.size_forms(m.size):
+            continue
+        if variant and m.variant != variant:
+            continue
+        found.append(m)
+    return found
 
 
 def read_model_config(entry: CatalogModel) -> dict[str, Any]:

@@ -1,0 +1,354 @@
+"""mergekit's merge YAML as users write it, parsed into frozen models, and its parameter rules.
+
+    cfg = load_merge_config("merge.yml")        # InvalidConfigError: one line naming the key at fault
+    cfg.merge_method, cfg.base_model, cfg.models, cfg.slices, cfg.parameters, cfg.dtype
+
+The keys are mergekit's (``mergekit/config.py``): ``merge_method``, ``base_model``, either ``models``
+(``model`` + ``parameters``) or ``slices`` (``sources`` with ``layer_range``, optional ``base_model`` and
+``parameters`` per slice), global ``parameters``, ``dtype``, ``out_dtype``, ``tokenizer_source``.
+Unlike mergekit, an unknown key is an error (with the closest valid key), not silently ignored.
+
+A parameter's value is a scalar, a gradient (a list interpolated over a slice's layers: ``t: [0, 0.5, 1]``)
+or a list of ``{filter, value}`` whose first filter that is a substring of the tensor name wins.
+:func:`evaluate_setting` and :func:`resolve` reproduce mergekit's ``evaluate_setting`` and
+``resolve_parameters``: the most specific place that sets a parameter wins (a slice source, then its
+slice, then the global ``parameters``), else the method's default.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from aegis.errors import InvalidConfigError
+from aegis.schema import Frozen
+
+__all__ = [
+    "Conditional",
+    "InputModel",
+    "SliceSource",
+    "OutputSlice",
+    "MergeConfig",
+    "load_merge_config",
+    "evaluate_setting",
+    "resolve",
+]
+
+Scalar = bool | int | float | str
+DType = Literal["bfloat16", "float16", "float32", "float64"]
+_UNSUPPORTED_KEYS = {
+    "modules": "multi-module `modules:` configs are not supported yet; use `models:` or `slices:`",
+    "tokenizer": "`tokenizer:` (vocabulary surgery) is not supported yet; use `tokenizer_source: base` or a model",
+    "chat_template": "`chat_template:` is not supported yet; set the template in the tokenizer_source model's tokenizer",
+}
+
+
+class Conditional(Frozen):
+    """A parameter value that applies to tensors whose name contains ``filter`` (all tensors when None)."""
+
+    value: Any = Field(description="A scalar or a gradient (tuple of scalars).")
+    filter: str | None = Field(default=None, description="Substring of the tensor name; None or '*' matches all.")
+
+
+def _scalar_or_gradient(v: Any, name: str) -> Any:
+    if isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)) and v and all(isinstance(e, (bool, int, float, str)) for e in v):
+        return tuple(v)
+    raise ValueError(f"{name}: expected a number, a boolean or a list of them (a gradient), got {v!r}")
+
+
+def _conditional(d: Any, name: str) -> Conditional:
+    if isinstance(d, Conditional):
+        return d
+    unknown = sorted(set(d) - {"filter", "value"})
+    if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), ["filter", "value"], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"{name}: unknown key {unknown[0]!r} in a {{filter, value}} entry{hint}")
+    if "value" not in d:
+        raise ValueError(f"{name}: a {{filter, value}} entry needs a value")
+    if d.get("filter") is not None and not isinstance(d["filter"], str):
+        raise ValueError(f"{name}: filter must be a substring of tensor names, got {d['filter']!r}")
+    return Conditional(value=_scalar_or_gradient(d["value"], name), filter=d.get("filter"))
+
+
+def _setting(v: Any, name: str) -> Any:
+    """Normalise one parameter setting: scalar | tuple of scalars | tuple of Conditional."""
+    if isinstance(v, (Mapping, Conditional)):
+        return (_conditional(v, name),)
+    if isinstance(v, (list, tuple)) and v and all(isinstance(e, (Mapping, Conditional)) for e in v):
+        return tuple(_conditional(e, name) for e in v)
+    return _scalar_or_gradient(v, name)
+
+
+def _parameters(v: Any) -> Any:
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        raise ValueError(f"`parameters` must be a mapping of name: value, got {v!r}")
+    return {str(k): _setting(val, str(k)) for k, val in v.items()}
+
+
+def _model_ref(v: Any) -> Any:
+    if isinstance(v, str) and v.strip():
+        return v.strip()
+    raise ValueError(f"expected a model folder or Hub id (a string), got {v!r}")
+
+
+class InputModel(Frozen):
+    """An entry of ``models:``: a model and its parameters."""
+
+    model: str = Field(description="Model folder, config.json path or cached Hub id.")
+    parameters: dict[str, Any] | None = Field(default=None, description="Parameters of this model (weight, density, ...).")
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model(cls, v: Any) -> Any:
+        return _model_ref(v)
+
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _params(cls, v: Any) -> Any:
+        return _parameters(v)
+
+
+class SliceSource(Frozen):
+    """A source of an output slice: layers ``[start, end)`` of a model."""
+
+    model: str = Field(description="Model folder, config.json path or cached Hub id.")
+    layer_range: tuple[int, int] = Field(description="First layer and one past the last, as in Python slices.")
+    parameters: dict[str, Any] | None = Field(default=None, description="Parameters of this source.")
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model(cls, v: Any) -> Any:
+        return _model_ref(v)
+
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _params(cls, v: Any) -> Any:
+        return _parameters(v)
+
+    @field_validator("layer_range")
+    @classmethod
+    def _range(cls, v: tuple[int, int]) -> tuple[int, int]:
+        if v[0] < 0 or v[1] <= v[0]:
+            raise ValueError(f"layer_range {list(v)} must be [start, end) with 0 <= start < end")
+        return v
+
+
+class OutputSlice(Frozen):
+    """An entry of ``slices:``: output layers merged from equally long layer ranges of its sources."""
+
+    sources: list[SliceSource] = Field(min_length=1, description="The models and layer ranges merged into this slice.")
+    base_model: str | None = Field(default=None, description="Base model of this slice (default: the global one).")
+    residual_weight: float | None = Field(default=None, description="Accepted for mergekit compatibility; unused.")
+    parameters: dict[str, Any] | None = Field(default=None, description="Parameters of this slice.")
+
+    @field_validator("base_model", mode="before")
+    @classmethod
+    def _base(cls, v: Any) -> Any:
+        return v if v is None else _model_ref(v)
+
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _params(cls, v: Any) -> Any:
+        return _parameters(v)
+
+
+class MergeConfig(Frozen):
+    """A mergekit merge configuration."""
+
+    merge_method: str = Field(description="linear, slerp, task_arithmetic, ties, dare_ties, dare_linear or passthrough.")
+    base_model: str | None = Field(default=None, description="The base model (required by slerp and the task-vector methods).")
+    models: list[InputModel] | None = Field(default=None, description="Whole models to merge (or use `slices`).")
+    slices: list[OutputSlice] | None = Field(default=None, description="Output layer slices, in order (or use `models`).")
+    parameters: dict[str, Any] | None = Field(default=None, description="Global parameters (t, normalize, lambda, ...).")
+    dtype: DType | None = Field(default=None, description="dtype the inputs are read in (and the output stored in).")
+    out_dtype: DType | None = Field(default=None, description="dtype the output is stored in (default: dtype).")
+    tokenizer_source: str | None = Field(
+        default=None, description="'base' or a model whose tokenizer the output gets (default: the base, else the first model)."
+    )
+
+    @field_validator("base_model", "tokenizer_source", mode="before")
+    @classmethod
+    def _base(cls, v: Any) -> Any:
+        return v if v is None else _model_ref(v)
+
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _params(cls, v: Any) -> Any:
+        return _parameters(v)
+
+    @field_validator("dtype", "out_dtype", mode="before")
+    @classmethod
+    def _dtype(cls, v: Any) -> Any:
+        return v[len("torch."):] if isinstance(v, str) and v.startswith("torch.") else v
+
+    @field_validator("merge_method")
+    @classmethod
+    def _method(cls, v: str) -> str:
+        from aegis.forge._methods import get_method
+
+        get_method(v)
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unsupported(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            for key, why in _UNSUPPORTED_KEYS.items():
+                if key in data:
+                    raise ValueError(f"{key}: {why}")
+        return data
+
+    @model_validator(mode="after")
+    def _one_of(self) -> MergeConfig:
+        if bool(self.models) == bool(self.slices):
+            raise ValueError("give exactly one of `models:` and `slices:` (a non-empty list)")
+        if self.tokenizer_source == "union":
+            raise ValueError(
+                "tokenizer_source: 'union' (merged vocabularies) is not supported yet; use 'base' or a model"
+            )
+        return self
+
+    def referenced_models(self) -> list[str]:
+        """Every model the YAML names, in order of first mention (base first)."""
+        names = [self.base_model] if self.base_model else []
+        for m in self.models or []:
+            names.append(m.model)
+        for s in self.slices or []:
+            names.extend(src.model for src in s.sources)
+            if s.base_model:
+                names.append(s.base_model)
+        if self.tokenizer_source and self.tokenizer_source != "base":
+            names.append(self.tokenizer_source)
+        return list(dict.fromkeys(names))
+
+
+# ----- loading and one-line errors --------------------------------------------------------------------
+
+
+def _loc(loc: Iterable[Any]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """Valid keys of the model found at ``loc`` (for 'did you mean')."""
+    model: Any = MergeConfig
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        nxt = {"models": InputModel, "slices": OutputSlice, "sources": SliceSource}.get(str(part))
+        if nxt is None:
+            break
+        model = nxt
+    return list(model.model_fields)
+
+
+def _one_line(err: ValidationError, where: str) -> InvalidConfigError:
+    errors = err.errors()
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])  # a typo explains a 'missing'
+    loc = tuple(first["loc"])
+    if first["type"] == "extra_forbidden":
+        key, parent = str(loc[-1]), _loc(loc[:-1])
+        close = difflib.get_close_matches(key, _fields_at(loc[:-1]), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(_fields_at(loc[:-1]))}"
+        return InvalidConfigError(f"{where}unknown key {key!r}{' in ' + parent if parent else ''}{hint}")
+    if first["type"] == "missing":
+        return InvalidConfigError(f"{where}missing key {_loc(loc)!r}")
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    return InvalidConfigError(f"{where}{_loc(loc) + ': ' if loc else ''}{msg}")
+
+
+def load_merge_config(source: str | Path | Mapping[str, Any]) -> MergeConfig:
+    """Parse a merge YAML file (a path), YAML text, or an already-loaded mapping."""
+    import yaml
+
+    where = ""
+    if isinstance(source, Mapping):
+        data: Any = source
+    else:
+        text = str(source)
+        path = Path(source) if isinstance(source, Path) or "\n" not in text else None
+        if path is not None and (isinstance(source, Path) or path.suffix in (".yml", ".yaml") or path.exists()):
+            try:
+                text = path.read_text(encoding="utf-8")
+            except OSError as err:
+                raise InvalidConfigError(f"cannot read merge config {path} ({err.strerror or err}); check the path") from err
+            where = f"{path.name}: "
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            at = f" at line {mark.line + 1}" if mark is not None else ""
+            raise InvalidConfigError(f"{where}not valid YAML{at} ({getattr(err, 'problem', None) or err})") from err
+    if not isinstance(data, Mapping):
+        raise InvalidConfigError(f"{where}a merge config is a YAML mapping with merge_method and models or slices")
+    try:
+        return MergeConfig.model_validate(data)
+    except ValidationError as err:
+        raise _one_line(err, where) from None
+    except InvalidConfigError as err:
+        raise InvalidConfigError(f"{where}{err}") from None
+
+
+# ----- parameter values (mergekit's evaluate_setting / resolve_parameters) -----------------------------
+
+
+def evaluate_setting(tensor_name: str, setting: Any, t: float, validate: Callable[[Any], Any]) -> Any:
+    """The value of ``setting`` for ``tensor_name`` at relative depth ``t`` in its slice (0..1), or None
+    when no filter matches. Numeric gradients interpolate linearly; boolean or string lists pick an entry."""
+    if isinstance(setting, (bool, int, float, str)):
+        return validate(setting)
+    if not setting:
+        return None
+    if isinstance(setting[0], Conditional):
+        for cond in setting:
+            if cond.filter is None or cond.filter == "*" or (tensor_name and cond.filter in tensor_name):
+                return evaluate_setting(tensor_name, cond.value, t, validate)
+        return None
+    values = [validate(e) for e in setting]
+    if not all(isinstance(e, (int, float)) and not isinstance(e, bool) for e in values):
+        return values[int(t * (len(values) - 1))]
+    scaled = t * (len(setting) - 1)
+    i0 = int(scaled)
+    i1 = min(len(setting) - 1, i0 + 1)
+    frac = scaled - i0
+    return validate((1 - frac) * values[i0] + frac * values[i1])
+
+
+def resolve(
+    name: str,
+    scopes: Iterable[Mapping[str, Any] | None],
+    *,
+    tensor_name: str,
+    t: float,
+    default: Any,
+    required: bool,
+    validate: Callable[[Any], Any],
+    who: str,
+) -> Any:
+    """The value of parameter ``name``: the first scope that sets it (and whose filters match) wins."""
+    for scope in scopes:
+        if scope is not None and name in scope:
+            try:
+                value = evaluate_setting(tensor_name, scope[name], t, validate)
+            except ValidationError as err:
+                msg = err.errors()[0]["msg"]
+                raise InvalidConfigError(f"parameter {name!r} for {who}: {msg} ({scope[name]!r})") from None
+            if value is not None:
+                return value
+    if required:
+        raise InvalidConfigError(
+            f"missing parameter {name!r} for {who}; set it under the model's or the global `parameters:`"
+        )
+    return default

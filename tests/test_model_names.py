@@ -1,0 +1,339 @@
+"""Model names: never a confident plan for a different model.
+
+One decision (`aegis.hub.match_model`) serves the parser and the loader, so they agree on every name; a name
+whose family, version, size or variant is not bundled (and not in the local Hub cache) is an error naming the
+close bundled models and how to pass a config.json — never another model. The expectations below are an
+oracle independent of the implementation: the id a name may resolve to, as a pattern, so they hold whatever
+the catalog bundles (an unbundled name today may be bundled tomorrow, but never as another model).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aegis import catalog
+from aegis.errors import OfflineError, UnknownModelError
+from aegis.hub import canonical_model_id, match_model, names_one_model, resolve_model
+from aegis.parse import parse_request_lenient
+
+LLAMA8 = "meta-llama/Llama-3.1-8B"
+
+
+@pytest.fixture(autouse=True)
+def empty_hub_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No model is cached on this machine (whatever the developer's own cache holds)."""
+    from huggingface_hub import constants
+
+    cache = tmp_path_factory.mktemp("hf-cache")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    return cache
+
+
+def _flat(model_id: str) -> str:
+    return model_id.lower().replace("_", "-")
+
+
+# name → the pattern any id it resolves to must match (the model it names); None: it names no one model
+NAMES: list[tuple[str, str | None]] = [
+    # bundled ids, aliases and spellings of them
+    ("llama-3.1-8b", r"llama-3\.1-8b"), ("Llama 3.1 8B", r"llama-3\.1-8b"), ("llama3.1:8b", r"llama-3\.1-8b"),
+    ("LLAMA-3.1-8B", r"llama-3\.1-8b"), ("meta-llama/Llama-3.1-8B", r"llama-3\.1-8b"), ("llama-8b", r"llama-3\.\d-8b"),
+    ("llama-3.1-70b", r"llama-3\.1-70b"), ("llama3.2:1b", r"llama-3\.2-1b"), ("qwen2.5-7b", r"qwen2\.5-7b"),
+    ("qwen2.5:0.5b", r"qwen2\.5-0\.5b"), ("qwen2.5-500m", r"qwen2\.5-0\.5b"), ("qwen3-8b", r"qwen3-8b"),
+    ("qwen3:30b", r"qwen3-30b-a3b"), ("qwen3-30b-a3b", r"qwen3-30b-a3b"), ("mistral-7b", r"mistral-7b"),
+    ("mixtral-8x7b", r"mixtral-8x7b"), ("mixtral:8x7b", r"mixtral-8x7b"), ("phi-3-mini", r"phi-3-mini"),
+    ("phi3:mini", r"phi-3-mini"), ("gemma2:2b", r"gemma-2-2b"), ("gemma3-4b", r"gemma-3-4b"), ("gemma3:1b", r"gemma-3-1b"),
+    ("qwen1.5-moe-a2.7b", r"qwen1\.5-moe-a2\.7b"),
+    # instruct/base siblings: the same config.json
+    ("Qwen2.5-7B-Instruct", r"qwen2\.5-7b"), ("Qwen/Qwen2.5-0.5B-Instruct", r"qwen2\.5-0\.5b"),
+    ("gemma-2-9b-it", r"gemma-2-9b"), ("gemma-3-4b-it", r"gemma-3-4b"), ("google/gemma-3-4b-it", r"gemma-3-4b"),
+    ("meta-llama/Llama-3.1-8B-Instruct", r"llama-3\.1-8b"), ("llama-3.1-8b-instruct", r"llama-3\.1-8b"),
+    ("mistral-7b-instruct-v0.3", r"mistral-7b.*v0\.3"), ("mistral:7b-instruct-v0.3-q4_0", r"mistral-7b.*v0\.3"),
+    ("llama3.1:8b-instruct-q4_K_M", r"llama-3\.1-8b"),
+    # misspellings: within the family and size, or an error
+    ("lama-3.1-8b", r"llama-3\.1-8b"), ("gema-3-4b", r"gemma-3-4b"), ("lama-8b", r"llama-3\.\d-8b"),
+    ("mistrl-7b", r"mistral-7b"), ("qwen2.5-7b-instrcut", None),
+    # sizes not bundled today
+    ("gemma-3-27b", r"gemma-3-27b"), ("gemma-3-12b", r"gemma-3-12b"), ("gemma3:27b", r"gemma-3-27b"),
+    ("qwen3-14b", r"qwen3-14b"), ("qwen3:14b", r"qwen3-14b"), ("Qwen3 32B", r"qwen3-32b"),
+    ("qwen3-235b-a22b", r"qwen3-235b-a22b"), ("gemma-2-27b", r"gemma-2-27b"), ("llama-3.1-405b", r"llama-3\.1-405b"),
+    ("llama 13b", r"llama-(?:2-)?13b"), ("qwen2.5-3b", r"qwen2\.5-3b"), ("mixtral-8x22b", r"mixtral-8x22b"),
+    ("gemma2:27b", r"gemma-2-27b"), ("llama3.1:latest", r"llama-3\.1-8b"),
+    # other variants and families
+    ("mistral-small-24b", r"mistral-small.*24b"), ("mistral-nemo", r"mistral-nemo"), ("phi-3-medium", r"phi-3-medium"),
+    ("phi3:medium", r"phi-3-medium"), ("phi-3-mini-128k-instruct", r"phi-3-mini-128k"),
+    ("qwen2.5-coder-32b", r"qwen2\.5-coder-32b"), ("qwen2.5-coder-7b", r"qwen2\.5-coder-7b"),
+    ("mistral-7b-instruct-v0.2", r"mistral-7b.*v0\.2"), ("llama-3.2-11b-vision", r"llama-3\.2-11b-vision"),
+    ("deepseek-v3", r"deepseek-v3"), ("deepseek-r1", r"deepseek-r1"), ("falcon-7b", r"falcon-7b"), ("yi-34b", r"yi-1\.5-34b|yi-34b"),
+    # Hub ids
+    ("Qwen/Qwen3-14B", r"qwen/qwen3-14b"), ("google/gemma-3-27b-it", r"google/gemma-3-27b"),
+    ("mistralai/Mistral-Nemo-Instruct-2407", r"mistral-nemo"), ("myorg/custom-7b", r"myorg/custom-7b"),
+    ("unsloth/Llama-3.1-8B", r"llama-3\.1-8b"),
+]
+
+RESOLVES = ["llama-3.1-8b", "Llama 3.1 8B", "llama3.1:8b", "meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b-instruct",
+            "lama-3.1-8b", "llama3.1:8b-instruct-q4_K_M", "Qwen2.5-7B-Instruct", "qwen2.5-500m", "qwen3:30b", "gemma-3-4b-it",
+            "google/gemma-3-4b-it", "gema-3-4b", "mistral:7b-instruct-v0.3-q4_0", "mixtral:8x7b", "phi3:mini"]
+"""Names that resolve with the catalog as of this test (an expanded catalog keeps them)."""
+
+NEVER_BUNDLED = ["gemma-3-19b", "qwen3-13b", "qwen2.5-9b", "llama-3.1-19b", "mistral-nemo-19b", "phi-3-tiny"]
+"""Sizes and variants no one publishes: errors whatever the catalog holds."""
+
+ISSUE_NAMES = {
+    "gemma-3-27b": r"gemma-3-27b", "gemma-3-12b": r"gemma-3-12b", "qwen3-14b": r"qwen3-14b", "qwen3-32b": r"qwen3-32b",
+    "qwen3-235b-a22b": r"qwen3-235b-a22b", "mistral-small-24b": r"mistral-small.*24b", "mistral-nemo": r"mistral-nemo",
+    "gemma-2-27b": r"gemma-2-27b", "phi-3-medium": r"phi-3-medium", "qwen2.5-coder-32b": r"qwen2\.5-coder-32b",
+    "deepseek-v3": r"deepseek-v3",
+}
+"""The names of the issue ("never the wrong model"), each once planned as another bundled model (or none)."""
+
+
+def _parsed(name: str) -> tuple[str | None, str | None]:
+    """(model, model issue message) of the request 'lora NAME on h100'."""
+    result = parse_request_lenient(f"lora {name} on h100")
+    issue = next((i for i in result.issues if i.part == "model"), None)
+    assert result.request.gpu == "h100-sxm" and result.request.method == "lora", result  # the rest is still read
+    return result.request.model, issue.message if issue else None
+
+
+def _resolved(name: str) -> tuple[str | None, Exception | None]:
+    try:
+        return resolve_model(name).model_id, None
+    except (UnknownModelError, OfflineError) as err:
+        return None, err
+
+
+@pytest.mark.parametrize(("name", "pattern"), NAMES, ids=[n for n, _ in NAMES])
+def test_parser_and_resolver_give_the_same_answer_and_never_another_model(name: str, pattern: str | None) -> None:
+    model, issue = _parsed(name)
+    resolved, error = _resolved(name)
+    if isinstance(error, OfflineError):  # a Hub id neither bundled nor cached: read as itself, fetched online
+        assert model == name == match_model(name).model_id and issue is None
+        assert name in str(error) and "config.json" in str(error)
+    else:
+        assert model == resolved, (model, issue, resolved, error)
+        assert (issue is None) == (error is None)
+    if model is not None:
+        assert pattern is not None and re.search(pattern, _flat(model)), f"{name!r} planned as {model}"
+    else:
+        assert issue == str(error) and "\n" not in issue
+        assert "--model ./path/config.json" in issue or "ambiguous" in issue
+
+
+def test_the_list_is_large_and_resolves_what_is_bundled() -> None:
+    assert len(NAMES) >= 60 and len({n for n, _ in NAMES}) == len(NAMES)
+    for name in RESOLVES:
+        assert _resolved(name)[0] is not None and _parsed(name)[0] == _resolved(name)[0], name
+
+
+@pytest.mark.parametrize("name", NEVER_BUNDLED + list(ISSUE_NAMES))
+def test_issue_names_are_the_model_itself_or_an_error_listing_close_models(name: str) -> None:
+    model, issue = _parsed(name)
+    resolved, error = _resolved(name)
+    assert model == resolved
+    if model is not None:  # bundled by now: as itself, never as another size or variant
+        assert name in ISSUE_NAMES and re.search(ISSUE_NAMES[name], _flat(model)), model
+        return
+    assert isinstance(error, UnknownModelError) and str(error) == issue and "\n" not in issue
+    assert f"unknown model {name!r}" in issue and "--model ./path/config.json" in issue
+    family = re.match(r"[a-z]+", name).group()
+    if family != "deepseek":  # a bundled family: its models are listed first
+        first = re.search(r"did you mean ([^,?]+)", issue).group(1)
+        assert family in first.lower(), issue
+
+
+def test_the_chat_example_is_not_planned_as_another_model() -> None:
+    text = "how much memory would gemma-3-27b need for lora on an h100?"
+    result = parse_request_lenient(text)
+    model, issue = _parsed("gemma-3-27b")
+    assert result.request.model == model
+    if model is None:
+        assert [i.message for i in result.issues] == [issue]
+    else:
+        assert re.search(r"gemma-3-27b", _flat(model)) and not result.issues
+
+
+# ------------------------------------------------------------------------------------ the rules
+
+
+def test_variant_sharing_a_config_says_which_config_is_used() -> None:
+    """A sibling planned with another bundled config (same family, version, size) names the config used."""
+    shared = [n for n in ("llama-3.1-8b-chat", "gemma-3-4b-it", "qwen2.5-7b-chat", "qwen3-8b-instruct")
+              if match_model(n).note]
+    assert shared, "no instruct/base sibling is planned with another config"
+    for name in shared:
+        found = match_model(name)
+        assert found.source == "catalog" and found.note.startswith(f"{found.model_id} (config used for {name})")
+        result = parse_request_lenient(f"lora {name} on h100")
+        assert result.request.model == found.model_id and found.note in result.notes
+        assert resolve_model(name).model_id == found.model_id
+    assert match_model("qwen2.5-7b").note == ""  # the bundled model itself: nothing to say
+
+
+@pytest.mark.parametrize(("name", "pattern"), [("lama-3.1-8b", r"llama-3\.1-8b$"), ("gema-3-4b", r"gemma-3-4b"),
+                                               ("qwen3-13b", None), ("lama-3.1-13b", None), ("lama-8b", None),
+                                               ("mistrl-nemo", None), ("qwen-3-14", None)])
+def test_spelling_is_corrected_within_family_and_size_only(name: str, pattern: str | None) -> None:
+    try:
+        found = match_model(name)
+    except UnknownModelError:
+        assert pattern is None or catalog.model_entry(LLAMA8) is None
+        return
+    assert pattern is not None and re.search(pattern, _flat(found.model_id)), found
+    assert canonical_model_id(name) == found.model_id and "spelling" in found.note
+
+
+def test_sizes_compare_as_numbers_with_units() -> None:
+    assert match_model("qwen2.5-500m").model_id == match_model("qwen2.5-0.5b").model_id == "Qwen/Qwen2.5-0.5B"
+    assert match_model("qwen3-30b").model_id == match_model("qwen3:30b-a3b").model_id == "Qwen/Qwen3-30B-A3B"
+    assert match_model("Mixtral 8x7B").model_id == "mistralai/Mixtral-8x7B-v0.1"
+    with pytest.raises(UnknownModelError):
+        match_model("qwen3-30b-a6b")  # same total, another active size
+    with pytest.raises(UnknownModelError):
+        match_model("qwen2.5-0.6b")
+
+
+def test_names_one_model_tells_a_name_from_a_family() -> None:
+    assert all(names_one_model(n) for n in ("gemma-3-27b", "mistral nemo", "deepseek-v3", "llama 13b", "qwen3"))
+    assert not any(names_one_model(n) for n in ("small qwen", "qwen", "deepseek", "the model"))
+
+
+def _cache_model(cache: Path, repo_id: str, config: dict) -> None:
+    """A Hub cache entry laid out as huggingface_hub writes one (refs/main → snapshots/<commit>/config.json)."""
+    folder = cache / f"models--{repo_id.replace('/', '--')}"
+    commit = "0" * 40
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    (folder / "snapshots" / commit).mkdir(parents=True)
+    (folder / "snapshots" / commit / "config.json").write_text(json.dumps(config))
+
+
+def test_the_local_hub_cache_resolves_a_model_by_its_id_and_its_name(empty_hub_cache: Path) -> None:
+    config = {**resolve_model("qwen3-8b").config, "num_hidden_layers": 40, "hidden_size": 5120,
+              "intermediate_size": 17408, "num_attention_heads": 40}
+    _cache_model(empty_hub_cache, "Qwen/Qwen3-14B", config)
+    _cache_model(empty_hub_cache, "Qwen/Qwen3-13B", config)  # a size no one publishes: never bundled
+    for name in ("Qwen/Qwen3-13B", "qwen3-13b", "qwen3:13b", "Qwen3 13B"):
+        found = match_model(name)
+        assert (found.model_id, found.source) == ("Qwen/Qwen3-13B", "cache"), name
+        assert _parsed(name)[0] == "Qwen/Qwen3-13B"
+        profile = resolve_model(name)
+        assert profile.source == "cache" and profile.num_layers == 40
+    with pytest.raises(UnknownModelError):
+        match_model("qwen3-11b")  # the cache holds 13B only
+
+
+def test_structured_catalog_fields_are_used_when_present() -> None:
+    from types import SimpleNamespace
+
+    from aegis.hub import _known_of
+
+    entry = SimpleNamespace(id="acme/Foo-Chat", aliases=(), family="foo-2", size="7b", variant="instruct")
+    known = _known_of(entry)
+    assert known.group == "foo 2"
+    assert [(n.family, n.version, str(n.size)) for n in known.full] == [("foo", None, "None"), ("foo", "2", "7B")]
+
+
+# ------------------------------------------------------------------------------ random names
+
+
+def _catalog_families() -> dict[tuple[str, str | None], set[float]]:
+    """(family word, version) of every bundled model named '<family>[-]<version>-<size>', with every size the
+    catalog names for that family word (ids, aliases and structured fields), in parameters."""
+    families: dict[tuple[str, str | None], set[float]] = {}
+    sizes: dict[str, set[float]] = {}
+    for m in catalog.models():
+        names = [m.id.split("/", 1)[-1], *m.aliases, str(getattr(m, "size", "") or "")]
+        head = re.match(r"^([a-z]+)-?(\d+(?:\.\d+)?)?-\d", m.id.split("/", 1)[-1].lower())
+        if head is None:
+            continue
+        word = head.group(1)
+        families.setdefault((word, head.group(2)), set())
+        for name in names:
+            for num, unit in re.findall(r"(\d+(?:\.\d+)?)([bm])(?![a-z])", name.lower()):
+                sizes.setdefault(word, set()).add(float(num) * (1e9 if unit == "b" else 1e6))
+    return {key: sizes.get(key[0], set()) for key in families}
+
+
+FAMILIES = _catalog_families()
+
+
+@st.composite
+def _unbundled_names(draw) -> str:
+    """'<family><version>-<size>' in the spellings people type, with a size the catalog has not for that family."""
+    (word, version), taken = draw(st.sampled_from(sorted(FAMILIES.items(), key=str)))
+    billions = draw(st.one_of(st.integers(1, 480).map(float),
+                              st.sampled_from([0.1, 0.25, 0.36, 0.6, 1.1, 1.7, 2.7, 3.8, 6.7, 10.7, 13.5])))
+    if any(abs(billions * 1e9 - t) <= 0.01 * t for t in taken):
+        billions += 0.3 if billions < 20 else 1.0
+    if any(abs(billions * 1e9 - t) <= 0.01 * t for t in taken):
+        return draw(st.nothing())
+    size = draw(st.sampled_from([f"{billions:g}b", f"{billions:g}B"] + ([f"{billions * 1e3:g}m"] if billions < 1 else [])))
+    fam = draw(st.sampled_from([word, word.capitalize(), word.upper()]))
+    if version:
+        fam += draw(st.sampled_from(["", "-", " "])) + version
+    if draw(st.booleans()):
+        return f"{fam}:{size}"  # Ollama
+    suffix = draw(st.sampled_from(["", "-Instruct", "-it", "-chat", " instruct"]))
+    return fam + draw(st.sampled_from(["-", " ", "_"])) + size + suffix
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.filter_too_much])
+@given(_unbundled_names())
+def test_unbundled_family_sizes_never_resolve_to_another_size(name: str) -> None:
+    with pytest.raises(UnknownModelError):
+        resolve_model(name)
+    model, issue = _parsed(name)
+    assert model is None and issue is not None and "config.json" in issue, (name, model)
+
+
+# ------------------------------------------------------------------------------------------ chat
+
+
+def test_chat_answers_an_unknown_model_with_the_one_line_error_not_a_plan(tmp_path: Path) -> None:
+    from aegis.schema import PlanRequest
+    from aegis_agent import AgentSettings, ChatAgent, RequestExtractor, understand
+    from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    asked: list[str] = []
+
+    def substitute(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:  # an LLM that would guess
+        asked.append("llm")
+        args = {"model": "google/gemma-3-4b-pt", "method": "lora", "gpu": "h100"}
+        return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, args)])
+
+    extractor = RequestExtractor(FunctionModel(substitute))
+    text = "how much memory would gemma-3-19b need for lora on an h100?"
+    error = _parsed("gemma-3-19b")[1]
+    with ChatAgent(AgentSettings(runs_dir=str(tmp_path)), extractor=extractor) as agent:
+        reply = agent.reply(text, "c")
+    assert reply.tool_calls == () and reply.report is None and asked == []
+    assert reply.text == error and "\n" not in reply.text
+
+    previous = PlanRequest(model=LLAMA8, method="qlora", gpu="rtx-3090")
+    for follow_up in ("which gpus fit qwen3-13b?", "what about mistral nemo 19b?", "explain gemma-3-19b"):
+        u = understand(follow_up, request=previous, extractor=extractor)
+        assert u.call is None and u.reply and "unknown model" in u.reply and "\n" not in u.reply, follow_up
+    assert asked == []
+
+
+def test_a_model_the_llm_names_is_read_by_the_same_decision() -> None:
+    from aegis_agent import RequestExtractor, understand
+    from pydantic_ai.models.test import TestModel
+
+    unknown = RequestExtractor(TestModel(custom_output_args={"model": "qwen3-13b", "gpu": "h100"}))
+    u = understand("I'd like to teach a small qwen to write SQL", extractor=unknown)
+    with pytest.raises(UnknownModelError) as err:
+        match_model("qwen3-13b")
+    assert u.call is None and u.reply == str(err.value)
+    sibling = RequestExtractor(TestModel(custom_output_args={"model": "Qwen2.5-7B-Instruct", "gpu": "h100"}))
+    u = understand("I'd like to teach a small qwen to write SQL", extractor=sibling)
+    assert u.call is not None and u.call.args["model"] == match_model("Qwen2.5-7B-Instruct").model_id

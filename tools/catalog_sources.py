@@ -1,0 +1,345 @@
+"""What `tools.import_catalog` puts in the model catalog, and from where: one row per config.json.
+
+A row names the Hub ids the config serves (canonical first; more only where the source gives them the
+same config), the release line (``family``), ``size`` and ``variant``, the source entry it is converted
+from, every key set from elsewhere with the reason, and the parameter counts the authors (or the Hub)
+publish. Vendored rows are real Hub files kept byte for byte; their metadata lives here too.
+
+Sources (pinned):
+  litgpt 0.5.13     ``litgpt/config.py`` ``configs`` (name → n_layer, n_embd, n_head, ...)
+  torchtune 0.6.1   ``torchtune/models/{qwen2,qwen2_5}/_model_builders.py`` (builder → dims)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+HUB = "Hugging Face Hub model page (safetensors parameter count)"
+HUB_EXACT = "Hugging Face Hub safetensors metadata (total; tied embeddings counted once)"
+QWEN25 = "Qwen2.5 model card, 'Number of Parameters'"
+QWEN25_CODER = "Qwen2.5-Coder model card, 'Number of Parameters'"
+QWEN3 = "Qwen3 model card, 'Number of Parameters'"
+QWEN3_ACTIVE = "Qwen3 model card, 'Number of Activated Parameters'"
+GEMMA2 = "Gemma 2 technical report (arXiv 2408.00118), Table 2, non-embedding parameters"
+GEMMA3 = "Gemma 3 technical report (arXiv 2503.19786), Table 1, non-embedding parameters (text model)"
+MIXTRAL = "Mistral AI, 'Mixtral of experts' announcement (Dec 2023)"
+GEMMA1 = "Gemma technical report (arXiv 2403.08295), Table 2, non-embedding parameters"
+MIXTRAL22 = "Mistral AI, 'Cheaper, Better, Faster, Stronger' announcement of Mixtral 8x22B (Apr 2024)"
+
+DISTILL = ("litgpt has no config for this id: it is litgpt's config of {base}, the base model the DeepSeek-R1 "
+           "model card's distillation table names, with the keys that differ set")
+TIED_BY_COUNT = "not in the source; tied input/output embeddings are the only choice that agrees with the published count"
+
+
+def P(value: str, where: str = HUB, counts: str = "total", disagrees: str = "") -> dict[str, str]:
+    figure = {"value": value, "counts": counts, "where": where}
+    return {**figure, "disagrees": disagrees} if disagrees else figure
+
+
+QWEN_32_5 = ("the card's 32.5B is below the weights' own count: the Hub's safetensors total for Qwen2.5-32B is "
+             "32,763,876,352, which the vendored Qwen2.5-32B config reproduces exactly")
+
+
+def row(ids: str | tuple[str, ...], family: str, size: str, variant: str, source: tuple[str, str], *published: dict,
+        set: dict[str, tuple[Any, str]] | None = None, arch: str | None = None, note: str = "") -> dict[str, Any]:
+    ids = (ids,) if isinstance(ids, str) else ids
+    return {"ids": ids, "family": family, "size": size, "variant": variant, "source": source,
+            "published": list(published), "set": set or {}, "arch": arch, "note": note}
+
+
+def tied(why: str = TIED_BY_COUNT) -> dict[str, tuple[Any, str]]:
+    return {"tie_word_embeddings": (True, why)}
+
+
+LITGPT = "litgpt"
+TORCHTUNE = "torchtune"
+VENDORED = "vendored"
+
+# ---------------------------------------------------------------- real Hub files (byte-identical, kept)
+ROWS: list[dict[str, Any]] = [
+    row(("meta-llama/Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-8B"), "llama-3.1", "8b", "base",
+        (VENDORED, "meta-llama--Llama-3.1-8B.json"), P("8,030,261,248", HUB_EXACT)),
+    row(("meta-llama/Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B"), "llama-3.1", "70b", "base",
+        (VENDORED, "meta-llama--Llama-3.1-70B.json"), P("70,553,706,496", HUB_EXACT)),
+    row("meta-llama/Llama-3.2-1B", "llama-3.2", "1b", "base", (VENDORED, "meta-llama--Llama-3.2-1B.json"),
+        P("1,235,814,400", HUB_EXACT)),
+    row("meta-llama/Llama-3.2-3B", "llama-3.2", "3b", "base", (VENDORED, "meta-llama--Llama-3.2-3B.json"),
+        P("3,212,749,824", HUB_EXACT)),
+    row("Qwen/Qwen2.5-0.5B", "qwen2.5", "0.5b", "base", (VENDORED, "Qwen--Qwen2.5-0.5B.json"),
+        P("494,032,768", HUB_EXACT), P("0.49B", QWEN25)),
+    row("Qwen/Qwen2.5-1.5B", "qwen2.5", "1.5b", "base", (VENDORED, "Qwen--Qwen2.5-1.5B.json"),
+        P("1,543,714,304", HUB_EXACT), P("1.54B", QWEN25)),
+    row("Qwen/Qwen2.5-7B", "qwen2.5", "7b", "base", (VENDORED, "Qwen--Qwen2.5-7B.json"),
+        P("7,615,616,512", HUB_EXACT), P("7.61B", QWEN25)),
+    row("Qwen/Qwen2.5-14B", "qwen2.5", "14b", "base", (VENDORED, "Qwen--Qwen2.5-14B.json"),
+        P("14,770,033,664", HUB_EXACT), P("14.7B", QWEN25)),
+    row("Qwen/Qwen2.5-32B", "qwen2.5", "32b", "base", (VENDORED, "Qwen--Qwen2.5-32B.json"),
+        P("32,763,876,352", HUB_EXACT), P("32.5B", QWEN25, disagrees=QWEN_32_5)),
+    row("Qwen/Qwen2.5-72B", "qwen2.5", "72b", "base", (VENDORED, "Qwen--Qwen2.5-72B.json"),
+        P("72,706,203,648", HUB_EXACT), P("72.7B", QWEN25)),
+    row("Qwen/Qwen3-0.6B", "qwen3", "0.6b", "instruct", (VENDORED, "Qwen--Qwen3-0.6B.json"),
+        P("596,049,920", HUB_EXACT), P("0.6B", QWEN3)),
+    row("Qwen/Qwen3-8B", "qwen3", "8b", "instruct", (VENDORED, "Qwen--Qwen3-8B.json"),
+        P("8,190,735,360", HUB_EXACT), P("8.2B", QWEN3)),
+    row("mistralai/Mistral-7B-v0.3", "mistral", "7b", "base", (VENDORED, "mistralai--Mistral-7B-v0.3.json"),
+        P("7,248,023,552", HUB_EXACT)),
+    row("microsoft/Phi-3-mini-4k-instruct", "phi-3", "3.8b", "instruct",
+        (VENDORED, "microsoft--Phi-3-mini-4k-instruct.json"), P("3,821,079,552", HUB_EXACT),
+        note="Instruct checkpoint: Microsoft published no base Phi-3-mini."),
+    row("google/gemma-2-2b", "gemma-2", "2b", "base", (VENDORED, "google--gemma-2-2b.json"),
+        P("2,614,341,888", HUB_EXACT), P("2,024,517,888", GEMMA2, "non_embedding")),
+    row("google/gemma-2-9b", "gemma-2", "9b", "base", (VENDORED, "google--gemma-2-9b.json"),
+        P("9,241,705,984", HUB_EXACT), P("8,324,201,984", GEMMA2, "non_embedding")),
+    row("google/gemma-3-1b-pt", "gemma-3", "1b", "base", (VENDORED, "google--gemma-3-1b-pt.json"),
+        P("999,885,952", HUB_EXACT), P("698M", GEMMA3, "non_embedding")),
+    row("google/gemma-3-4b-pt", "gemma-3", "4b", "base", (VENDORED, "google--gemma-3-4b-pt.json"),
+        P("3,209M", GEMMA3, "non_embedding"),
+        set={"architectures, model_type": (None, "the checkpoint is Gemma3ForConditionalGeneration: this is its "
+                                                 "text_config with Gemma3TextConfig defaults written out")},
+        note="Text model only: the text_config of the multimodal Gemma3ForConditionalGeneration checkpoint, "
+             "written as a Gemma3ForCausalLM (model_type gemma3_text) config with the Gemma3TextConfig defaults "
+             "the published file leaves implicit filled in; the SigLIP vision tower and projector are not counted."),
+    row("mistralai/Mixtral-8x7B-v0.1", "mixtral", "8x7b", "base", (VENDORED, "mistralai--Mixtral-8x7B-v0.1.json"),
+        P("46,702,792,704", HUB_EXACT), P("12.9B", MIXTRAL, "active")),
+    row("Qwen/Qwen1.5-MoE-A2.7B", "qwen1.5-moe", "a2.7b", "base", (VENDORED, "Qwen--Qwen1.5-MoE-A2.7B.json"),
+        P("14,315,784,192", HUB_EXACT), P("2.7B", "Qwen1.5-MoE-A2.7B model card ('2.7B activated')", "active")),
+    row("Qwen/Qwen3-30B-A3B", "qwen3", "30b-a3b", "instruct", (VENDORED, "Qwen--Qwen3-30B-A3B.json"),
+        P("30,532,122,624", HUB_EXACT), P("30.5B", QWEN3), P("3.3B", QWEN3_ACTIVE, "active")),
+]
+
+# ---------------------------------------------------------------- converted from library data
+_MAX32K_BASE = (32768, "Qwen3 base model cards: context length 32,768 (litgpt gives the base the post-trained 40,960)")
+_GEMMA_EPS = (1e-06, "litgpt leaves Gemma's norm_eps at its 1e-5 default; the vendored gemma-2/gemma-3 Hub configs have 1e-6")
+_GEMMA1_EPS = (1e-06, "litgpt leaves Gemma's norm_eps at its 1e-5 default; transformers' GemmaConfig default is 1e-6")
+_GEMMA1_CTX = (8192, "litgpt's block_size default is 4096; the Gemma technical report (Table 1) and GemmaConfig "
+                     "give an 8192-token context")
+_GEMMA3_VOCAB = (262208, "litgpt has 262144 (the 1B's); the vendored gemma-3-4b-pt Hub text config of this release has 262208")
+
+ROWS += [
+    # Llama 2 and Code Llama
+    row(("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-7b-chat-hf"), "llama-2", "7b", "base",
+        (LITGPT, "Llama-2-7b-hf"), P("6.74B")),
+    row(("meta-llama/Llama-2-13b-hf", "meta-llama/Llama-2-13b-chat-hf"), "llama-2", "13b", "base",
+        (LITGPT, "Llama-2-13b-hf"), P("13B")),
+    row(("meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-70b-chat-hf"), "llama-2", "70b", "base",
+        (LITGPT, "Llama-2-70b-hf"), P("69B")),
+    row(("codellama/CodeLlama-7b-hf", "codellama/CodeLlama-7b-Instruct-hf"), "codellama", "7b", "base",
+        (LITGPT, "CodeLlama-7b-hf"), P("6.74B")),
+    row("codellama/CodeLlama-7b-Python-hf", "codellama", "7b", "python", (LITGPT, "CodeLlama-7b-Python-hf"), P("6.74B")),
+    row(("codellama/CodeLlama-13b-hf", "codellama/CodeLlama-13b-Instruct-hf"), "codellama", "13b", "base",
+        (LITGPT, "CodeLlama-13b-hf"), P("13B"),
+        note="litgpt gives CodeLlama-13b-Instruct-hf block_size 2048 but every other key of the base; the Code Llama "
+             "paper trains all sizes and variants on 16,384-token sequences, so both ids share this config."),
+    row("codellama/CodeLlama-13b-Python-hf", "codellama", "13b", "python", (LITGPT, "CodeLlama-13b-Python-hf"), P("13B")),
+    row(("codellama/CodeLlama-34b-hf", "codellama/CodeLlama-34b-Instruct-hf", "codellama/CodeLlama-34b-Python-hf"),
+        "codellama", "34b", "base", (LITGPT, "CodeLlama-34b-hf"), P("33.7B")),
+    row(("codellama/CodeLlama-70b-hf", "codellama/CodeLlama-70b-Python-hf"), "codellama", "70b", "base",
+        (LITGPT, "CodeLlama-70b-hf"), P("69B")),
+    row("codellama/CodeLlama-70b-Instruct-hf", "codellama", "70b", "instruct", (LITGPT, "CodeLlama-70b-Instruct-hf"),
+        P("69B")),
+    # Llama 3 / 3.1 / 3.2 / 3.3
+    row(("meta-llama/Meta-Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct"), "llama-3", "8b", "base",
+        (LITGPT, "Llama-3-8B"), P("8.03B")),
+    row(("meta-llama/Meta-Llama-3-70B", "meta-llama/Meta-Llama-3-70B-Instruct"), "llama-3", "70b", "base",
+        (LITGPT, "Llama-3-70B"), P("70.6B")),
+    row(("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Meta-Llama-3.1-8B-Instruct"), "llama-3.1", "8b", "instruct",
+        (LITGPT, "Llama-3.1-8B-Instruct"), P("8.03B")),
+    row(("meta-llama/Llama-3.1-70B-Instruct", "meta-llama/Meta-Llama-3.1-70B-Instruct"), "llama-3.1", "70b", "instruct",
+        (LITGPT, "Llama-3.1-70B-Instruct"), P("70.6B")),
+    row(("meta-llama/Llama-3.1-405B", "meta-llama/Llama-3.1-405B-Instruct", "meta-llama/Meta-Llama-3.1-405B",
+         "meta-llama/Meta-Llama-3.1-405B-Instruct"), "llama-3.1", "405b", "base", (LITGPT, "Llama-3.1-405B"),
+        P("406B")),
+    row("meta-llama/Llama-3.2-1B-Instruct", "llama-3.2", "1b", "instruct", (LITGPT, "Llama-3.2-1B-Instruct"),
+        P("1.24B"), set=tied()),
+    row("meta-llama/Llama-3.2-3B-Instruct", "llama-3.2", "3b", "instruct", (LITGPT, "Llama-3.2-3B-Instruct"),
+        P("3.21B"), set=tied()),
+    row("meta-llama/Llama-3.3-70B-Instruct", "llama-3.3", "70b", "instruct", (LITGPT, "Llama-3.3-70B-Instruct"),
+        P("70.6B")),
+    row("nvidia/Llama-3.1-Nemotron-70B-Instruct-HF", "llama-3.1-nemotron", "70b", "instruct",
+        (LITGPT, "Llama-3.1-Nemotron-70B-Instruct-HF"), P("70.6B")),
+    # DeepSeek-R1 distills (the bases are those the DeepSeek-R1 model card's distillation table names)
+    row("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "deepseek-r1", "1.5b", "distill",
+        (LITGPT, "Qwen2.5-Math-1.5B"), P("1.78B"), arch="qwen2",
+        note=DISTILL.format(base="Qwen2.5-Math-1.5B"),
+        set={"max_position_embeddings": (131072, "DeepSeek-R1 model card: distilled models use 128K context"),
+             "tie_word_embeddings": (False, "the published 1.78B is the Qwen2.5-Math-1.5B shapes with an untied LM head")}),
+    row("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "deepseek-r1", "7b", "distill", (LITGPT, "Qwen2.5-Math-7B"),
+        P("7.62B"), arch="qwen2",
+        note=DISTILL.format(base="Qwen2.5-Math-7B"),
+        set={"max_position_embeddings": (131072, "DeepSeek-R1 model card: distilled models use 128K context")}),
+    row("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", "deepseek-r1", "8b", "distill", (LITGPT, "R1-Distill-Llama-8B"),
+        P("8.03B"), arch="llama"),
+    row("deepseek-ai/DeepSeek-R1-Distill-Qwen-14B", "deepseek-r1", "14b", "distill", (LITGPT, "Qwen2.5-14B"),
+        P("14.8B"), arch="qwen2",
+        note=DISTILL.format(base="Qwen2.5-14B")),
+    row("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "deepseek-r1", "32b", "distill", (LITGPT, "Qwen2.5-32B"),
+        P("32.8B"), arch="qwen2",
+        note=DISTILL.format(base="Qwen2.5-32B")),
+    row("deepseek-ai/DeepSeek-R1-Distill-Llama-70B", "deepseek-r1", "70b", "distill", (LITGPT, "R1-Distill-Llama-70B"),
+        P("70.6B"), arch="llama"),
+    # Qwen2 and Qwen2.5 (torchtune's builders name the checkpoint they copy; base and instruct differ there)
+    row("Qwen/Qwen2-0.5B-Instruct", "qwen2", "0.5b", "instruct", (TORCHTUNE, "qwen2_0_5b"), P("494M")),
+    row("Qwen/Qwen2-1.5B-Instruct", "qwen2", "1.5b", "instruct", (TORCHTUNE, "qwen2_1_5b"), P("1.54B")),
+    row("Qwen/Qwen2-7B-Instruct", "qwen2", "7b", "instruct", (TORCHTUNE, "qwen2_7b"), P("7.62B")),
+    row("Qwen/Qwen2.5-0.5B-Instruct", "qwen2.5", "0.5b", "instruct", (TORCHTUNE, "qwen2_5_0_5b"), P("0.49B", QWEN25)),
+    row("Qwen/Qwen2.5-1.5B-Instruct", "qwen2.5", "1.5b", "instruct", (TORCHTUNE, "qwen2_5_1_5b_instruct"),
+        P("1.54B", QWEN25)),
+    row("Qwen/Qwen2.5-3B", "qwen2.5", "3b", "base", (LITGPT, "Qwen2.5-3B"), P("3.09B", QWEN25), set=tied()),
+    row("Qwen/Qwen2.5-3B-Instruct", "qwen2.5", "3b", "instruct", (TORCHTUNE, "qwen2_5_3b"), P("3.09B", QWEN25)),
+    row("Qwen/Qwen2.5-7B-Instruct", "qwen2.5", "7b", "instruct", (TORCHTUNE, "qwen2_5_7b_instruct"), P("7.61B", QWEN25)),
+    row("Qwen/Qwen2.5-14B-Instruct", "qwen2.5", "14b", "instruct", (TORCHTUNE, "qwen2_5_14b_instruct"),
+        P("14.7B", QWEN25)),
+    row("Qwen/Qwen2.5-32B-Instruct", "qwen2.5", "32b", "instruct", (TORCHTUNE, "qwen2_5_32b_instruct"),
+        P("32.8B"), P("32.5B", QWEN25, disagrees=QWEN_32_5)),
+    row("Qwen/Qwen2.5-72B-Instruct", "qwen2.5", "72b", "instruct", (TORCHTUNE, "qwen2_5_72b_instruct"),
+        P("72.7B", QWEN25)),
+    row("Qwen/Qwen2.5-7B-Instruct-1M", "qwen2.5", "7b", "instruct", (LITGPT, "Qwen2.5-7B-Instruct-1M"),
+        P("7.61B", "Qwen2.5-7B-Instruct-1M model card, 'Number of Parameters'")),
+    row("Qwen/Qwen2.5-14B-Instruct-1M", "qwen2.5", "14b", "instruct", (LITGPT, "Qwen2.5-14B-Instruct-1M"),
+        P("14.7B", "Qwen2.5-14B-Instruct-1M model card, 'Number of Parameters'")),
+    row(("Qwen/Qwen2.5-Coder-0.5B", "Qwen/Qwen2.5-Coder-0.5B-Instruct"), "qwen2.5", "0.5b", "coder",
+        (LITGPT, "Qwen2.5-Coder-0.5B"), P("0.49B", QWEN25_CODER), set=tied()),
+    row(("Qwen/Qwen2.5-Coder-1.5B", "Qwen/Qwen2.5-Coder-1.5B-Instruct"), "qwen2.5", "1.5b", "coder",
+        (LITGPT, "Qwen2.5-Coder-1.5B"), P("1.54B", QWEN25_CODER), set=tied()),
+    row(("Qwen/Qwen2.5-Coder-3B", "Qwen/Qwen2.5-Coder-3B-Instruct"), "qwen2.5", "3b", "coder",
+        (LITGPT, "Qwen2.5-Coder-3B"), P("3.09B", QWEN25_CODER), set=tied()),
+    row(("Qwen/Qwen2.5-Coder-7B", "Qwen/Qwen2.5-Coder-7B-Instruct"), "qwen2.5", "7b", "coder",
+        (LITGPT, "Qwen2.5-Coder-7B"), P("7.61B", QWEN25_CODER)),
+    row(("Qwen/Qwen2.5-Coder-14B", "Qwen/Qwen2.5-Coder-14B-Instruct"), "qwen2.5", "14b", "coder",
+        (LITGPT, "Qwen2.5-Coder-14B"), P("14.7B", QWEN25_CODER)),
+    row(("Qwen/Qwen2.5-Coder-32B", "Qwen/Qwen2.5-Coder-32B-Instruct"), "qwen2.5", "32b", "coder",
+        (LITGPT, "Qwen2.5-Coder-32B"), P("32.8B"), P("32.5B", QWEN25_CODER, disagrees=QWEN_32_5)),
+    row(("Qwen/Qwen2.5-Math-1.5B", "Qwen/Qwen2.5-Math-1.5B-Instruct"), "qwen2.5", "1.5b", "math",
+        (LITGPT, "Qwen2.5-Math-1.5B"), P("1.54B"), set=tied()),
+    row(("Qwen/Qwen2.5-Math-7B", "Qwen/Qwen2.5-Math-7B-Instruct"), "qwen2.5", "7b", "math",
+        (LITGPT, "Qwen2.5-Math-7B"), P("7.62B")),
+    row(("Qwen/Qwen2.5-Math-72B", "Qwen/Qwen2.5-Math-72B-Instruct"), "qwen2.5", "72b", "math",
+        (LITGPT, "Qwen2.5-Math-72B"), P("72.7B")),
+    row("Qwen/QwQ-32B", "qwq", "32b", "reasoning", (LITGPT, "QwQ-32B"), P("32.8B"),
+        P("32.5B", "QwQ-32B model card, 'Number of Parameters'", disagrees=QWEN_32_5)),
+    row("Qwen/QwQ-32B-Preview", "qwq", "32b", "reasoning", (LITGPT, "QwQ-32B-Preview"),
+        P("32.8B"), P("32.5B", "QwQ-32B-Preview model card, 'Number of Parameters'", disagrees=QWEN_32_5)),
+    # Qwen3 dense and MoE
+    row("Qwen/Qwen3-0.6B-Base", "qwen3", "0.6b", "base", (LITGPT, "Qwen3-0.6B-Base"), P("0.6B", QWEN3),
+        set={**tied(), "max_position_embeddings": _MAX32K_BASE}),
+    row("Qwen/Qwen3-1.7B", "qwen3", "1.7b", "instruct", (LITGPT, "Qwen3-1.7B"), P("1.7B", QWEN3), set=tied()),
+    row("Qwen/Qwen3-1.7B-Base", "qwen3", "1.7b", "base", (LITGPT, "Qwen3-1.7B-Base"), P("1.7B", QWEN3),
+        set={**tied(), "max_position_embeddings": _MAX32K_BASE}),
+    row("Qwen/Qwen3-4B", "qwen3", "4b", "instruct", (LITGPT, "Qwen3-4B"), P("4.0B", QWEN3), set=tied()),
+    row("Qwen/Qwen3-4B-Base", "qwen3", "4b", "base", (LITGPT, "Qwen3-4B-Base"), P("4.0B", QWEN3),
+        set={**tied(), "max_position_embeddings": _MAX32K_BASE}),
+    row(("Qwen/Qwen3-4B-Instruct-2507", "Qwen/Qwen3-4B-Thinking-2507"), "qwen3", "4b", "instruct",
+        (LITGPT, "Qwen3-4B-Instruct-2507"), P("4.0B", QWEN3), set=tied()),
+    row("Qwen/Qwen3-8B-Base", "qwen3", "8b", "base", (LITGPT, "Qwen3-8B-Base"), P("8.2B", QWEN3),
+        set={"max_position_embeddings": _MAX32K_BASE}),
+    row("Qwen/Qwen3-14B", "qwen3", "14b", "instruct", (LITGPT, "Qwen3-14B"), P("14.8B", QWEN3)),
+    row("Qwen/Qwen3-14B-Base", "qwen3", "14b", "base", (LITGPT, "Qwen3-14B-Base"), P("14.8B", QWEN3),
+        set={"max_position_embeddings": _MAX32K_BASE}),
+    row("Qwen/Qwen3-32B", "qwen3", "32b", "instruct", (LITGPT, "Qwen3-32B"), P("32.8B", QWEN3)),
+    row("Qwen/Qwen3-30B-A3B-Base", "qwen3", "30b-a3b", "base", (LITGPT, "Qwen3-30B-A3B-Base"),
+        P("30.5B", QWEN3), P("3.3B", QWEN3_ACTIVE, "active"), set={"max_position_embeddings": _MAX32K_BASE}),
+    row(("Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen/Qwen3-30B-A3B-Thinking-2507"), "qwen3", "30b-a3b", "instruct",
+        (LITGPT, "Qwen3-30B-A3B-Instruct-2507"), P("30.5B", QWEN3), P("3.3B", QWEN3_ACTIVE, "active")),
+    row("Qwen/Qwen3-235B-A22B", "qwen3", "235b-a22b", "instruct", (LITGPT, "Qwen3-235B-A22B"),
+        P("235B", QWEN3), P("22B", QWEN3_ACTIVE, "active")),
+    row(("Qwen/Qwen3-235B-A22B-Instruct-2507", "Qwen/Qwen3-235B-A22B-Thinking-2507"), "qwen3", "235b-a22b",
+        "instruct", (LITGPT, "Qwen3-235B-A22B-Instruct-2507"), P("235B", QWEN3), P("22B", QWEN3_ACTIVE, "active")),
+    # Gemma 2 and Gemma 3 (text)
+    row("google/gemma-2-2b-it", "gemma-2", "2b", "instruct", (LITGPT, "Gemma-2-2b-it"), P("2.61B"),
+        P("2,024,517,888", GEMMA2, "non_embedding"), set={"rms_norm_eps": _GEMMA_EPS}),
+    row("google/gemma-2-9b-it", "gemma-2", "9b", "instruct", (LITGPT, "Gemma-2-9b-it"), P("9.24B"),
+        P("8,324,201,984", GEMMA2, "non_embedding"), set={"rms_norm_eps": _GEMMA_EPS}),
+    row(("google/gemma-2-27b", "google/gemma-2-27b-it"), "gemma-2", "27b", "base", (LITGPT, "Gemma-2-27b"),
+        P("27.2B"), P("26,047,480,320", GEMMA2, "non_embedding"), set={"rms_norm_eps": _GEMMA_EPS}),
+    row("google/gemma-3-1b-it", "gemma-3", "1b", "instruct", (LITGPT, "Gemma-3-1b-it"),
+        P("698M", GEMMA3, "non_embedding"),
+        set={"rms_norm_eps": _GEMMA_EPS,
+             "max_position_embeddings": (32768, "litgpt has 131072; the vendored gemma-3-1b-pt Hub config has 32768")}),
+    row("google/gemma-3-4b-it", "gemma-3", "4b", "instruct", (LITGPT, "Gemma-3-4b-it"),
+        P("3,209M", GEMMA3, "non_embedding"), set={"rms_norm_eps": _GEMMA_EPS, "vocab_size": _GEMMA3_VOCAB},
+        note="Text model only (the language model of the multimodal checkpoint); the vision tower is not counted."),
+    row("google/gemma-3-12b-it", "gemma-3", "12b", "instruct", (LITGPT, "Gemma-3-12b-it"),
+        P("10,759M", GEMMA3, "non_embedding"), set={"rms_norm_eps": _GEMMA_EPS, "vocab_size": _GEMMA3_VOCAB},
+        note="Text model only (the language model of the multimodal checkpoint); the vision tower is not counted."),
+    row("google/gemma-3-27b-it", "gemma-3", "27b", "instruct", (LITGPT, "Gemma-3-27b-it"),
+        P("25,600M", GEMMA3, "non_embedding"), set={"rms_norm_eps": _GEMMA_EPS, "vocab_size": _GEMMA3_VOCAB},
+        note="Text model only (the language model of the multimodal checkpoint); the vision tower is not counted."),
+    # Gemma (1) and CodeGemma
+    row(("google/gemma-2b", "google/gemma-2b-it"), "gemma", "2b", "base", (LITGPT, "Gemma-2b"), P("2.51B"),
+        P("1,981,884,416", GEMMA1, "non_embedding"),
+        set={"rms_norm_eps": _GEMMA1_EPS, "max_position_embeddings": _GEMMA1_CTX}),
+    row(("google/gemma-7b", "google/gemma-7b-it"), "gemma", "7b", "base", (LITGPT, "Gemma-7b"), P("8.54B"),
+        P("7,751,248,896", GEMMA1, "non_embedding"),
+        set={"rms_norm_eps": _GEMMA1_EPS, "max_position_embeddings": _GEMMA1_CTX}),
+    row("google/codegemma-7b-it", "codegemma", "7b", "coder", (LITGPT, "CodeGemma-7b-it"), P("8.54B"),
+        set={"rms_norm_eps": _GEMMA1_EPS, "max_position_embeddings": _GEMMA1_CTX}),
+    # OLMo 2 (litgpt gives the base, SFT, DPO and Instruct checkpoints one config)
+    row(("allenai/OLMo-2-1124-7B", "allenai/OLMo-2-1124-7B-SFT", "allenai/OLMo-2-1124-7B-DPO",
+         "allenai/OLMo-2-1124-7B-Instruct"), "olmo-2", "7b", "base", (LITGPT, "OLMo-2-1124-7B"), P("7.3B")),
+    row(("allenai/OLMo-2-1124-13B", "allenai/OLMo-2-1124-13B-SFT", "allenai/OLMo-2-1124-13B-DPO",
+         "allenai/OLMo-2-1124-13B-Instruct"), "olmo-2", "13b", "base", (LITGPT, "OLMo-2-1124-13B"), P("13.7B")),
+    # Phi-3 / 3.5 / 4
+    row("microsoft/Phi-3-mini-128k-instruct", "phi-3", "3.8b", "instruct", (LITGPT, "Phi-3-mini-128k-instruct"),
+        P("3.82B"), note="Long-context RoPE (longrope) factors are not in the source: rope_scaling is left out."),
+    row("microsoft/Phi-3.5-mini-instruct", "phi-3.5", "3.8b", "instruct", (LITGPT, "Phi-3.5-mini-instruct"),
+        P("3.82B"), set={"max_position_embeddings": (131072, "litgpt caps block_size at 4096; the model card gives a "
+                                                      "128K-token context")},
+        note="Long-context RoPE (longrope) factors are not in the source: rope_scaling is left out."),
+    row("microsoft/phi-4", "phi-4", "14b", "base", (LITGPT, "phi-4"), P("14.7B")),
+    row(("microsoft/Phi-4-reasoning", "microsoft/Phi-4-reasoning-plus"), "phi-4", "14b", "reasoning",
+        (LITGPT, "Phi-4-reasoning"), P("14.7B")),
+    row("microsoft/Phi-4-mini-instruct", "phi-4", "3.8b", "instruct", (LITGPT, "Phi-4-mini-instruct"), P("3.84B"),
+        set=tied(), note="Long-context RoPE (longrope) factors are not in the source: rope_scaling is left out."),
+    row("microsoft/Phi-4-mini-reasoning", "phi-4", "3.8b", "reasoning", (LITGPT, "Phi-4-mini-reasoning"), P("3.84B"),
+        set=tied(), note="Long-context RoPE (longrope) factors are not in the source: rope_scaling is left out."),
+    # Mistral and Mixtral
+    row(("mistralai/Mistral-7B-v0.1", "mistralai/Mistral-7B-Instruct-v0.1"), "mistral", "7b", "base",
+        (LITGPT, "Mistral-7B-v0.1"), P("7.24B"),
+        set={"max_position_embeddings": (32768, "litgpt caps block_size at 4096 (its own comment: 'should be 32768')")}),
+    row(("mistralai/Mistral-7B-Instruct-v0.2", "unsloth/Mistral-7B-v0.2"), "mistral", "7b", "instruct",
+        (LITGPT, "Mistral-7B-Instruct-v0.2"), P("7.24B")),
+    row("mistralai/Mistral-7B-Instruct-v0.3", "mistral", "7b", "instruct", (LITGPT, "Mistral-7B-Instruct-v0.3"),
+        P("7.25B")),
+    row("mistralai/mathstral-7B-v0.1", "mathstral", "7b", "math", (LITGPT, "Mathstral-7B-v0.1"), P("7.25B")),
+    row(("mistralai/Mistral-Large-Instruct-2407", "mistralai/Mistral-Large-Instruct-2411"), "mistral-large", "123b",
+        "instruct", (LITGPT, "Mistral-Large-Instruct-2407"),
+        P("123B", "Mistral-Large-Instruct-2407 model card ('a dense LLM of 123B parameters')")),
+    row("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral", "8x7b", "instruct", (LITGPT, "Mixtral-8x7B-Instruct-v0.1"),
+        P("46.7B", MIXTRAL), P("12.9B", MIXTRAL, "active")),
+    row(("mistralai/Mixtral-8x22B-v0.1", "mistralai/Mixtral-8x22B-Instruct-v0.1"), "mixtral", "8x22b", "base",
+        (LITGPT, "Mixtral-8x22B-v0.1"), P("141B", MIXTRAL22), P("39B", MIXTRAL22, "active")),
+    # Small models
+    row(("HuggingFaceTB/SmolLM2-135M", "HuggingFaceTB/SmolLM2-135M-Instruct"), "smollm2", "135m", "base",
+        (LITGPT, "SmolLM2-135M"), P("135M"), set=tied()),
+    row(("HuggingFaceTB/SmolLM2-360M", "HuggingFaceTB/SmolLM2-360M-Instruct"), "smollm2", "360m", "base",
+        (LITGPT, "SmolLM2-360M"), P("362M"), set=tied()),
+    row(("HuggingFaceTB/SmolLM2-1.7B", "HuggingFaceTB/SmolLM2-1.7B-Instruct"), "smollm2", "1.7b", "base",
+        (LITGPT, "SmolLM2-1.7B"), P("1.71B"), set=tied()),
+    row(("TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", "TinyLlama/TinyLlama-1.1B-Chat-v1.0"), "tinyllama",
+        "1.1b", "base", (LITGPT, "tiny-llama-1.1b"), P("1.1B")),
+    row(("tiiuae/Falcon3-1B-Base", "tiiuae/Falcon3-1B-Instruct"), "falcon3", "1b", "base", (LITGPT, "Falcon3-1B-Base"),
+        P("1.67B")),
+    row(("tiiuae/Falcon3-3B-Base", "tiiuae/Falcon3-3B-Instruct"), "falcon3", "3b", "base", (LITGPT, "Falcon3-3B-Base"),
+        P("3.23B")),
+    row(("tiiuae/Falcon3-7B-Base", "tiiuae/Falcon3-7B-Instruct"), "falcon3", "7b", "base", (LITGPT, "Falcon3-7B-Base"),
+        P("7.46B")),
+    row(("tiiuae/Falcon3-10B-Base", "tiiuae/Falcon3-10B-Instruct"), "falcon3", "10b", "base",
+        (LITGPT, "Falcon3-10B-Base"), P("10.3B")),
+    row(("BSC-LT/salamandra-2b", "BSC-LT/salamandra-2b-instruct"), "salamandra", "2b", "base",
+        (LITGPT, "salamandra-2b"), P("2,253,490,176", "salamandra-2b model card, architecture table ('Total Parameters')")),
+    row(("BSC-LT/salamandra-7b", "BSC-LT/salamandra-7b-instruct"), "salamandra", "7b", "base",
+        (LITGPT, "salamandra-7b"), P("7,768,117,248", "salamandra-7b model card, architecture table ('Total Parameters')")),
+    # Llama-architecture releases litgpt also carries (the published figure is the size in the name)
+    row("openlm-research/open_llama_3b", "open-llama", "3b", "base", (LITGPT, "open_llama_3b"),
+        P("3B", "OpenLLaMA README (openlm-research/open_llama): 3B, 7B and 13B models")),
+    row("openlm-research/open_llama_7b", "open-llama", "7b", "base", (LITGPT, "open_llama_7b"),
+        P("7B", "OpenLLaMA README (openlm-research/open_llama): 3B, 7B and 13B models")),
+    row("openlm-research/open_llama_13b", "open-llama", "13b", "base", (LITGPT, "open_llama_13b"),
+        P("13B", "OpenLLaMA README (openlm-research/open_llama): 3B, 7B and 13B models")),
+    row("keeeeenw/MicroLlama", "microllama", "300m", "base", (LITGPT, "micro-llama-300M"),
+        P("300M", "MicroLlama model card ('a 300M Llama model')")),
+    row("stabilityai/FreeWilly2", "freewilly2", "70b", "instruct", (LITGPT, "FreeWilly2"),
+        P("70B", "FreeWilly2 model card ('a Llama2 70B model finetuned')")),
+    row("garage-bAInd/Platypus2-13B", "platypus2", "13b", "instruct", (LITGPT, "Platypus2-13B"),
+        P("13B", "Platypus2-13B model card (LLaMA 2 13B fine-tune)")),
+]
