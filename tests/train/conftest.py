@@ -122,6 +122,23 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "moe_intermediate_size": 32,
         "norm_topk_prob": True,
     },
+    "gemma": {
+        **_COMMON,
+        "model_type": "gemma",
+        "head_dim": 16,
+        "hidden_act": "gelu",  # the published configs' legacy value: GemmaConfig reads it as gelu_pytorch_tanh
+        "tie_word_embeddings": True,
+    },
+    "olmo2": {**_COMMON, "model_type": "olmo2", "rope_theta": 500000.0},
+    "granite": {
+        **_COMMON,
+        "model_type": "granite",
+        "embedding_multiplier": 12.0,
+        "residual_multiplier": 0.22,
+        "attention_multiplier": 0.0625,
+        "logits_scaling": 8.0,
+        "tie_word_embeddings": True,
+    },
 }
 
 

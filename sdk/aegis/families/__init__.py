@@ -15,6 +15,7 @@ from aegis.errors import UnsupportedArchitectureError
 from aegis.families.base import Family, LayerShape, Linear
 from aegis.families.dense import LlamaFamily, Phi3Family, Qwen2Family, Qwen3Family
 from aegis.families.gemma import Gemma2Family, Gemma3Family
+from aegis.families.llama_variants import GemmaFamily, GraniteFamily, Olmo2Family
 from aegis.families.moe import MixtralFamily, Qwen2MoeFamily, Qwen3MoeFamily
 
 __all__ = ["Family", "LayerShape", "Linear", "FAMILIES", "get_family", "supported_model_types"]
@@ -26,6 +27,9 @@ _ALL: list[Family] = [
     Phi3Family(),
     Gemma2Family(),
     Gemma3Family(),
+    GemmaFamily(),
+    Olmo2Family(),
+    GraniteFamily(),
     MixtralFamily(),
     Qwen2MoeFamily(),
     Qwen3MoeFamily(),

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from aegis.architectures import config as arch
 from aegis.errors import InvalidConfigError
 
 __all__ = ["Linear", "LayerShape", "Family", "cfg_int"]
@@ -96,11 +97,12 @@ class Family:
     def heads(self, c: dict[str, Any]) -> int:
         return cfg_int(c, "num_attention_heads")
 
+    # keys a config.json may omit: read with transformers' defaults (`aegis.architectures.config`)
     def kv_heads(self, c: dict[str, Any]) -> int:
-        return cfg_int(c, "num_key_value_heads", default=self.heads(c))
+        return arch.num_kv_heads(c)
 
     def head_dim(self, c: dict[str, Any]) -> int:
-        return cfg_int(c, "head_dim", default=self.hidden(c) // self.heads(c))
+        return arch.head_dim(c)
 
     def intermediate(self, c: dict[str, Any]) -> int:
         return cfg_int(c, "intermediate_size")
@@ -109,29 +111,29 @@ class Family:
         return cfg_int(c, "vocab_size")
 
     def tied(self, c: dict[str, Any]) -> bool:
-        return bool(c.get("tie_word_embeddings", False))
+        return arch.tie_word_embeddings(c)
 
     def max_positions(self, c: dict[str, Any]) -> int:
-        return cfg_int(c, "max_position_embeddings", default=4096)
+        return arch.max_position_embeddings(c)
 
     def sliding_window(self, c: dict[str, Any], layer: int) -> int | None:
-        return None
+        return arch.layer_windows(c)[layer]
 
     # -- shapes ------------------------------------------------------------------------------------
     def attention_linears(self, c: dict[str, Any], layer: int) -> list[Linear]:
         h, hd = self.hidden(c), self.head_dim(c)
         q, kv = self.heads(c) * hd, self.kv_heads(c) * hd
-        bias = bool(c.get("attention_bias", False))
+        qkv_bias, o_bias = arch.attention_biases(c)
         return [
-            Linear("q_proj", h, q, bias=bias, matched_by=("q_proj",)),
-            Linear("k_proj", h, kv, bias=bias, matched_by=("k_proj",)),
-            Linear("v_proj", h, kv, bias=bias, matched_by=("v_proj",)),
-            Linear("o_proj", q, h, bias=bias, matched_by=("o_proj",)),
+            Linear("q_proj", h, q, bias=qkv_bias, matched_by=("q_proj",)),
+            Linear("k_proj", h, kv, bias=qkv_bias, matched_by=("k_proj",)),
+            Linear("v_proj", h, kv, bias=qkv_bias, matched_by=("v_proj",)),
+            Linear("o_proj", q, h, bias=o_bias, matched_by=("o_proj",)),
         ]
 
     def mlp_linears(self, c: dict[str, Any], width: int, prefix: str = "", count: int = 1) -> list[Linear]:
         h = self.hidden(c)
-        bias = bool(c.get("mlp_bias", False))
+        bias = arch.mlp_bias(c)
         return [
             Linear(f"{prefix}gate_proj", h, width, count=count, bias=bias, matched_by=("gate_proj",)),
             Linear(f"{prefix}up_proj", h, width, count=count, bias=bias, matched_by=("up_proj",)),
@@ -166,3 +168,17 @@ class Family:
 
     sdpa_supported: ClassVar[bool] = True
     """False where transformers refuses attn_implementation='sdpa' (it runs eager)."""
+
+    # -- norm placement (the activation model walks the norms a layer runs) ---------------------------
+    gemma_norm: ClassVar[bool] = False
+    """Gemma's ``(1 + w)`` RMSNorm: the product is taken in float32 (it keeps a float32 normalised tensor)."""
+    pre_norms: ClassVar[bool] = True
+    """A norm before attention and before the MLP (all but OLMo 2)."""
+    post_norms: ClassVar[bool] = False
+    """A norm on the attention and MLP outputs before the residual add (Gemma 2/3, OLMo 2)."""
+    qk_norm: ClassVar[bool] = False
+    """RMSNorm on the q and k projections (per head: Qwen3, Gemma 3; over the whole width: OLMo 2)."""
+
+    def logits_scaling(self, c: dict[str, Any]) -> float | None:
+        """Divisor applied to the logits before the loss (Granite), or None."""
+        return None

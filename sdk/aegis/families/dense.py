@@ -1,4 +1,7 @@
-"""Dense llama-like decoders: Llama, Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm), Phi-3 (fused projections)."""
+"""Dense llama-like decoders: Llama, Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm), Phi-3 (fused projections).
+
+Biases, head_dim, kv heads and sliding windows are read with transformers' defaults by the base `Family`
+(`aegis.architectures.config`); these classes only add what differs in shape."""
 
 from __future__ import annotations
 
@@ -6,14 +9,7 @@ from typing import Any
 
 from aegis.families.base import Family, Linear
 
-__all__ = ["LlamaFamily", "Qwen2Family", "Qwen3Family", "Phi3Family", "with_qkv_bias"]
-
-
-def with_qkv_bias(linears: list[Linear]) -> list[Linear]:
-    """Qwen-style attention: bias on q, k and v, none on o."""
-    return [
-        Linear(x.name, x.in_features, x.out_features, bias=x.name != "o_proj", matched_by=x.matched_by) for x in linears
-    ]
+__all__ = ["LlamaFamily", "Qwen2Family", "Qwen3Family", "Phi3Family"]
 
 
 class LlamaFamily(Family):
@@ -23,24 +19,18 @@ class LlamaFamily(Family):
 
 
 class Qwen2Family(Family):
-    """Qwen2/2.5: bias on q, k and v (not o)."""
+    """Qwen2/2.5: bias on q, k and v (not o); layers from ``max_window_layers`` on slide when
+    ``use_sliding_window``."""
 
     name = "qwen2"
     model_types = ("qwen2",)
-
-    def attention_linears(self, c: dict[str, Any], layer: int) -> list[Linear]:
-        return with_qkv_bias(super().attention_linears(c, layer))
-
-    def sliding_window(self, c: dict[str, Any], layer: int) -> int | None:
-        if not c.get("use_sliding_window", False):
-            return None
-        return c.get("sliding_window") if layer >= c.get("max_window_layers", 0) else None
 
 
 class Qwen3Family(Family):
     """Qwen3 dense: RMSNorm on q and k per head."""
 
     name = "qwen3"
+    qk_norm = True
     model_types = ("qwen3",)
 
     def layer_norm_params(self, c: dict[str, Any]) -> int:
@@ -68,6 +58,3 @@ class Phi3Family(Family):
             Linear("gate_up_proj", h, 2 * width, matched_by=("gate_up_proj",)),
             Linear("down_proj", width, h, matched_by=("down_proj",)),
         ]
-
-    def sliding_window(self, c: dict[str, Any], layer: int) -> int | None:
-        return c.get("sliding_window")

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from aegis.families.base import Family, LayerShape, Linear, cfg_int
-from aegis.families.dense import with_qkv_bias
+from aegis.architectures import config as arch
+from aegis.families.base import Family, LayerShape, Linear
 
 __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily"]
 
@@ -23,18 +23,18 @@ __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily"]
 class _MoEFamily(Family):
     description = "mixture of experts"
 
+    # MoE keys with transformers' defaults and aliases (`aegis.architectures.config`)
     def num_experts(self, c: dict[str, Any]) -> int:
-        return cfg_int(c, "num_local_experts", "num_experts")
+        return arch.num_experts(c)
 
     def top_k(self, c: dict[str, Any]) -> int:
-        return cfg_int(c, "num_experts_per_tok")
+        return arch.experts_per_tok(c)
 
     def expert_width(self, c: dict[str, Any]) -> int:
-        return cfg_int(c, "moe_intermediate_size", "intermediate_size")
+        return arch.moe_intermediate_size(c)
 
     def is_sparse(self, c: dict[str, Any], i: int) -> bool:
-        step = cfg_int(c, "decoder_sparse_step", default=1) or 1
-        return i not in (c.get("mlp_only_layers") or []) and self.num_experts(c) > 0 and (i + 1) % step == 0
+        return arch.is_sparse_layer(c, i)
 
     peft_expert_targets: tuple[tuple[str, ...], tuple[str, ...]] | None = None
     """The v4 target names PEFT maps to the fused ``gate_up_proj`` (adapted at rank 2r) and ``down_proj``
@@ -78,7 +78,7 @@ class _MoEFamily(Family):
             num_experts=self.num_experts(c),
             experts_per_tok=self.top_k(c),
             expert_params=3 * h * w,
-            shared_expert_intermediate=cfg_int(c, "shared_expert_intermediate_size", default=0),
+            shared_expert_intermediate=arch.shared_expert_intermediate_size(c),
             mlp_intermediate=w,
         )
 
@@ -92,12 +92,6 @@ class MixtralFamily(_MoEFamily):
     peft_router = True
     peft_expert_targets = (("w1", "w3"), ("w2",))
 
-    def expert_width(self, c: dict[str, Any]) -> int:
-        return cfg_int(c, "intermediate_size")  # MixtralConfig has no moe_intermediate_size
-
-    def sliding_window(self, c: dict[str, Any], layer: int) -> int | None:
-        return c.get("sliding_window")
-
 
 class Qwen2MoeFamily(_MoEFamily):
     """Qwen2-MoE / Qwen1.5-MoE: q/k/v bias, a shared expert with a sigmoid gate in every sparse layer."""
@@ -105,12 +99,8 @@ class Qwen2MoeFamily(_MoEFamily):
     name = "qwen2_moe"
     model_types = ("qwen2_moe",)
 
-    def attention_linears(self, c: dict[str, Any], layer: int) -> list[Linear]:
-        linears = super().attention_linears(c, layer)
-        return with_qkv_bias(linears) if c.get("qkv_bias", True) else linears
-
     def shared_linears(self, c: dict[str, Any]) -> list[Linear]:
-        width = cfg_int(c, "shared_expert_intermediate_size")
+        width = arch.shared_expert_intermediate_size(c)
         return [
             *self.mlp_linears(c, width, prefix="shared_expert."),
             Linear("shared_expert_gate", self.hidden(c), 1, matched_by=("shared_expert_gate",)),
@@ -123,6 +113,7 @@ class Qwen3MoeFamily(_MoEFamily):
     and the router as ``gate``."""
 
     name = "qwen3_moe"
+    qk_norm = True
     model_types = ("qwen3_moe",)
     peft_router = True
     peft_expert_targets = (("gate_proj", "up_proj"), ("down_proj",))

@@ -104,7 +104,7 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
     h, hd = fam.hidden(c), fam.head_dim(c)
     heads, kv = fam.heads(c), fam.kv_heads(c)
     q_w, kv_w = heads * hd, kv * hd
-    gemma = fam.name.startswith("gemma")
+    gemma = fam.gemma_norm
     names = {lin.name: lin.matched_by or (lin.name,) for lin in layer.linears}
 
     def lin_names(name: str) -> tuple[str, ...]:
@@ -112,10 +112,10 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
 
     # attention block
     x = s.stream_bytes
-    y = _norm(acc, s, x, h, gemma=gemma, label="norms")
+    y = _norm(acc, s, x, h, gemma=gemma, label="norms") if fam.pre_norms else x
     d = _linears(acc, s, y, h, [(lin_names("q_proj"), q_w), (lin_names("k_proj"), kv_w), (lin_names("v_proj"), kv_w)],
                  "attention projections")
-    if fam.name in ("qwen3", "qwen3_moe", "gemma3"):
+    if fam.qk_norm:
         d_q = _norm(acc, s, d, q_w, gemma=gemma, label="q/k norms")
         _norm(acc, s, d, kv_w, gemma=gemma, label="q/k norms")
         d = d_q
@@ -135,17 +135,17 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
     # SDPA kernels write their output in [b, s, heads, d] layout: the transpose + contiguous before o_proj
     # is free, so o_proj's input is the very tensor SDPA saved. Eager attention makes a copy.
     d_o = _linears(acc, s, d, q_w, [(lin_names("o_proj"), h)], "attention projections", input_saved=not s.eager)
-    if gemma:
-        _norm(acc, s, d_o, h, gemma=True, label="norms")
+    if fam.post_norms:
+        _norm(acc, s, d_o, h, gemma=gemma, label="norms")
     # MLP block
-    y = _norm(acc, s, x, h, gemma=gemma, label="norms")
+    y = _norm(acc, s, x, h, gemma=gemma, label="norms") if fam.pre_norms else x
     if layer.num_experts:
         _moe(acc, s, fam, c, layer, y, h, lin_names)
         d_m = 2 if s.autocast else max(y, s.expert_weight_bytes)
     else:
         d_m = _mlp(acc, s, fam, y, h, layer.mlp_intermediate, "MLP", lin_names)
-    if gemma:
-        _norm(acc, s, d_m, h, gemma=True, label="norms")
+    if fam.post_norms:
+        _norm(acc, s, d_m, h, gemma=gemma, label="norms")
     return dict(acc.terms)
 
 
@@ -172,7 +172,7 @@ def _moe(acc: _Acc, s: Setting, fam: Family, c: dict, layer: LayerShape, y: int,
 def head_saved_bytes_per_token(fam: Family, c: dict, s: Setting) -> float:
     """Final norm (+ lm_head input when the head trains), saved for backward."""
     acc = _Acc()
-    y = _norm(acc, s, s.stream_bytes, fam.hidden(c), gemma=fam.name.startswith("gemma"), label="head")
+    y = _norm(acc, s, s.stream_bytes, fam.hidden(c), gemma=fam.gemma_norm, label="head")
     if s.base_trainable:
         acc.add("head", (2 if s.autocast and y != 2 else y) * fam.hidden(c))
     return sum(acc.terms.values())
@@ -184,7 +184,8 @@ def loss_bytes_per_token(fam: Family, c: dict, s: Setting) -> tuple[float, str]:
     d_l = 2 if s.autocast else s.lm_head_bytes
     cap = fam.logit_softcap(c)
     tanh = d_l if cap else 0
-    forward = d_l + (4 if d_l != 4 else 0) + 4 + tanh
+    scaled = d_l if fam.logits_scaling(c) else 0  # Granite: the divided logits are a second tensor
+    forward = d_l + scaled + (4 if d_l != 4 else 0) + 4 + tanh
     backward = 12 + tanh
     if backward >= forward:
         formula = "3 x fp32 [tokens, vocab] at the start of backward (log-softmax out, NLL grad, its grad)"
@@ -192,4 +193,6 @@ def loss_bytes_per_token(fam: Family, c: dict, s: Setting) -> tuple[float, str]:
         formula = f"logits ({d_l} B) + fp32 upcast + log-softmax out, per [token, vocab]"
     if cap:
         formula += " + soft-capping tanh output"
+    if scaled and forward > backward:
+        formula += " + the logits divided by logits_scaling"
     return max(forward, backward) * v, formula

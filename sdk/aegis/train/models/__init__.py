@@ -2,7 +2,7 @@
 
 Plain JAX, pure functions over a params pytree named like transformers' ``state_dict`` (decoder
 layers stacked on axis 0 and run with ``jax.lax.scan``). One registry, :data:`FAMILIES`, keyed by
-config.json ``model_type``: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral,
+config.json ``model_type``: llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, olmo2, granite, mixtral,
 qwen2_moe, qwen3_moe.
 
     from aegis.train.models import build_model

@@ -245,7 +245,11 @@ class Model:
         if self.spec.embed_scale is not None:
             x = x * jnp.asarray(self.spec.embed_scale, self.dtype)
         x = self._layers(params, x, positions, segment_ids, lora, lora_rng)
-        return rms_norm(x, params["model"]["norm"]["weight"], self.spec.rms_norm_eps, gemma=self.spec.gemma_norm)
+        spec = self.spec
+        return rms_norm(
+            x, params["model"]["norm"]["weight"], spec.rms_norm_eps, gemma=spec.gemma_norm,
+            weight_fp32=spec.norm_weight_fp32,
+        )
 
     def head_weight(self, params: dict[str, Any]) -> jax.Array:
         """The output projection ``[vocab, d]`` in HF layout (the embedding matrix when tied)."""
@@ -258,6 +262,8 @@ class Model:
         in HF layout, no transpose), soft-capped where the family does."""
         dims = (((h.ndim - 1,), (1,)), ((), ()))
         logits = jax.lax.dot_general(h, w.astype(h.dtype), dims, preferred_element_type=jnp.float32)
+        if self.spec.logits_divisor != 1.0:  # Granite's logits_scaling
+            logits = logits / self.spec.logits_divisor
         if self.spec.final_softcap is not None:
             cap = self.spec.final_softcap
             logits = jnp.tanh(logits / cap) * cap

@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from aegis.architectures import config as arch
 from aegis.errors import UnsupportedArchitectureError
 from aegis.train.models.decoder import LayerFn, standard_layer
+from aegis.train.models.llama_variants import granite_layer, olmo2_layer, spec_gemma, spec_granite, spec_olmo2
 from aegis.train.models.spec import (
     FULL_WINDOW,
     ArchSpec,
@@ -73,20 +75,20 @@ class Family:
 
 
 # ----- shared config readers ------------------------------------------------------------------
+# Keys a config.json may omit are read with transformers' defaults by `aegis.architectures.config`, the
+# readers the planner's families use too; this module only turns them into an ArchSpec.
 
 
-def _head_dim(config: dict[str, Any], default: int | None = None) -> int:
-    hidden, heads = require(config, "hidden_size"), require(config, "num_attention_heads")
-    return int(config.get("head_dim") or default or hidden // heads)
-
-
-def _base(config: dict[str, Any], head_dim: int, **kw: Any) -> dict[str, Any]:
+def _base(config: dict[str, Any], **kw: Any) -> dict[str, Any]:
     heads = require(config, "num_attention_heads")
-    kv = config.get("num_key_value_heads") or heads
-    if heads % kv:
+    require(config, "hidden_size")
+    head_dim = arch.head_dim(config)
+    kv = arch.num_kv_heads(config)
+    if not kv or heads % kv:
         raise UnsupportedArchitectureError(
             f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}."
         )
+    qkv_bias, o_bias = arch.attention_biases(config)
     return dict(
         model_type=config["model_type"],
         vocab_size=require(config, "vocab_size"),
@@ -96,34 +98,22 @@ def _base(config: dict[str, Any], head_dim: int, **kw: Any) -> dict[str, Any]:
         num_kv_heads=kv,
         head_dim=head_dim,
         intermediate_size=config.get("intermediate_size") or 0,
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=arch.rms_norm_eps(config),
         hidden_act=config.get("hidden_act") or config.get("hidden_activation") or "silu",
         initializer_range=float(config.get("initializer_range", 0.02)),
         attn_scale=head_dim**-0.5,
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        mlp_bias=arch.mlp_bias(config),
+        tie_embeddings=arch.tie_word_embeddings(config),
         **kw,
     )
 
 
-def _uniform_window(config: dict[str, Any], n: int, *, enabled: bool = True) -> tuple[int, ...]:
-    window = config.get("sliding_window")
-    if not enabled or not window:
-        return (FULL_WINDOW,) * n
-    return (int(window),) * n
-
-
-def _typed_windows(config: dict[str, Any], layer_types: list[str]) -> tuple[int, ...]:
-    window = config.get("sliding_window")
-    return tuple(int(window) if t == "sliding_attention" and window else FULL_WINDOW for t in layer_types)
-
-
-def _qwen_layer_types(config: dict[str, Any]) -> list[str]:
-    """Qwen2/Qwen3: layers ``i >= max_window_layers`` slide, when ``use_sliding_window``."""
-    n = require(config, "num_hidden_layers")
-    if config.get("layer_types"):
-        return check_layer_types(config, list(config["layer_types"]))
-    sliding = config.get("use_sliding_window", False) and config.get("sliding_window") is not None
-    mwl = config.get("max_window_layers", 28)
-    return ["sliding_attention" if sliding and i >= mwl else "full_attention" for i in range(n)]
+def _windows(config: dict[str, Any]) -> tuple[int, ...]:
+    """Per layer: its sliding window, or FULL_WINDOW (`aegis.architectures.config.layer_windows`)."""
+    check_layer_types(config, arch.layer_types(config))  # an explicit list may be malformed
+    return tuple(FULL_WINDOW if w is None else int(w) for w in arch.layer_windows(config))
 
 
 def _single_rope_fields(config: dict[str, Any], head_dim: int, default_theta: float = 10_000.0) -> dict[str, Any]:
@@ -132,114 +122,72 @@ def _single_rope_fields(config: dict[str, Any], head_dim: int, default_theta: fl
 
 
 # ----- dense llama-like -------------------------------------------------------------------------
+# Llama, Mistral, Qwen2/2.5 (q/k/v bias), Qwen3 (q/k norm), Phi-3 (fused projections)
+
+
+def _spec_dense(config: dict[str, Any], **kw: Any) -> ArchSpec:
+    return ArchSpec(
+        **_base(config, **kw),
+        layer_window=_windows(config),
+        **_single_rope_fields(config, arch.head_dim(config)),
+    )
 
 
 def _spec_llama(config: dict[str, Any]) -> ArchSpec:
-    hd = _head_dim(config)
-    bias = bool(config.get("attention_bias", False))
-    n = require(config, "num_hidden_layers")
-    return ArchSpec(
-        **_base(config, hd, qkv_bias=bias, o_bias=bias, mlp_bias=bool(config.get("mlp_bias", False))),
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        layer_window=(FULL_WINDOW,) * n,
-        **_single_rope_fields(config, hd),
-    )
+    return _spec_dense(config)
 
 
 def _spec_mistral(config: dict[str, Any]) -> ArchSpec:
-    hd = _head_dim(config)
-    n = require(config, "num_hidden_layers")
-    return ArchSpec(
-        **_base(config, hd),
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        layer_window=_uniform_window(config, n),
-        **_single_rope_fields(config, hd),
-    )
+    return _spec_dense(config)
 
 
 def _spec_qwen2(config: dict[str, Any]) -> ArchSpec:
-    hd = _head_dim(config)
-    return ArchSpec(
-        **_base(config, hd, qkv_bias=True),
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        layer_window=_typed_windows(config, _qwen_layer_types(config)),
-        **_single_rope_fields(config, hd),
-    )
+    return _spec_dense(config)
 
 
 def _spec_qwen3(config: dict[str, Any]) -> ArchSpec:
-    hd = _head_dim(config, default=128)
-    bias = bool(config.get("attention_bias", False))
-    return ArchSpec(
-        **_base(config, hd, qkv_bias=bias, o_bias=bias, qk_norm=True),
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        layer_window=_typed_windows(config, _qwen_layer_types(config)),
-        **_single_rope_fields(config, hd),
-    )
+    return _spec_dense(config, qk_norm=True)
 
 
 def _spec_phi3(config: dict[str, Any]) -> ArchSpec:
-    hd = _head_dim(config)
-    n = require(config, "num_hidden_layers")
-    return ArchSpec(
-        **_base(config, hd, fused_qkv=True, fused_gate_up=True),
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        layer_window=_uniform_window(config, n),
-        **_single_rope_fields(config, hd),
-    )
+    return _spec_dense(config, fused_qkv=True, fused_gate_up=True)
 
 
 # ----- Gemma ----------------------------------------------------------------------------------------
 
 
-def _gemma_common(config: dict[str, Any], hd: int) -> dict[str, Any]:
+def _gemma_common(config: dict[str, Any]) -> dict[str, Any]:
     if config.get("use_bidirectional_attention"):
         raise UnsupportedArchitectureError(
             "use_bidirectional_attention=True (an encoder variant) is not supported; train a causal Gemma."
         )
-    kw = _base(config, hd, gemma_norm=True, sandwich_norms=True)
-    bias = bool(config.get("attention_bias", False))
-    kw.update(qkv_bias=bias, o_bias=bias)
+    kw = _base(config, gemma_norm=True, sandwich_norms=True)
     kw["hidden_act"] = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
-    kw["attn_scale"] = float(config.get("query_pre_attn_scalar", 256)) ** -0.5
+    kw["attn_scale"] = float(arch.value(config, "query_pre_attn_scalar")) ** -0.5
     kw["embed_scale"] = math.sqrt(kw["hidden_size"])
+    kw["attn_softcap"] = arch.value(config, "attn_logit_softcapping")
+    kw["final_softcap"] = arch.value(config, "final_logit_softcapping")
     return kw
 
 
 def _spec_gemma2(config: dict[str, Any]) -> ArchSpec:
-    hd = _head_dim(config, default=256)
-    n = require(config, "num_hidden_layers")
-    types = config.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
     return ArchSpec(
-        **_gemma_common(config, hd),
-        attn_softcap=config.get("attn_logit_softcapping", 50.0),
-        final_softcap=config.get("final_logit_softcapping", 30.0),
-        tie_embeddings=bool(config.get("tie_word_embeddings", True)),
-        layer_window=_typed_windows(config, check_layer_types(config, list(types))),
-        **_single_rope_fields(config, hd),
+        **_gemma_common(config),
+        layer_window=_windows(config),
+        **_single_rope_fields(config, arch.head_dim(config)),
     )
 
 
 def _spec_gemma3(config: dict[str, Any]) -> ArchSpec:
-    hd = _head_dim(config, default=256)
-    n = require(config, "num_hidden_layers")
-    pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern") or 6
-    types = check_layer_types(
-        config,
-        list(
-            config.get("layer_types")
-            or ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
-        ),
-    )
+    hd = arch.head_dim(config)
+    windows = _windows(config)
+    types = arch.layer_types(config)
     ropes = rope_for_layer_types(config, hd, global_theta=1_000_000.0, local_theta=10_000.0)
     order = ("full_attention", "sliding_attention")
     return ArchSpec(
-        **_gemma_common(config, hd),
+        **_gemma_common(config),
         qk_norm=True,
-        attn_softcap=config.get("attn_logit_softcapping"),
-        final_softcap=config.get("final_logit_softcapping"),
-        tie_embeddings=bool(config.get("tie_word_embeddings", True)),
-        layer_window=_typed_windows(config, types),
+        layer_window=windows,
         ropes=tuple(ropes[t] for t in order),
         layer_rope=tuple(order.index(t) for t in types),
     )
@@ -248,83 +196,51 @@ def _spec_gemma3(config: dict[str, Any]) -> ArchSpec:
 # ----- MoE --------------------------------------------------------------------------------------------
 
 
-def _num_experts(config: dict[str, Any]) -> int:
-    """``num_experts`` (Qwen config.json) or ``num_local_experts`` (Mixtral; transformers' Qwen3-MoE to_dict)."""
-    n = config.get("num_experts") or config.get("num_local_experts")
-    if not n:
-        raise UnsupportedArchitectureError("MoE config.json has neither num_experts nor num_local_experts.")
-    return int(n)
-
-
 def _check_all_sparse(config: dict[str, Any]) -> None:
-    if config.get("mlp_only_layers") or int(config.get("decoder_sparse_step", 1)) != 1:
+    n = require(config, "num_hidden_layers")
+    if not all(arch.is_sparse_layer(config, i) for i in range(n)):
         raise UnsupportedArchitectureError(
             "MoE configs with dense layers (mlp_only_layers / decoder_sparse_step > 1) are not supported by the "
             "JAX engine; every layer must be sparse."
         )
 
 
-def _spec_mixtral(config: dict[str, Any]) -> ArchSpec:
-    hd = _head_dim(config)
-    n = require(config, "num_hidden_layers")
-    moe = MoESpec(
-        num_experts=_num_experts(config),
-        top_k=require(config, "num_experts_per_tok"),
-        expert_intermediate_size=require(config, "intermediate_size"),
-        norm_topk_prob=True,
+def _moe(config: dict[str, Any], *, norm_topk_prob: bool) -> MoESpec:
+    return MoESpec(
+        num_experts=arch.num_experts(config),
+        top_k=arch.experts_per_tok(config),
+        expert_intermediate_size=arch.moe_intermediate_size(config),
+        norm_topk_prob=norm_topk_prob,
+        shared_expert_intermediate_size=arch.shared_expert_intermediate_size(config) or None,
     )
+
+
+def _spec_mixtral(config: dict[str, Any]) -> ArchSpec:
     return ArchSpec(
-        **_base(config, hd),
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        layer_window=_uniform_window(config, n),
-        moe=moe,
-        **_single_rope_fields(config, hd, default_theta=1_000_000.0),
+        **_base(config),
+        layer_window=_windows(config),
+        moe=_moe(config, norm_topk_prob=True),
+        **_single_rope_fields(config, arch.head_dim(config), default_theta=1_000_000.0),
     )
 
 
 def _spec_qwen2_moe(config: dict[str, Any]) -> ArchSpec:
     _check_all_sparse(config)
-    hd = _head_dim(config)
-    n = require(config, "num_hidden_layers")
-    if config.get("layer_types"):
-        types = check_layer_types(config, list(config["layer_types"]))
-    else:
-        use = bool(config.get("use_sliding_window", False))
-        mwl = config.get("max_window_layers", 28)
-        types = ["sliding_attention" if use and (i + 1) % 2 and i < mwl else "full_attention" for i in range(n)]
-    moe = MoESpec(
-        num_experts=_num_experts(config),
-        top_k=require(config, "num_experts_per_tok"),
-        expert_intermediate_size=require(config, "moe_intermediate_size"),
-        norm_topk_prob=bool(config.get("norm_topk_prob", False)),
-        shared_expert_intermediate_size=config.get("shared_expert_intermediate_size"),
-    )
     return ArchSpec(
-        **_base(config, hd, qkv_bias=bool(config.get("qkv_bias", True))),
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        layer_window=_typed_windows(config, types) if config.get("use_sliding_window") else (FULL_WINDOW,) * n,
-        moe=moe,
-        **_single_rope_fields(config, hd),
+        **_base(config),
+        layer_window=_windows(config),
+        moe=_moe(config, norm_topk_prob=bool(arch.value(config, "norm_topk_prob"))),
+        **_single_rope_fields(config, arch.head_dim(config)),
     )
 
 
 def _spec_qwen3_moe(config: dict[str, Any]) -> ArchSpec:
     _check_all_sparse(config)
-    hd = _head_dim(config, default=128)
-    n = require(config, "num_hidden_layers")
-    bias = bool(config.get("attention_bias", False))
-    moe = MoESpec(
-        num_experts=_num_experts(config),
-        top_k=require(config, "num_experts_per_tok"),
-        expert_intermediate_size=require(config, "moe_intermediate_size"),
-        norm_topk_prob=bool(config.get("norm_topk_prob", False)),
-    )
     return ArchSpec(
-        **_base(config, hd, qkv_bias=bias, o_bias=bias, qk_norm=True),
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        layer_window=_uniform_window(config, n, enabled=bool(config.get("use_sliding_window", False))),
-        moe=moe,
-        **_single_rope_fields(config, hd),
+        **_base(config, qk_norm=True),
+        layer_window=_windows(config),
+        moe=_moe(config, norm_topk_prob=bool(arch.value(config, "norm_topk_prob"))),
+        **_single_rope_fields(config, arch.head_dim(config)),
     )
 
 
@@ -371,6 +287,9 @@ FAMILIES: dict[str, Family] = {
         Family("phi3", ("phi3",), ("Phi3ForCausalLM",), _spec_phi3),
         Family("gemma2", ("gemma2",), ("Gemma2ForCausalLM",), _spec_gemma2),
         Family("gemma3", ("gemma3_text",), ("Gemma3ForCausalLM",), _spec_gemma3),
+        Family("gemma", ("gemma",), ("GemmaForCausalLM",), spec_gemma),
+        Family("olmo2", ("olmo2",), ("Olmo2ForCausalLM",), spec_olmo2, layer_fn=olmo2_layer),
+        Family("granite", ("granite",), ("GraniteForCausalLM",), spec_granite, layer_fn=granite_layer),
         Family(
             "mixtral",
             ("mixtral",),

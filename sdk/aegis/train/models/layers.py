@@ -78,10 +78,15 @@ class Ctx:
         return jax.random.fold_in(self.rng, sum(ord(c) * (i + 1) for i, c in enumerate(name)))
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, gemma: bool = False) -> jax.Array:
-    """RMSNorm: Llama style ``w * norm(x).to(dtype)`` or Gemma style ``(norm(x) * (1 + w)).to(dtype)``."""
+def rms_norm(
+    x: jax.Array, weight: jax.Array, eps: float, *, gemma: bool = False, weight_fp32: bool = False
+) -> jax.Array:
+    """RMSNorm: Llama style ``w * norm(x).to(dtype)``, Gemma style ``(norm(x) * (1 + w)).to(dtype)`` or
+    (``weight_fp32``, OLMo 2) ``(w * norm(x)).to(dtype)``."""
     xf = x.astype(jnp.float32)
     normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    if weight_fp32 and not gemma:
+        return (weight.astype(jnp.float32) * normed).astype(x.dtype)
     if gemma:
         return (normed * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
     return weight.astype(x.dtype) * normed.astype(x.dtype)
@@ -151,6 +156,9 @@ def attention_block(
         k = linear(p["k_proj"], x, ctx, _sub(lora, "k_proj"), "k_proj")
         v = linear(p["v_proj"], x, ctx, _sub(lora, "v_proj"), "v_proj")
     hd, hkv = spec.head_dim, spec.num_kv_heads
+    if spec.qk_norm_full:  # OLMo 2: one RMSNorm over all heads of the projection
+        q = rms_norm(q, p["q_norm"]["weight"], spec.rms_norm_eps, weight_fp32=spec.norm_weight_fp32)
+        k = rms_norm(k, p["k_norm"]["weight"], spec.rms_norm_eps, weight_fp32=spec.norm_weight_fp32)
     q = q.reshape(b, s, spec.num_heads, hd)
     k = k.reshape(b, s, hkv, hd)
     v = v.reshape(b, s, hkv, hd)

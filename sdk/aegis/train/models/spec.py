@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from aegis.architectures import config as arch
 from aegis.errors import InvalidConfigError, UnsupportedArchitectureError
 from aegis.train.models.rope import RopeSpec
 
@@ -55,6 +56,11 @@ class ArchSpec:
     fused_gate_up: bool = False  # Phi-3 gate_up_proj
     qk_norm: bool = False  # Qwen3 / Gemma3 RMSNorm over head_dim on q and k before rope
     sandwich_norms: bool = False  # Gemma 2/3: post-attention, pre- and post-feedforward norms
+    qk_norm_full: bool = False  # OLMo 2: RMSNorm over the whole q / k projection width, before the head split
+    post_norms_only: bool = False  # OLMo 2: no pre-norms; RMSNorm on the attention and MLP outputs before the add
+    residual_scale: float = 1.0  # Granite residual_multiplier: sublayer outputs scaled before the residual add
+    logits_divisor: float = 1.0  # Granite logits_scaling: logits divided by it
+    norm_weight_fp32: bool = False  # OLMo 2 RMSNorm: (w * norm(x)).to(dtype), the product taken in float32
     attn_scale: float = 1.0
     attn_softcap: float | None = None
     final_softcap: float | None = None
@@ -102,8 +108,8 @@ def rope_single(config: dict[str, Any], head_dim: int, *, default_theta: float =
     return RopeSpec.from_params(
         params,
         head_dim=head_dim,
-        max_position_embeddings=config.get("max_position_embeddings"),
-        original_max_position_embeddings=config.get("original_max_position_embeddings"),
+        max_position_embeddings=arch.value(config, "max_position_embeddings"),
+        original_max_position_embeddings=arch.value(config, "original_max_position_embeddings"),
     )
 
 
@@ -121,7 +127,7 @@ def rope_for_layer_types(
         full.update(config["rope_scaling"])
     full.setdefault("rope_theta", config.get("rope_theta", global_theta))
     local.setdefault("rope_theta", config.get("rope_local_base_freq", local_theta))
-    mpe = config.get("max_position_embeddings")
+    mpe = arch.value(config, "max_position_embeddings")
     return {
         "full_attention": RopeSpec.from_params(full, head_dim=head_dim, max_position_embeddings=mpe),
         "sliding_attention": RopeSpec.from_params(local, head_dim=head_dim, max_position_embeddings=mpe),
@@ -159,6 +165,9 @@ def layer_shapes(spec: ArchSpec) -> dict[str, Any]:
     if spec.qk_norm:
         attn["q_norm"] = {"weight": (spec.head_dim,)}
         attn["k_norm"] = {"weight": (spec.head_dim,)}
+    elif spec.qk_norm_full:
+        attn["q_norm"] = {"weight": (spec.q_size,)}
+        attn["k_norm"] = {"weight": (spec.kv_size,)}
 
     if spec.moe is None:
         i = spec.intermediate_size
@@ -191,6 +200,9 @@ def layer_shapes(spec: ArchSpec) -> dict[str, Any]:
         "post_attention_layernorm": {"weight": (d,)},
         "mlp": mlp,
     }
+    if spec.post_norms_only:
+        del layer["input_layernorm"]
+        layer["post_feedforward_layernorm"] = {"weight": (d,)}
     if spec.sandwich_norms:
         layer["pre_feedforward_layernorm"] = {"weight": (d,)}
         layer["post_feedforward_layernorm"] = {"weight": (d,)}
