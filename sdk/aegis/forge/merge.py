@@ -42,6 +42,7 @@ from pydantic import Field
 from aegis.errors import AegisError, InvalidConfigError
 from aegis.forge.config import MergeConfig, load_merge_config, resolve
 from aegis.schema import Frozen
+from aegis.architectures.config import tie_word_embeddings
 
 __all__ = ["MergeResult", "merge_models", "MAX_SHARD_BYTES"]
 
@@ -310,7 +311,7 @@ class _Planner:
         w = self.weights[key]
         if name in w:
             return name
-        if name.endswith("lm_head.weight") and w.config.get("tie_word_embeddings", True):
+        if name.endswith("lm_head.weight") and tie_word_embeddings(w.config):  # transformers' per-type default
             tied = next((n for n in self.layouts[key].loose if _INPUT_EMBEDDING.search(n)), None)
             if tied is not None:
                 return tied
