@@ -66,6 +66,7 @@ def plan(
     out: Annotated[Optional[str], typer.Option(help="Where --emit writes (default: stdout).")] = None,
     json_: JsonOpt = False,
     markdown: MarkdownOpt = False,
+    explain: Annotated[bool, typer.Option("--explain", help="Show every formula and reason (text and Markdown).")] = False,
 ) -> None:
     """Plan a fine-tune: memory breakdown, recommended / aggressive / fallback configs, time, cost, risks."""
     from aegis.planner import plan as make_plan
@@ -77,7 +78,7 @@ def plan(
         micro_batch_size=batch, effective_batch_size=effective_batch, seq_len=seq, epochs=epochs, optimizer=optimizer,
         gradient_checkpointing=checkpointing, progress=fmt is Output.text and sys.stderr.isatty(),
     )
-    _print_report(report, fmt)
+    _print_report(report, fmt, explain=explain)
     if emit:
         from aegis.report.emit import emit as emit_config
 
@@ -90,7 +91,7 @@ def plan(
             typer.echo(text)
 
 
-def _print_report(report, fmt: Output) -> None:
+def _print_report(report, fmt: Output, *, explain: bool = False) -> None:
     if fmt is Output.json:
         from aegis.report.json import render_json
 
@@ -98,11 +99,11 @@ def _print_report(report, fmt: Output) -> None:
     elif fmt is Output.markdown:
         from aegis.report.markdown import render_markdown
 
-        typer.echo(render_markdown(report))
+        typer.echo(render_markdown(report, explain=explain))
     else:
         from aegis.report.text import render_text
 
-        typer.echo(render_text(report))
+        typer.echo(render_text(report, explain=explain))
 
 
 @app.command()
@@ -255,24 +256,23 @@ def _mount_run_commands() -> None:
     app.command("slack")(slack)
 
 
-_PLANNER_COMMANDS = frozenset({"plan", "compare", "models", "gpus", "benchmark", "merge"})
+_PLANNER_COMMANDS = frozenset({"plan", "compare", "models", "gpus", "benchmark"})
 
 
 def _mount_forge_commands() -> None:
-    """`aegis merge` (mergekit YAML): its module imports only typer; numpy and safetensors load when it runs."""
+    """`aegis merge` (mergekit YAML); mounted only when asked for or listed, so `aegis plan` stays light."""
     from aegis.forge.cli import merge
 
     app.command("merge")(merge)
-
-
-_mount_forge_commands()
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: one-line errors, exit code 2, never a traceback for AegisError."""
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] not in _PLANNER_COMMANDS:
-        _mount_run_commands()  # keeps `aegis plan` from importing the supervisor
+        _mount_forge_commands()
+        if args[:1] != ["merge"]:
+            _mount_run_commands()  # keeps `aegis plan` from importing the supervisor
     try:
         rc = app(args=args, standalone_mode=False)
         if isinstance(rc, int) and rc:  # typer.Exit(n) is returned, not raised, outside standalone mode
