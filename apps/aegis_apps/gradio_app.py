@@ -57,31 +57,57 @@ def _gradio() -> Any:
     return gradio
 
 
+_COMPONENT_COLORS = {
+    "weights": "#4c78a8", "adapters": "#f58518", "gradients": "#e45756", "optimizer": "#72b7b2",
+    "optimizer temporaries": "#54a24b", "activations": "#eeca3b", "backward temporaries": "#b279a2",
+    "logits": "#ff9da6", "gathered": "#9d755d", "overhead": "#79706e", "margin": "#bab0ac", "headroom": "#e8e8e8",
+}
+"""Colours of the memory chart's stacked components (memory-engine keys, then overhead, margin, headroom)."""
+
+
 def memory_frame(report: PlanReport | None) -> Any:
-    """The breakdown tier's components (key, GB) as a DataFrame for `gr.BarPlot`; empty without a plan/fit."""
+    """The breakdown tier's components stacked in one bar against the GPU's capacity, as a DataFrame for
+    `gr.BarPlot` (columns bar, component, GiB): the components, the dynamic margin and the headroom, which
+    together reach the memory the headroom is measured against. Over capacity, no headroom row. Empty
+    without a plan. The tier and the budget are the report's own (`aegis.report._facts.plan_facts`)."""
     import pandas as pd
 
-    tier = None if report is None else (report.recommended or (report.fallbacks[-1] if report.fallbacks else None))
-    if tier is None:  # typed columns: the chart's axes are fixed by the first value's dtypes
-        return pd.DataFrame({"component": pd.Series([], dtype=str), "GiB": pd.Series([], dtype=float)})
-    mem = tier.memory
-    rows = [(c.key, c.bytes / GIB) for c in mem.components if c.in_peak]
+    facts = None if report is None else _facts(report)
+    if facts is None or facts.tier is None:  # typed columns: the chart's axes are fixed by the first value's dtypes
+        return pd.DataFrame({"bar": pd.Series([], dtype=str), "component": pd.Series([], dtype=str),
+                             "GiB": pd.Series([], dtype=float)})
+    mem, f = facts.tier.memory, facts.memory
+    rows = [(c.key, c.bytes) for c in mem.components if c.in_peak]
     if mem.overhead_bytes:
-        rows.append(("overhead", mem.overhead_bytes / GIB))
-    return pd.DataFrame({"component": [r[0] for r in rows], "GiB": [round(r[1], 3) for r in rows]})
+        rows.append(("overhead", mem.overhead_bytes))
+    rows.append(("margin", f.margin_bytes))
+    if f.headroom_bytes > 0:
+        rows.append(("headroom", f.headroom_bytes))
+    bar = f"{report.gpu.name.removeprefix('NVIDIA ').removeprefix('GeForce ')} ({f.budget_bytes / GIB:.1f} GiB {f.budget_label})"
+    return pd.DataFrame({"bar": [bar] * len(rows), "component": [r[0] for r in rows],
+                         "GiB": [round(r[1] / GIB, 3) for r in rows]})
+
+
+def _facts(report: PlanReport) -> Any:
+    from aegis.report._facts import plan_facts
+
+    return plan_facts(report)
 
 
 def _memory_caption(report: PlanReport | None) -> str:
     if report is None:
         return "_Plan something to see its memory breakdown._"
-    tier = report.recommended or (report.fallbacks[-1] if report.fallbacks else None)
-    if tier is None:
+    facts = _facts(report)
+    if facts.tier is None:
         return f"**Does not fit.** {report.nothing_fits}"
     from aegis.report.format import format_bytes
 
+    f = facts.memory
+    head = "" if report.recommended is not None else "**Does not fit.** Smallest tried: "
     return (
-        f"**Memory total: {format_bytes(tier.memory.total_bytes)}** predicted ({tier.name}) of "
-        f"{format_bytes(report.usable_bytes, 1)} usable on the {report.gpu.name}"
+        f"{head}**Memory total: {format_bytes(f.total_bytes)}** predicted ({facts.tier.name}), high end "
+        f"{format_bytes(f.high_bytes, 1)} of {format_bytes(f.budget_bytes, 1)} {f.budget_label} on the "
+        f"{report.gpu.name}: headroom {format_bytes(f.headroom_bytes, 1)} ({f.verdict})"
     )
 
 
@@ -120,7 +146,8 @@ def build_ui(agent: ChatAgent, *, refresh_s: float = 1.0) -> Any:
         reply = agent.reply(text, thread_of(request))
         history = [*history, {"role": "user", "content": text}, {"role": "assistant", "content": reply.text}]
         if any(c.name == "plan_finetune" for c in reply.tool_calls):
-            return history, "", memory_frame(reply.report), _memory_caption(reply.report)
+            frame = memory_frame(reply.report)
+            return history, "", (None if frame.empty else frame), _memory_caption(reply.report)
         return history, "", gr.update(), gr.update()
 
     def run_panel(request: gr.Request) -> tuple[Any, ...]:
@@ -170,12 +197,15 @@ def build_ui(agent: ChatAgent, *, refresh_s: float = 1.0) -> Any:
                     )
             with gr.Column(scale=3):
                 caption = gr.Markdown(_memory_caption(None), elem_id="aegis-memory-total")
-                chart = gr.BarPlot(
-                    memory_frame(None),
-                    x="component",
+                chart = gr.BarPlot(  # one stacked bar: components, margin and headroom up to the GPU's capacity
+                    None,  # not an empty frame: a stacked BarPlot that starts from one never draws later bars
+                    x="bar",
                     y="GiB",
-                    title="Memory breakdown (GiB)",
-                    sort="-y",
+                    color="component",
+                    color_map=_COMPONENT_COLORS,  # one colour per component across plans
+                    x_title=" ",
+                    y_title="GiB (stacked to the GPU's capacity)",
+                    color_title="component",
                     height=300,
                     elem_id="aegis-memory-chart",
                 )

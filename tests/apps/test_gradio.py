@@ -17,19 +17,43 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking"]
 
 
+_OVERFLOW_JS = """h => {
+  // the plan's message bubble: the nearest ancestor of the heading that Gradio styles as a message
+  let bubble = h;
+  while (bubble.parentElement && !/message|bubble/.test(bubble.className || '')) bubble = bubble.parentElement;
+  const wide = [];
+  let checked = 0;
+  for (const el of [bubble, ...bubble.querySelectorAll('*')]) {
+    if (!el.clientWidth) continue;
+    checked += 1;
+    if (el.scrollWidth > el.clientWidth + 1) wide.push(`${el.tagName}.${el.className}: ${el.scrollWidth} > ${el.clientWidth}`);
+  }
+  return {bubble: `${bubble.tagName}.${bubble.className}`, checked, wide: wide.slice(0, 10)};
+}"""
+"""Elements of the plan message wider than their box (scrollWidth > clientWidth): none may overflow its bubble."""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def test_memory_frame_sums_to_the_total() -> None:
+def test_memory_frame_stacks_to_the_capacity() -> None:
+    """One bar: the components sum to the report's total; with margin and headroom it reaches the budget."""
+    from aegis.report._facts import plan_facts
+
     report = aegis.plan("qlora llama-3.1-8b on 3090")
     frame = memory_frame(report)
-    mem = report.recommended.memory
-    assert frame["GiB"].sum() == pytest.approx(mem.total_bytes / 2**30, abs=0.01)
-    assert list(frame["component"]) == [c.key for c in mem.components if c.in_peak] + ["overhead"]
-    assert memory_frame(None).empty and memory_frame(aegis.plan("full llama-3.1-70b on 3090")).empty
+    mem, f = report.recommended.memory, plan_facts(report).memory
+    assert frame["bar"].nunique() == 1 and "RTX 3090" in frame["bar"][0]
+    assert list(frame["component"]) == [c.key for c in mem.components if c.in_peak] + ["overhead", "margin", "headroom"]
+    parts = frame[~frame["component"].isin(["margin", "headroom"])]
+    assert parts["GiB"].sum() == pytest.approx(mem.total_bytes / 2**30, abs=0.01)
+    assert frame["GiB"].sum() == pytest.approx(f.budget_bytes / 2**30, abs=0.01)
+    assert memory_frame(None).empty
+    over = memory_frame(aegis.plan("full llama-3.1-70b on 3090"))  # the smallest tried, over capacity: no headroom
+    assert "headroom" not in set(over["component"])
 
 
 def test_loss_frame_and_buttons() -> None:
@@ -63,7 +87,7 @@ def test_browser_plan_shows_total_chart_and_recommended_config(tmp_path: Path) -
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
-            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
             page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
             box = page.locator("#aegis-input textarea")
             box.wait_for(timeout=30_000)
@@ -77,8 +101,12 @@ def test_browser_plan_shows_total_chart_and_recommended_config(tmp_path: Path) -
             assert f"{total} predicted" in chat_text
             assert f"micro batch {cfg.micro_batch_size} x grad accum {cfg.gradient_accumulation_steps}" in chat_text
             assert "RTX 3090" in chat_text
+            assert "Fallbacks" in chat_text and "fall\nbac" not in chat_text
+            overflow = chat.get_by_role("heading", name="Aegis plan:").evaluate(_OVERFLOW_JS)
+            assert overflow["checked"] > 20 and not overflow["wide"], overflow
             chat.get_by_role("heading", name="Aegis plan:").evaluate("e => e.scrollIntoView()")  # the verdict
-            page.wait_for_timeout(1500)  # let vega draw the bars before the screenshot
+            page.locator("#aegis-memory-chart").scroll_into_view_if_needed()
+            page.wait_for_timeout(3000)  # let vega draw the bars before the screenshot
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "gradio-chat.png"), full_page=True)
             browser.close()

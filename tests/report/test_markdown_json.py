@@ -7,44 +7,30 @@ import json
 import jsonschema
 
 from aegis.report import render_json, render_markdown, report_json_schema
-from aegis.report._sections import tiers
 from aegis.schema import PlanReport
 
 
-def _table_rows(md: str, header_start: str) -> list[str]:
-    lines = md.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
-    rows = []
-    for line in lines[start + 2 :]:
-        if not line.startswith("|"):
-            break
-        rows.append(line)
-    return rows
-
-
-def _cells(row: str) -> int:
-    return len(row.replace("\\|", "").strip("|").split("|"))
-
-
-def test_markdown_has_sections_tables_and_verdict(example_report):
+def test_markdown_has_sections_lists_and_verdict(example_report):
     md = render_markdown(example_report)
     assert md.splitlines()[2].startswith("**Fits.**")
     for title in ("Model", "Dataset", "Hardware", "What you're training", "VRAM Breakdown", "Recommended Config",
                   "Aggressive Config", "Estimates", "Risks", "Fallbacks"):
         assert f"#### {title}" in md
-    breakdown = _table_rows(md, "| Component | Memory | How |")
+    assert not any(line.startswith("|") for line in md.splitlines()), "chat Markdown has no tables"
     for c in example_report.recommended.memory.components:
-        assert any(row.startswith(f"| {c.name} | {c.bytes / 2**30:.2f} GiB |") for row in breakdown), c.name
-    tier_rows = _table_rows(md, "| Tier |")
-    assert len(tier_rows) == len(tiers(example_report))
-    assert len({_cells(r) for r in tier_rows}) == 1
+        assert f"- {c.name.split(' (')[0]}" in md and f": {c.bytes / 2**30:.2f} GiB" in md, c.name
+        assert c.formula not in md
+    fallbacks = md.split("#### Fallbacks")[1].split("####")[0]
+    assert [line.split(".")[0] for line in fallbacks.splitlines() if line[:1].isdigit()] == [
+        str(i) for i in range(1, len(example_report.fallbacks) + 1)
+    ]
 
 
-def test_markdown_escapes_pipes_in_cells(example_report):
-    rec = example_report.recommended.model_copy(update={"summary": "a | b | c"})
-    md = render_markdown(example_report.model_copy(update={"recommended": rec}))
-    row = next(r for r in _table_rows(md, "| Tier |") if r.startswith("| recommended"))
-    assert "a \\| b \\| c" in row and _cells(row) == 12
+def test_markdown_explain_has_every_formula(example_report):
+    md = render_markdown(example_report, explain=True)
+    for c in example_report.recommended.memory.components:
+        assert " ".join(c.formula.split()).replace("*", "\\*") in md, c.key
+    assert example_report.dataset.seq_len_reason in md
 
 
 def test_markdown_nothing_fits(nothing_fits_report):

@@ -46,7 +46,7 @@ def test_every_section_of_the_example(example_report):
 
 
 def test_every_figure_has_its_reason(example_report):
-    out = _flat(render_text(example_report))
+    out = _flat(render_text(example_report, explain=True))
     r = example_report
     rec = r.recommended
     for c in rec.memory.components:
@@ -72,7 +72,7 @@ def test_every_figure_has_its_reason(example_report):
 def test_numeric_lines_carry_a_reason(example_report, multi_gpu_report, full_report):
     """Any line with a number in it says why, except risks (their detail is the reason) and notes."""
     for report in (example_report, multi_gpu_report, full_report):
-        for section in build_sections(report):
+        for section in build_sections(report, explain=True):
             if section.key in {"risks", "notes"}:
                 continue
             for item in section.items:
@@ -99,7 +99,34 @@ def test_plain_text_has_no_ansi_and_colour_has(example_report):
 
 def test_width_is_respected(example_report):
     for width in (40, 80, 120):
-        assert max(len(line) for line in render_text(example_report, width=width).splitlines()) <= width
+        for explain in (False, True):
+            assert max(len(line) for line in render_text(example_report, width=width, explain=explain).splitlines()) <= width
+
+
+def test_default_report_is_compact_and_explain_adds_the_detail(example_report):
+    """The issue's bar: about 60 lines at 100 columns with every decision and number; --explain the formulas."""
+    out = render_text(example_report, width=100)
+    assert len(out.splitlines()) <= 60 and max(len(line) for line in out.splitlines()) <= 100
+    explained = render_text(example_report, width=100, explain=True)
+    assert len(explained.splitlines()) > len(out.splitlines())
+    rec, flat = example_report.recommended, _flat(out)
+    for c in rec.memory.components:  # every number of the breakdown, no formula
+        assert f"{c.bytes / 2**30:.2f} GiB" in flat and _flat(c.formula) not in flat
+        assert _flat(c.formula) in _flat(explained)
+    for tier in example_report.fallbacks:
+        assert f"-> {tier.memory.total_bytes / 2**30:.1f} GiB" in flat
+    for risk in example_report.risks:
+        assert _flat(risk.detail) in flat
+    assert _flat(rec.summary) in flat and f"Grad checkpointing: {'ON' if rec.config.gradient_checkpointing else 'OFF'}" in flat
+
+
+def test_qlora_report_does_not_contradict_itself(example_report):
+    """QLoRA: PEFT adapters and AdamW states are fp32 -- the method line, breakdown and kernels all say so."""
+    for explain in (False, True):
+        out = _flat(render_text(example_report, explain=explain))
+        assert "bf16 adapters" not in out and "QLoRA (NF4 base + fp32 adapters)" in out
+        assert "LoRA adapters (fp32)" in out and "Optimizer states (AdamW, fp32)" in out
+        assert "optimizer states in bf16" not in out
 
 
 def test_nothing_fits(nothing_fits_report):
@@ -146,7 +173,7 @@ def test_measured_throughput_and_cloud_cost(example_report):
     price = gpu.prices[0]
     tp = example_report.throughput.model_copy(update={"source": "measured", "basis": "aegis benchmark, 2026-01"})
     cost = Cost(gpu_id=gpu.id, provider=price.provider, usd_low=1.5, usd_high=2.25, usd_per_hour=price.usd_per_hour, as_of=price.as_of)
-    out = _flat(render_text(example_report.model_copy(update={"gpu": gpu, "throughput": tp, "costs": (cost,)})))
+    out = _flat(render_text(example_report.model_copy(update={"gpu": gpu, "throughput": tp, "costs": (cost,)}), explain=True))
     assert "(measured)" in out and "to calibrate" not in out and "aegis benchmark, 2026-01" in out
     assert f"Cost: ~$1.50-$2.25 on {price.provider} ({gpu.id})" in out and "(local)" not in out
     assert "restart costs money" in out  # the aggressive tier's advice on a rented GPU

@@ -1,10 +1,14 @@
 """A `PlanReport` laid out as sections of labelled lines, each with its reason: what every renderer draws.
 
 The text, Markdown and Slack renderers only style what this module decides to say, so the three
-always show the same figures with the same reasons.
+always show the same figures with the same reasons. Figures that several sections state (dtypes,
+batch, totals, headroom) are read from `aegis.report._facts.plan_facts`, computed once per plan.
+
+By default the sections are compact: every decision and number, reasons left out. With
+``explain=True`` every figure carries its formula and reason (the breakdown's "How" column).
 
     from aegis.report._sections import build_sections
-    for section in build_sections(report):
+    for section in build_sections(report, explain=False):
         print(section.title, section.subtitle)
         for item in section.items: ...      # Line (label, value, reason) or Table (breakdown rows)
 """
@@ -30,7 +34,17 @@ from aegis.report.format import (
     optimizer_label,
     targets_label,
 )
-from aegis.schema import Cost, DatasetProfile, PlanReport, Tier, TrainConfig
+from aegis.report._facts import (
+    DtypeFacts,
+    PlanFacts,
+    batch_facts,
+    breakdown_tier,
+    dtype_facts,
+    memory_facts,
+    plan_facts,
+    tiers,
+)
+from aegis.schema import Cost, DatasetProfile, MemoryComponent, PlanReport, Tier, TrainConfig
 
 __all__ = ["Level", "Line", "Row", "Table", "Section", "build_sections", "breakdown_tier", "tiers"]
 
@@ -55,12 +69,6 @@ _ATTENTION_REASONS = {
     "sdpa": "PyTorch SDPA keeps no seq^2 score matrix",
     "flash": "FlashAttention keeps no seq^2 score matrix",
 }
-_PRECISION_REASONS = {
-    "bf16": "weights, grads and optimizer states in bf16",
-    "bf16_mixed": "fp32 master weights, bf16 compute",
-    "fp16_mixed": "fp32 master weights, fp16 compute with loss scaling",
-    "fp32": "everything in fp32",
-}
 _MAX_BAD_LINES_SHOWN = 10
 
 
@@ -72,6 +80,8 @@ class Line:
     value: str
     reason: str = ""
     level: Level = ""
+    key_reason: bool = False
+    """The reason carries a decision or a number: the compact report keeps it."""
 
 
 @dataclass(frozen=True)
@@ -103,26 +113,40 @@ class Section:
     level: Level = ""
 
 
-def tiers(report: PlanReport) -> list[Tier]:
-    """Recommended, aggressive and every fallback, in that order (absent ones skipped)."""
-    out = [t for t in (report.recommended, report.aggressive) if t is not None]
-    return out + list(report.fallbacks)
-
-
-def breakdown_tier(report: PlanReport) -> Tier | None:
-    """The tier whose memory the breakdown shows: the recommended one, else the smallest tried."""
-    if report.recommended is not None:
-        return report.recommended
-    candidates = tiers(report)
-    return min(candidates, key=lambda t: t.memory.total_bytes) if candidates else None
-
-
 def _gb1(n: int) -> str:
     return format_bytes(n, 1)
 
 
 def _effective(report: PlanReport, cfg: TrainConfig) -> int:
-    return cfg.effective_batch_size * report.gpu_count
+    return batch_facts(report, cfg).effective
+
+
+def _batch_text(report: PlanReport, cfg: TrainConfig) -> str:
+    b = batch_facts(report, cfg)
+    return f"Micro batch: {b.micro} | Grad accum: {b.accum} | Effective: {b.effective}"
+
+
+def _dtypes_text(d: DtypeFacts) -> str:
+    """Where every tensor lives, in words (the same facts the method label and the breakdown rows state)."""
+    parts = [f"base weights {d.base}"]
+    if d.adapters:
+        parts.append(f"adapters {d.adapters}")
+    parts += [f"gradients {d.gradients}", f"optimizer states {d.optimizer}", f"activations {d.activations}"]
+    return ", ".join(parts)
+
+
+def _component_name(c: MemoryComponent, d: DtypeFacts) -> str:
+    """A breakdown row's name, its dtype stated from the plan's facts."""
+    if c.key == "weights":
+        return f"Base model ({d.base})"
+    if c.key == "adapters" and d.adapters:
+        return f"LoRA adapters ({d.adapters})"
+    if c.key == "optimizer":
+        inner = c.name.removeprefix("Optimizer states (").removesuffix(")")
+        return f"Optimizer states ({inner}, {d.optimizer})" if d.optimizer != "none" else c.name
+    if c.key == "gradients":
+        return f"Gradients ({d.gradients})"
+    return c.name
 
 
 def _gpu_short(report: PlanReport) -> str:
@@ -153,6 +177,19 @@ def _model(report: PlanReport) -> Section:
                 "memory holds every expert; compute per token touches only the routed ones",
             )
         )
+    return Section("model", "Model", m.model_id, tuple(items))
+
+
+def _model_brief(report: PlanReport) -> Section:
+    m = report.model
+    arch = f"{m.architecture} ({m.family_description})" if m.family_description else m.architecture
+    items: list[Line | Table] = [
+        Line("", f"{arch} | {format_params(m.total_params)} params | Vocab: {format_int(m.vocab_size)} | "
+                 f"Layers: {m.num_layers} | Hidden: {format_int(m.hidden_size)}"),
+    ]
+    if m.num_experts:
+        items.append(Line("", f"Experts: {m.num_experts} per MoE layer, top-{m.num_experts_per_tok} per token | "
+                              f"Active per token: {format_params(m.active_params_per_token)}"))
     return Section("model", "Model", m.model_id, tuple(items))
 
 
@@ -207,7 +244,7 @@ def _hardware(report: PlanReport) -> Section:
     overhead = gpu.memory_bytes - report.usable_bytes
     reason = "usable = total - CUDA context and framework reservation (catalog figures)"
     shown = breakdown_tier(report)
-    if shown is not None and _budget(report, shown)[1] == "total":
+    if shown is not None and memory_facts(report, shown).budget_label == "total":
         reason += "; the estimates below include this overhead, so headroom is measured against the total"
     items: list[Line | Table] = [
         Line(
@@ -226,8 +263,86 @@ def _hardware(report: PlanReport) -> Section:
     return Section("hardware", "Hardware", subtitle, tuple(items))
 
 
-def _training(report: PlanReport) -> Section:
-    items: list[Line | Table] = [Line("Method", method_label(report.method))]
+def _dataset_brief(ds: DatasetProfile) -> Section:
+    t = ds.tokens
+    exact = "exact" if ds.tokenizer_exact else "approximate"
+    items: list[Line | Table] = [
+        Line(
+            "",
+            f"Tokens/row: min={format_int(t.min)}  mean={format_int(t.mean)}  p50={format_int(t.p50)}  "
+            f"p95={format_int(t.p95)}  p99={format_int(t.p99)}  max={format_int(t.max)}",
+        ),
+        Line(
+            "",
+            f"Format: {_FORMAT_LABELS[ds.format].split(' (')[0]} (detected), +{ds.template_overhead_tokens:.0f} "
+            f"template tokens/row | Tokenizer: {ds.tokenizer.split(' (')[0]} ({exact})",
+        ),
+        Line(
+            "",
+            f"Seq len: {format_int(ds.seq_len)} | {format_share(ds.truncated_share)} of rows truncated | "
+            f"padding waste {format_share(ds.padding_waste)} | packing efficiency {format_share(ds.packing_efficiency)}",
+        ),
+    ]
+    if ds.bad_lines:
+        more = len(ds.bad_lines) - _MAX_BAD_LINES_SHOWN
+        shown = ", ".join(str(n) for n in ds.bad_lines[:_MAX_BAD_LINES_SHOWN]) + (f" (+{more} more)" if more > 0 else "")
+        items.append(Line("", f"Unparsed lines (skipped): {shown}", "", "warn"))
+    return Section("dataset", "Dataset", f"{ds.source} ({format_int(ds.num_rows)} rows)", tuple(items))
+
+
+def _hardware_brief(report: PlanReport) -> Section:
+    gpu = report.gpu
+    per = " per GPU" if report.gpu_count > 1 else ""
+    text = (
+        f"Total: {_gb1(gpu.memory_bytes)} | Framework overhead: {_gb1(gpu.memory_bytes - report.usable_bytes)} | "
+        f"Usable: {_gb1(report.usable_bytes)}{per} | {gpu.bf16_tflops:g} TFLOPS bf16 | {gpu.bandwidth_gb_per_s:,.0f} GB/s"
+    )
+    subtitle = gpu.name + (f" x {report.gpu_count}" if report.gpu_count > 1 else "")
+    return Section("hardware", "Hardware", subtitle, (Line("", text),))
+
+
+def _training(report: PlanReport, facts: PlanFacts, explain: bool) -> Section:
+    if not explain:
+        return _training_brief(report, facts)
+    return _training_explained(report, facts)
+
+
+def _lora(report: PlanReport):
+    if report.method == "full":
+        return None
+    return report.lora or (report.recommended.config.lora_config if report.recommended else None)
+
+
+def _training_brief(report: PlanReport, facts: PlanFacts) -> Section:
+    cfg = facts.tier.config if facts.tier else None
+    total = report.model.total_params
+    share = format_share(report.trainable_params / total) if total else "n/a"
+    items: list[Line | Table] = [
+        Line("", f"Method: {method_label(report.method, cfg)} | Trainable: {format_params(report.trainable_params)} / "
+                 f"{format_params(total)} parameters ({share})"),
+    ]
+    lora = _lora(report)
+    if lora is not None:
+        items.append(
+            Line("", f"LoRA: rank {lora.rank}, alpha {lora.alpha:g}, dropout {lora.dropout:g}, targets: "
+                     f"{targets_label(lora.target_modules, report.model.lora_names)}")
+        )
+    rec = report.recommended
+    if report.num_rows is not None and report.steps_per_epoch is not None:
+        eff = f"effective batch {_effective(report, rec.config)}" if rec else "the effective batch"
+        total_steps = round(report.steps_per_epoch * report.epochs)
+        items.append(
+            Line("", f"Steps: {format_int(report.steps_per_epoch)} optimizer steps per epoch ({format_int(report.num_rows)} "
+                     f"rows / {eff}) x {report.epochs:g} epochs = {format_int(total_steps)} steps")
+        )
+    elif report.num_rows is None:
+        items.append(Line("", f"Data: no dataset given | {report.epochs:g} epochs"))
+    return Section("training", "What you're training", "", tuple(items))
+
+
+def _training_explained(report: PlanReport, facts: PlanFacts) -> Section:
+    cfg = facts.tier.config if facts.tier else None
+    items: list[Line | Table] = [Line("Method", method_label(report.method, cfg), _dtypes_text(facts.dtypes))]
     total = report.model.total_params
     share = format_share(report.trainable_params / total) if total else "n/a"
     trainable_reason = (
@@ -239,7 +354,7 @@ def _training(report: PlanReport) -> Section:
         Line("Trainable", f"{format_params(report.trainable_params)} / {format_params(total)} parameters ({share})", trainable_reason)
     )
     if report.method != "full":
-        lora = report.lora or (report.recommended.config.lora_config if report.recommended else None)
+        lora = _lora(report)
         if lora is not None:
             items.append(
                 Line(
@@ -274,13 +389,15 @@ def _training(report: PlanReport) -> Section:
     return Section("training", "What you're training", "", tuple(items))
 
 
-def _memory(report: PlanReport, tier: Tier) -> Section:
+def _memory(report: PlanReport, facts: PlanFacts, explain: bool) -> Section:
+    tier, f, d = facts.tier, facts.memory, facts.dtypes
+    assert tier is not None and f is not None
     mem, cfg = tier.memory, tier.config
     rows: list[Row] = []
     for c in mem.components:
         if c.in_peak:
             how = c.formula + (f" -- {c.note}" if c.note else "")
-            rows.append(Row(c.name, format_bytes(c.bytes), how))
+            rows.append(Row(_component_name(c, d), format_bytes(c.bytes), how))
     summed = sum(c.bytes for c in mem.components if c.in_peak)
     if summed != mem.total_bytes:
         if summed != mem.tensor_bytes:
@@ -295,34 +412,27 @@ def _memory(report: PlanReport, tier: Tier) -> Section:
             rows.append(
                 Row("Runtime overhead", format_bytes(mem.overhead_bytes), "CUDA context, workspaces and allocator reserve")
             )
-    rows.append(Row("Total", format_bytes(mem.total_bytes), "expected device peak", emphasis=True))
-    rows.append(
-        Row("Dynamic margin", f"+/- {format_bytes(mem.dynamic_margin_bytes, 1)}", "fragmentation and transient peaks")
-    )
-    budget, budget_label = _budget(report, tier)
-    share = format_share(mem.high_bytes / budget) if budget else "n/a"
-    rows.append(
-        Row(
-            "Predicted range",
-            format_bytes_range(mem.low_bytes, mem.high_bytes),
-            f"high end = {share} of the {_gb1(budget)} {budget_label} on the {_gpu_short(report)}",
-        )
-    )
+    share = format_share(f.share) if f.budget_bytes else "n/a"
+    of_budget = f"{share} of the {_gb1(f.budget_bytes)} {f.budget_label}" + (f" on the {_gpu_short(report)}" if explain else "")
+    if explain:
+        rows.append(Row("Total", format_bytes(f.total_bytes), "expected device peak", emphasis=True))
+        rows.append(Row("Dynamic margin", f"+/- {format_bytes(f.margin_bytes, 1)}", "fragmentation and transient peaks"))
+        rows.append(Row("Predicted range", format_bytes_range(f.low_bytes, f.high_bytes), f"high end = {of_budget}"))
+    else:
+        rows.append(Row("Total", format_bytes(f.total_bytes), f"+/- {format_bytes(f.margin_bytes, 1)} margin", emphasis=True))
+        rows.append(Row("Predicted range", format_bytes_range(f.low_bytes, f.high_bytes), f"high end = {of_budget}"))
     for c in mem.components:
         if not c.in_peak:
             how = c.formula + (f" -- {c.note}" if c.note else "")
-            rows.append(Row(f"{c.name} (not in peak)", format_bytes(c.bytes), how))
+            rows.append(Row(f"{_component_name(c, d)} (not in peak)", format_bytes(c.bytes), how))
+    if not explain:  # the formulas are --explain's: keep only the short notes of the summary rows
+        rows = [r if r.name in {"Total", "Predicted range"} else Row(r.name, r.amount, "", r.emphasis) for r in rows]
     items: list[Line | Table] = [Table(("Component", "Memory", "How"), tuple(rows))]
-    verdict = headroom_verdict(tier.headroom_bytes)
-    items.append(
-        Line(
-            "Headroom",
-            f"{_gb1(tier.headroom_bytes)} -- {verdict}",
-            _headroom_reason(report, tier),
-            "ok" if verdict == "comfortable" else ("warn" if verdict == "tight" else "danger"),
-        )
-    )
-    if mem.eval_peak_bytes:
+    level: Level = "ok" if f.verdict == "comfortable" else ("warn" if f.verdict == "tight" else "danger")
+    eval_peak = f" | Eval peak: {format_bytes(mem.eval_peak_bytes)}" if mem.eval_peak_bytes and not explain else ""
+    items.append(Line("Headroom", f"{_gb1(f.headroom_bytes)} -- {f.verdict}{eval_peak}", _headroom_reason(f) if explain else "",
+                      level))
+    if mem.eval_peak_bytes and explain:
         items.append(
             Line(
                 "Eval peak",
@@ -330,7 +440,8 @@ def _memory(report: PlanReport, tier: Tier) -> Section:
                 "one eval step at the eval length: KV and logits of the longest sequences",
             )
         )
-    items += [Line("Note", note) for note in mem.notes]
+    if explain:
+        items += [Line("Note", note) for note in mem.notes]
     parts = [method_short(cfg.method)]
     if cfg.method != "full":
         parts[0] += f" rank {cfg.lora_config.rank}"
@@ -342,21 +453,11 @@ def _memory(report: PlanReport, tier: Tier) -> Section:
     return Section("memory", "VRAM Breakdown", f"({', '.join(parts)})", tuple(items))
 
 
-def _budget(report: PlanReport, tier: Tier) -> tuple[int, str]:
-    """The memory the headroom was measured against: the card's total when the estimate already
-    includes the runtime overhead (headroom = total - high), else the usable memory."""
-    if tier.headroom_bytes == report.gpu.memory_bytes - tier.memory.high_bytes:
-        return report.gpu.memory_bytes, "total"
-    return report.usable_bytes, "usable"
-
-
-def _headroom_reason(report: PlanReport, tier: Tier) -> str:
-    high = tier.memory.high_bytes
-    budget, label = _budget(report, tier)
-    if tier.headroom_bytes == budget - high:
-        extra = " (the estimate includes the runtime overhead)" if label == "total" else ""
-        return f"{label} {_gb1(budget)} - predicted high end {_gb1(high)}{extra}"
-    return f"memory left above the predicted high end {_gb1(high)}"
+def _headroom_reason(f) -> str:
+    if f.headroom_bytes == f.budget_bytes - f.high_bytes:
+        extra = " (the estimate includes the runtime overhead)" if f.budget_label == "total" else ""
+        return f"{f.budget_label} {_gb1(f.budget_bytes)} - predicted high end {_gb1(f.high_bytes)}{extra}"
+    return f"memory left above the predicted high end {_gb1(f.high_bytes)}"
 
 
 def _speed_vs_recommended(report: PlanReport, tier: Tier) -> float | None:
@@ -405,63 +506,74 @@ def _optimizer_reason(report: PlanReport, tier: Tier) -> str:
     return "full-precision optimizer states: the quality reference"
 
 
-def _recommended(report: PlanReport, tier: Tier) -> Section:
-    cfg, mem = tier.config, tier.memory
-    eff_reason = "effective = micro batch x grad accum" + (f" x {report.gpu_count} GPUs" if report.gpu_count > 1 else "")
-    if report.request.effective_batch_size:
-        eff_reason += f"; you asked for {report.request.effective_batch_size}"
-    kernels = [f"{cfg.attention} attention", cfg.precision]
-    reasons = [_ATTENTION_REASONS[cfg.attention], _PRECISION_REASONS[cfg.precision]]
+def _kernels(cfg: TrainConfig) -> tuple[str, str]:
+    d = dtype_facts(cfg)
+    kernels = [f"{cfg.attention} attention", f"precision {cfg.precision}"]
+    reasons = [_ATTENTION_REASONS[cfg.attention], _dtypes_text(d)]
     if cfg.chunked_cross_entropy:
         kernels.append("chunked cross-entropy")
         reasons.append("the loss is computed in vocab chunks: no full fp32 logits")
-    kernel_reason = "; ".join(reasons)
-    items: list[Line | Table] = [
-        Line(
-            "Batch",
-            f"Micro batch: {cfg.micro_batch_size} | Grad accum: {cfg.gradient_accumulation_steps} | "
-            f"Effective: {_effective(report, cfg)}",
-            eff_reason,
-        ),
+    return ", ".join(kernels), "; ".join(reasons)
+
+
+def _recommended(report: PlanReport, facts: PlanFacts, explain: bool) -> Section:
+    tier, f = facts.tier, facts.memory
+    assert tier is not None and f is not None
+    cfg = tier.config
+    kernels, kernel_reason = _kernels(cfg)
+    predicted = (
+        f"{format_bytes(f.total_bytes)} ({format_bytes_range(f.low_bytes, f.high_bytes)}) | headroom "
+        f"{_gb1(f.headroom_bytes)}"
+    )
+    ckpt = "ON" if cfg.gradient_checkpointing else "OFF"
+    optimizer = f"{optimizer_label(cfg.optimizer)} ({facts.dtypes.optimizer} states)"
+    if not explain:
+        items: list[Line | Table] = [
+            Line("", f"{_batch_text(report, cfg)} | Seq len: {format_int(cfg.seq_len)} | Grad checkpointing: {ckpt}"),
+            Line("", f"Optimizer: {optimizer} | Kernels: {kernels}"),
+            Line("", f"Predicted: {predicted} -- {f.verdict}"),
+            Line("", f"Why: {tier.summary}"),
+        ]
+        return Section("recommended", "Recommended Config", "", tuple(items))
+    eff_reason = "effective = micro batch x grad accum" + (f" x {report.gpu_count} GPUs" if report.gpu_count > 1 else "")
+    if report.request.effective_batch_size:
+        eff_reason += f"; you asked for {report.request.effective_batch_size}"
+    items = [
+        Line("Batch", _batch_text(report, cfg), eff_reason),
         Line("Seq len", format_int(cfg.seq_len), _seq_reason(report, cfg)),
-        Line("Grad checkpointing", "ON" if cfg.gradient_checkpointing else "OFF", _ckpt_reason(report, tier)),
-        Line("Optimizer", optimizer_label(cfg.optimizer), _optimizer_reason(report, tier)),
-        Line("Kernels", " | ".join(kernels), kernel_reason),
-        Line(
-            "Predicted",
-            f"{format_bytes(mem.total_bytes)} ({format_bytes_range(mem.low_bytes, mem.high_bytes)}) | headroom "
-            f"{_gb1(tier.headroom_bytes)}",
-            headroom_verdict(tier.headroom_bytes),
-        ),
+        Line("Grad checkpointing", ckpt, _ckpt_reason(report, tier)),
+        Line("Optimizer", optimizer, _optimizer_reason(report, tier)),
+        Line("Kernels", kernels, kernel_reason),
+        Line("Predicted", predicted, f.verdict),
         Line("Why", tier.summary),
     ]
     return Section("recommended", "Recommended Config", "", tuple(items))
 
 
-def _aggressive(report: PlanReport, tier: Tier) -> Section:
-    cfg, mem = tier.config, tier.memory
+def _aggressive(report: PlanReport, tier: Tier, explain: bool) -> Section:
+    cfg, f = tier.config, memory_facts(report, tier)
     base = report.recommended.config if report.recommended else None
     restart = (
         "appropriate on a local card where a restart is cheap"
         if report.gpu.local
         else "on a rented GPU an OOM restart costs money: prefer the recommended config"
     )
-    items: list[Line | Table] = [
-        Line(
-            "Batch",
-            f"Micro batch: {cfg.micro_batch_size} | Grad accum: {cfg.gradient_accumulation_steps} | "
-            f"Effective: {_effective(report, cfg)}",
-            config_diff(base, cfg),
-        ),
-        Line(
-            "Predicted",
-            f"{_gb1(mem.high_bytes)} at the high end | headroom {_gb1(tier.headroom_bytes)} -- "
-            f"{headroom_verdict(tier.headroom_bytes)}",
-            "fits, but OOM is likely on the longest sequences",
-        ),
-    ]
+    predicted = f"{_gb1(f.high_bytes)} at the high end | headroom {_gb1(f.headroom_bytes)} -- {f.verdict}"
     speed = _speed_vs_recommended(report, tier)
-    if speed is not None and abs(speed - 1) >= 0.01:
+    shows_speed = speed is not None and abs(speed - 1) >= 0.01
+    if not explain:
+        extra = f" | ~{speed:.2f}x the recommended speed" if shows_speed else ""
+        items: list[Line | Table] = [
+            Line("", _batch_text(report, cfg) + (f" | Seq len: {format_int(cfg.seq_len)}" if base and cfg.seq_len != base.seq_len else "")),
+            Line("", f"Predicted: {predicted}{extra}"),
+            Line("", f"Why: {tier.summary}" + ("" if report.gpu.local else f"; {restart}")),
+        ]
+        return Section("aggressive", "Aggressive Config", "", tuple(items))
+    items = [
+        Line("Batch", _batch_text(report, cfg), config_diff(base, cfg)),
+        Line("Predicted", predicted, "fits, but OOM is likely on the longest sequences"),
+    ]
+    if shows_speed:
         items.append(Line("Speed", f"~{speed:.2f}x the recommended throughput", "solver's relative-speed model: bigger micro batches keep the GPU busier"))
     items.append(Line("When", restart))
     return Section("aggressive", "Aggressive Config", f"({tier.summary})", tuple(items))
@@ -480,7 +592,7 @@ def _multi_gpu(report: PlanReport) -> Section:
             f"FULL_SHARD / ZeRO-3: weights, gradients and optimizer states / {mg.gpu_count}, plus the largest "
             "gathered layer and communication buffers",
         ),
-        Line("Assumes", mg.assumed.upper(), mg.reason),
+        Line("Assumes", mg.assumed.upper(), mg.reason, key_reason=True),
         Line(
             "Scaling",
             f"{format_share(mg.efficiency_low)}-{format_share(mg.efficiency_high)} efficiency over {mg.gpu_count} GPUs",
@@ -490,7 +602,26 @@ def _multi_gpu(report: PlanReport) -> Section:
     return Section("multi_gpu", "Multi-GPU", f"({mg.gpu_count} x {_gpu_short(report)})", tuple(items))
 
 
-def _estimates(report: PlanReport) -> Section:
+def _estimates(report: PlanReport, explain: bool) -> Section:
+    section = _estimates_explained(report)
+    if explain:
+        return section
+    items: list[Line | Table] = []
+    cloud: list[str] = []
+    for item in section.items:
+        assert isinstance(item, Line)
+        if item.label == "Throughput" and report.throughput is not None and report.throughput.source == "estimated":
+            items.append(Line(item.label, item.value.replace("(estimated)", "(estimated; `aegis benchmark` calibrates)")))
+        elif item.label == "Cloud equivalent":
+            cloud.append(item.value.removeprefix("~"))
+        else:
+            items.append(Line(item.label, item.value, "", item.level))
+    if cloud:
+        items.append(Line("Cloud equivalent", "~" + "; ".join(cloud)))
+    return Section(section.key, section.title, section.subtitle, tuple(items))
+
+
+def _estimates_explained(report: PlanReport) -> Section:
     tp = report.throughput
     items: list[Line | Table] = []
     if tp is None:
@@ -543,18 +674,19 @@ def _risks(report: PlanReport) -> Section:
     return Section("risks", "Risks", "", items)
 
 
-def _fallbacks(report: PlanReport) -> Section:
+def _fallbacks(report: PlanReport, explain: bool) -> Section:
     base = report.recommended.config if report.recommended else None
     items: list[Line | Table] = []
     for i, t in enumerate(report.fallbacks, 1):
-        reason = t.summary
+        reason = t.summary if explain else ""
         speed = _speed_vs_recommended(report, t)
         pct = round(100 * (1 - speed)) if speed is not None else 0
         if pct:
-            reason += f"; ~{abs(pct)}% {'slower' if pct > 0 else 'faster'} than recommended"
+            reason += f"; ~{abs(pct)}% {'slower' if pct > 0 else 'faster'}" + (" than recommended" if explain else "")
         reason += f"; headroom {_gb1(t.headroom_bytes)}" if t.fits else "; does NOT fit"
         items.append(
-            Line(f"{i}.", f"{config_diff(base, t.config)} -> {_gb1(t.memory.total_bytes)}", reason, "ok" if t.fits else "danger")
+            Line(f"{i}.", f"{config_diff(base, t.config)} -> {_gb1(t.memory.total_bytes)}", reason.removeprefix("; "),
+                 "ok" if t.fits else "danger")
         )
     if not items:
         items.append(Line("", "none: no smaller configuration fits", ""))
@@ -570,35 +702,48 @@ def _nothing_fits(report: PlanReport) -> Section:
             Line(
                 "Smallest tried",
                 f"{config_diff(None, smallest.config)} -> {_gb1(smallest.memory.high_bytes)} at the high end",
-                f"usable is {_gb1(report.usable_bytes)}: short by {_gb1(-smallest.headroom_bytes)}",
+                f"{memory_facts(report, smallest).budget_label} is {_gb1(memory_facts(report, smallest).budget_bytes)}: "
+                f"short by {_gb1(-smallest.headroom_bytes)}",
                 "danger",
+                key_reason=True,
             )
         )
     return Section("nothing_fits", "Nothing fits", "", tuple(items), level="danger")
 
 
-def build_sections(report: PlanReport) -> list[Section]:
-    """Every section the report shows, in reading order."""
-    out = [_model(report)]
+def _brief(section: Section) -> Section:
+    """A section without its reasons (the compact report); lines that are reasons themselves stay."""
+    items = tuple(
+        item if isinstance(item, Table) or item.key_reason else Line(item.label, item.value, "", item.level)
+        for item in section.items
+    )
+    return Section(section.key, section.title, section.subtitle, items, section.level)
+
+
+def build_sections(report: PlanReport, *, explain: bool = False) -> list[Section]:
+    """Every section the report shows, in reading order: compact (every decision and number), or with
+    every formula and reason when ``explain``."""
+    facts = plan_facts(report)
+    brief = (lambda s: s) if explain else _brief
+    out = [_model(report) if explain else _model_brief(report)]
     if report.dataset is not None:
-        out.append(_dataset(report.dataset))
-    out += [_hardware(report), _training(report)]
+        out.append(_dataset(report.dataset) if explain else _dataset_brief(report.dataset))
+    out += [_hardware(report) if explain else _hardware_brief(report), _training(report, facts, explain)]
     if report.recommended is None:
-        out.append(_nothing_fits(report))
-    shown = breakdown_tier(report)
-    if shown is not None:
-        out.append(_memory(report, shown))
+        out.append(brief(_nothing_fits(report)))
+    if facts.tier is not None:
+        out.append(_memory(report, facts, explain))
     if report.recommended is not None:
-        out.append(_recommended(report, report.recommended))
+        out.append(_recommended(report, facts, explain))
     if report.aggressive is not None:
-        out.append(_aggressive(report, report.aggressive))
+        out.append(_aggressive(report, report.aggressive, explain))
     if report.gpu_count > 1 and report.multi_gpu is not None:
-        out.append(_multi_gpu(report))
-    out.append(_estimates(report))
+        out.append(brief(_multi_gpu(report)))
+    out.append(_estimates(report, explain))
     if report.risks:
         out.append(_risks(report))
     if report.recommended is not None or report.fallbacks:
-        out.append(_fallbacks(report))
+        out.append(_fallbacks(report, explain))
     if report.notes:
         out.append(Section("notes", "Notes", "", tuple(Line("", n) for n in report.notes)))
     return out

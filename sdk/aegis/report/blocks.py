@@ -87,13 +87,18 @@ def _summary(report: PlanReport) -> str:
     )
 
 
+def _shown_config(report: PlanReport):
+    tier = breakdown_tier(report)
+    return tier.config if tier is not None else None
+
+
 def _fields(report: PlanReport) -> list[dict[str, Any]]:
     m = report.model
     fields = [
         f"*Model*\n{_esc(m.model_id)}\n{format_params(m.total_params)} params, {m.num_layers} layers",
         f"*Hardware*\n{_esc(report.gpu.name)}" + (f" x {report.gpu_count}" if report.gpu_count > 1 else "")
         + f"\n{format_bytes(report.usable_bytes, 1)} usable",
-        f"*Method*\n{_esc(method_label(report.method))}\n{format_params(report.trainable_params)} trainable "
+        f"*Method*\n{_esc(method_label(report.method, _shown_config(report)))}\n{format_params(report.trainable_params)} trainable "
         f"({format_share(report.trainable_params / m.total_params) if m.total_params else 'n/a'})",
     ]
     ds = report.dataset

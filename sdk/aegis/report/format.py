@@ -42,11 +42,6 @@ __all__ = [
 GB = GIB
 """Bytes in one report unit (GiB, `aegis.units`)."""
 
-_METHOD_LABELS: dict[str, str] = {
-    "full": "Full fine-tuning (every weight trainable)",
-    "lora": "LoRA (bf16 base + bf16 adapters)",
-    "qlora": "QLoRA (NF4 base + bf16 adapters)",
-}
 _METHOD_SHORT: dict[str, str] = {"full": "Full", "lora": "LoRA", "qlora": "QLoRA"}
 _OPTIMIZER_LABELS: dict[str, str] = {
     "adamw": "AdamW",
@@ -150,9 +145,15 @@ def format_rate(tokens_per_s: float) -> str:
     return format_int(round(tokens_per_s, -(magnitude - 2)))
 
 
-def method_label(method: Method) -> str:
-    """What a method trains, in words: ``'QLoRA (NF4 base + bf16 adapters)'``."""
-    return _METHOD_LABELS[method]
+def method_label(method: Method, cfg: TrainConfig | None = None) -> str:
+    """What a method trains, in words, with the dtypes the memory engine places (``cfg``, else the method's
+    defaults): ``'QLoRA (NF4 base + fp32 adapters)'``, ``'Full fine-tuning (every weight trainable, bf16)'``."""
+    from aegis.report._facts import dtype_facts
+
+    d = dtype_facts(cfg if cfg is not None else TrainConfig(method=method))
+    if method == "full":
+        return f"Full fine-tuning (every weight trainable, {d.base})"
+    return f"{_METHOD_SHORT[method]} ({d.base} base + {d.adapters} adapters)"
 
 
 def method_short(method: Method) -> str:

@@ -1,12 +1,14 @@
 """Terminal rendering of a `PlanReport` with rich: coloured for a terminal, plain for pipes and files.
 
-Each section of the report prints its figures with their reasons (dimmed), the memory breakdown
-as an aligned table with each component's formula, and risks with ``[ok]``/``[!!]``/``[XX]``
+By default the report is compact (about 60 lines at 100 columns: every decision and number); with
+``explain=True`` each figure prints its reason (dimmed) and the memory breakdown each component's
+formula. Risks print with ``[ok]``/``[!!]``/``[XX]``
 markers that survive a terminal without colour.
 
     from aegis.report import render_text, print_report
     print(render_text(report))                 # plain text, no ANSI codes (what the CLI pipes)
     render_text(report, color=True)            # with ANSI styles
+    render_text(report, explain=True)          # every formula and reason (`aegis plan --explain`)
     print_report(report)                       # to a rich Console (auto-detects the terminal)
 """
 
@@ -29,6 +31,8 @@ _LEVEL_STYLES = {"": "", "ok": "green", "warn": "yellow", "danger": "bold red"}
 _INDENT = 2
 _NAMED_SECTIONS = {"model", "dataset", "hardware"}
 """Sections whose subtitle is the thing itself ("Model: meta-llama/Llama-3.1-8B")."""
+_PLAN_STARTS = {"nothing_fits", "memory"}
+"""The compact report leaves a blank line only before these: the job above, the plan below."""
 
 
 def _title(section: Section) -> Text:
@@ -107,18 +111,20 @@ def _section(section: Section) -> RenderableType:
     return Group(*parts)
 
 
-def report_renderable(report: PlanReport) -> RenderableType:
-    """The whole report as one rich renderable (sections separated by blank lines)."""
+def report_renderable(report: PlanReport, *, explain: bool = False) -> RenderableType:
+    """The whole report as one rich renderable: compact (sections back to back, the job's inputs apart
+    from the plan), or with every formula and reason and blank lines between sections when ``explain``."""
     blocks: list[RenderableType] = []
-    for i, section in enumerate(build_sections(report)):
-        if i:
+    for i, section in enumerate(build_sections(report, explain=explain)):
+        if i and (explain or section.key in _PLAN_STARTS):
             blocks.append(Text(""))
         blocks.append(_section(section))
     return Group(*blocks)
 
 
-def render_text(report: PlanReport, *, width: int = 100, color: bool = False) -> str:
-    """The report as text ``width`` columns wide: plain (no ANSI codes) unless ``color``."""
+def render_text(report: PlanReport, *, width: int = 100, color: bool = False, explain: bool = False) -> str:
+    """The report as text ``width`` columns wide: plain (no ANSI codes) unless ``color``; every formula and
+    reason with ``explain``."""
     buffer = io.StringIO()
     console = Console(
         file=buffer,
@@ -131,11 +137,11 @@ def render_text(report: PlanReport, *, width: int = 100, color: bool = False) ->
         markup=False,
         legacy_windows=False,
     )
-    console.print(report_renderable(report))
+    console.print(report_renderable(report, explain=explain))
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
 
 
-def print_report(report: PlanReport, console: Console | None = None) -> None:
+def print_report(report: PlanReport, console: Console | None = None, *, explain: bool = False) -> None:
     """Print the report to ``console`` (a default rich Console: colour when it is a terminal)."""
     console = console or Console(highlight=False, emoji=False)
-    console.print(report_renderable(report))
+    console.print(report_renderable(report, explain=explain))
