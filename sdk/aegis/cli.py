@@ -261,9 +261,10 @@ _PLANNER_COMMANDS = frozenset({"plan", "compare", "models", "gpus", "benchmark"}
 
 def _mount_forge_commands() -> None:
     """`aegis merge` (mergekit YAML); mounted only when asked for or listed, so `aegis plan` stays light."""
-    from aegis.forge.cli import merge
+    from aegis.forge.cli import compress, merge
 
     app.command("merge")(merge)
+    app.command("compress")(compress)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] not in _PLANNER_COMMANDS:
         _mount_forge_commands()
-        if args[:1] != ["merge"]:
+        if args[:1] not in (["merge"], ["compress"]):
             _mount_run_commands()  # keeps `aegis plan` from importing the supervisor
     try:
         rc = app(args=args, standalone_mode=False)

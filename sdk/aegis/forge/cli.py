@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
-__all__ = ["merge", "parse_size"]
+__all__ = ["merge", "compress", "parse_size"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -92,4 +92,39 @@ def merge(
     typer.echo(
         f"merged ({result.merge_method}): {result.num_layers} layers, {result.tensors} tensors, {shards}, "
         f"{result.total_bytes / 2**20:.1f} MiB -> {result.out}"
+    )
+
+
+def compress(
+    src: Annotated[Path, typer.Argument(metavar="SRC", help="Hugging Face model folder (config.json, safetensors).")],
+    out: Annotated[Path, typer.Argument(metavar="OUT", help="Folder for the packed BitNet b1.58 model.")],
+    per_channel: Annotated[bool, typer.Option("--per-channel", help="One absmean scale per output channel.")] = False,
+    scale_dtype: Annotated[str, typer.Option(help="How the scales are stored: float32 or bfloat16.")] = "float32",
+    keep_layer: Annotated[Optional[list[int]], typer.Option(
+        "--keep-layer", help="Decoder layer kept in full precision (repeatable).")] = None,
+) -> None:
+    """Compress to BitNet b1.58: absmean ternary linear weights packed 2 bits each (no fine-tuning yet)."""
+    from aegis.errors import AegisError, InvalidConfigError
+
+    try:
+        if not (src / "config.json").is_file():
+            raise InvalidConfigError(f"{src} is not a model folder: pass a folder with config.json and *.safetensors")
+        if scale_dtype not in ("float32", "bfloat16"):
+            raise InvalidConfigError(f"--scale-dtype must be float32 or bfloat16, got {scale_dtype!r}")
+        from aegis.forge.bitnet import compress_model
+
+        r = compress_model(src, out, per_channel=per_channel, scale_dtype=scale_dtype,  # type: ignore[arg-type]
+                           keep_layers=tuple(keep_layer or ()))
+    except AegisError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    except ImportError as err:
+        from aegis._extras import missing_extra
+
+        typer.echo(f"error: {missing_extra(err, '`aegis compress`')}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(
+        f"compressed {r.total_params:,} params ({r.size_category}): {r.ternary_params:,} ternary "
+        f"({r.sparsity:.1%} zeros), linear weights {r.linear_compression:.1f}x, whole model "
+        f"{r.total_compression:.2f}x (target {r.target_compression:g}x) -> {r.out}"
     )

@@ -1,0 +1,421 @@
+"""Forge phase 4: BitNet b1.58 compression of a Hugging Face llama-family folder, and inference from it.
+
+    result = compress_model("merged/", "ternary/")       # CompressionResult: ratios, sparsity, category
+    packed = load_packed("ternary/")                      # PackedModel: JAX model + params with packed leaves
+    logits = packed.apply(ids)                            # unpacks inside the jitted forward
+    params = packed.dense_params()                        # or the dequantised tree, for model.apply
+
+Every linear weight of the decoder layers becomes ternary by the paper's absmean rule
+(:mod:`aegis.forge._bitnet_pack`: ``W_q = RoundClip(W / (gamma + eps), -1, 1)``, ``gamma = mean|W|`` per
+tensor, or per output channel with ``per_channel=True``) and is stored packed, 4 weights per byte, beside its
+float32 (or bfloat16) ``gamma``. What stays in its original dtype, whatever the model's size: the embeddings,
+the LM head, every norm, biases and MoE routers, and any decoder layer listed in ``keep_layers`` (the seed's
+conservative fallback keeps the last one: ``keep_layers=(-1,)``).
+
+The size category (:data:`SIZE_CATEGORIES`, from the Agent Forge phase-4 plan) is read at run time from the
+parameter count that :func:`aegis.hub.profile_from_config` computes from config.json; it sets the target
+compression the result is compared against (reported, never enforced).
+
+The output folder holds ``config.json`` and the tokenizer files unchanged, ``model.safetensors`` (sharded with
+an index above ``max_shard_bytes``) with the preserved tensors under their own names and, for each
+ternary tensor ``NAME``, ``NAME.ternary`` (uint8, last axis packed) and ``NAME.scale`` (``gamma``, with the
+weight's leading dims: all ones per tensor, ``shape[:-1]`` per channel), and ``bitnet_config.json`` saying
+what is packed and how. transformers cannot load that folder; :func:`load_packed` can.
+
+Activations: :func:`~aegis.forge._bitnet_pack.absmax_int8` is the paper's per-token int8 quantiser; the
+engine's forward does not apply it (weights are ternary, activations stay in the compute dtype, W1.58A16).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from aegis.errors import InvalidConfigError
+from aegis.schema import Frozen
+
+__all__ = [
+    "BITNET_CONFIG",
+    "SIZE_CATEGORIES",
+    "SizeCategory",
+    "CompressionResult",
+    "PackedTernary",
+    "PackedModel",
+    "size_category",
+    "is_ternary_target",
+    "compress_model",
+    "load_packed",
+    "unpack_params",
+]
+
+BITNET_CONFIG = "bitnet_config.json"
+FORMAT = "aegis-bitnet-b1.58"
+PACKED_SUFFIX = ".ternary"
+SCALE_SUFFIX = ".scale"
+
+
+class SizeCategory(Frozen):
+    """One row of the phase-4 plan's size table."""
+
+    name: Literal["tiny", "small", "medium", "large"] = Field(description="The plan's name for the category.")
+    max_params: int | None = Field(description="Exclusive upper bound on total parameters; None: no bound.")
+    target_compression: float = Field(description="Whole-model size ratio (original / packed) the plan aims at.")
+    preserve: tuple[str, ...] = Field(description="Parameter groups kept in their original dtype.")
+
+
+_ALWAYS = ("embeddings", "lm_head", "norms", "biases", "routers")
+SIZE_CATEGORIES: dict[str, SizeCategory] = {
+    c.name: c
+    for c in [
+        SizeCategory(name="tiny", max_params=50_000_000, target_compression=6.0, preserve=_ALWAYS),
+        SizeCategory(name="small", max_params=500_000_000, target_compression=8.0, preserve=_ALWAYS),
+        SizeCategory(name="medium", max_params=2_000_000_000, target_compression=10.0, preserve=_ALWAYS),
+        # the seed would ternarise a large model's LM head too; the head stays in full precision here
+        SizeCategory(name="large", max_params=None, target_compression=12.0, preserve=_ALWAYS),
+    ]
+}
+"""The Agent Forge phase-4 size table (tiny < 50M, small < 500M, medium < 2B, large). The seed's sparsity
+thresholds and calibration sample counts belong to its sign-with-threshold quantiser and calibration step,
+not to the paper's absmean rule used here, so they are not part of the table."""
+
+
+def size_category(total_params: int) -> SizeCategory:
+    """The category a model of ``total_params`` parameters falls in."""
+    for c in SIZE_CATEGORIES.values():
+        if c.max_params is None or total_params < c.max_params:
+            return c
+    raise AssertionError("the last size category has no bound")
+
+
+class CompressionResult(Frozen):
+    """What :func:`compress_model` wrote and measured."""
+
+    out: Path = Field(description="The packed model folder.")
+    size_category: str = Field(description="Size category from the parameter count.")
+    total_params: int = Field(description="Parameters of the model (aegis.hub.profile_from_config).")
+    ternary_params: int = Field(description="Weights made ternary.")
+    preserved_params: int = Field(description="Parameters kept in their original dtype.")
+    zero_weights: int = Field(description="Ternary weights equal to 0.")
+    sparsity: float = Field(description="Share of ternary weights equal to 0.")
+    per_channel: bool = Field(description="gamma per output channel (else per tensor).")
+    linear_bytes_original: int = Field(description="Bytes of the ternarised weights in the input folder.")
+    linear_bytes_packed: int = Field(description="Bytes of their packed codes plus scales.")
+    total_bytes_original: int = Field(description="Bytes of all tensors in the input folder.")
+    total_bytes_packed: int = Field(description="Bytes of all tensors in the output folder.")
+    target_compression: float = Field(description="The category's whole-model target (reported, not enforced).")
+    packed: tuple[str, ...] = Field(description="Tensors stored ternary.")
+    preserved: tuple[str, ...] = Field(description="Tensors stored as they were.")
+
+    @property
+    def linear_compression(self) -> float:
+        """Original / packed bytes of the ternarised weights."""
+        return self.linear_bytes_original / max(self.linear_bytes_packed, 1)
+
+    @property
+    def total_compression(self) -> float:
+        """Original / packed bytes of the whole model's tensors."""
+        return self.total_bytes_original / max(self.total_bytes_packed, 1)
+
+
+# ----- which tensors become ternary ----------------------------------------------------------------------
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_ROUTERS = frozenset({"gate", "shared_expert_gate", "router"})
+_LINEAR_LEAVES = ("weight", "gate_up_proj", "down_proj", "w1", "w2", "w3")
+
+
+def is_ternary_target(name: str, shape: tuple[int, ...], num_layers: int, keep_layers: tuple[int, ...] = ()) -> bool:
+    """Whether on-disk tensor ``name`` is a decoder-layer linear weight to ternarise: inside ``layers.N.``
+    (N not in ``keep_layers``, negative indices from the end), at least 2-D, not a norm, bias or router."""
+    m = _LAYER.search(name)
+    if m is None or len(shape) < 2:
+        return False
+    layer = int(m.group(1))
+    if layer in {k % num_layers for k in keep_layers}:
+        return False
+    parts = name.split(".")
+    if parts[-1] not in _LINEAR_LEAVES or any("norm" in p or p in _ROUTERS for p in parts[:-1]):
+        return False
+    return True
+
+
+# ----- compress --------------------------------------------------------------------------------------------
+
+
+def compress_model(
+    src: str | Path,
+    out: str | Path,
+    *,
+    per_channel: bool = False,
+    scale_dtype: Literal["float32", "bfloat16"] = "float32",
+    keep_layers: tuple[int, ...] = (),
+    max_shard_bytes: int | None = None,
+    on_tensor: Callable[[str], None] | None = None,
+) -> CompressionResult:
+    """Write the BitNet b1.58 form of model folder ``src`` to ``out`` (layout: module doc).
+
+    Tensors stream one at a time (memory: about one tensor). ``scale_dtype``: how ``gamma`` is stored (the
+    loader uses the stored value, so the packed model is exactly ``W_q * gamma``). Raises
+    :class:`~aegis.errors.InvalidConfigError` for a folder that is not a model or an ``out`` that is ``src``.
+    """
+    from aegis.forge._bitnet_pack import absmean_ternary, pack_ternary
+    from aegis.forge._io import DTYPES, FLOATING, ModelWeights, ShardWriter
+    from aegis.forge.merge import MAX_SHARD_BYTES
+    from aegis.hub import profile_from_config
+    from aegis.model_source import TOKENIZER_FILES, locate_model
+
+    src_path, out = Path(src), Path(out)
+    if out.resolve() == src_path.resolve():
+        raise InvalidConfigError(f"output folder {out} is the input folder; pick a new folder for the packed model.")
+    source = locate_model(str(src))
+    weights = ModelWeights(str(src), source)
+    config = weights.config
+    profile = profile_from_config(config, model_id=str(src), source="path")
+    category = size_category(profile.total_params)
+    scale_code = {"float32": "F32", "bfloat16": "BF16"}[scale_dtype]
+    scale_np = DTYPES[scale_code]
+
+    entries: list[tuple[str, str, tuple[int, ...]]] = []
+    packed_info: dict[str, dict[str, Any]] = {}
+    preserved: list[str] = []
+    for name in weights.names:
+        code, shape = weights.dtype(name), weights.shape(name)
+        if code in FLOATING and is_ternary_target(name, shape, profile.num_layers, keep_layers):
+            scale_shape = shape[:-1] if per_channel else (1,) * (len(shape) - 1)
+            entries.append((name + PACKED_SUFFIX, "U8", (*shape[:-1], -(-shape[-1] // 4))))
+            entries.append((name + SCALE_SUFFIX, scale_code, scale_shape))
+            packed_info[name] = {"shape": list(shape), "dtype": code}
+        else:
+            entries.append((name, code, shape))
+            preserved.append(name)
+    if not packed_info:
+        raise InvalidConfigError(
+            f"{src} has no decoder-layer linear weights to ternarise (tensors named 'layers.N....weight'); "
+            "point at a llama-family model folder."
+        )
+
+    ternary = zeros = preserved_params = 0
+    linear_orig = linear_packed = total_orig = total_packed = 0
+    out.mkdir(parents=True, exist_ok=True)
+    with ShardWriter(out, entries, max_shard_bytes or MAX_SHARD_BYTES) as writer:
+        for name in weights.names:
+            arr = weights.read(name)
+            total_orig += arr.nbytes
+            if name in packed_info:
+                codes, gamma = absmean_ternary(arr, per_channel=per_channel)
+                packed, scale = pack_ternary(codes), gamma.astype(scale_np)
+                writer.write(name + PACKED_SUFFIX, packed)
+                writer.write(name + SCALE_SUFFIX, scale)
+                ternary += codes.size
+                zeros += int(np.count_nonzero(codes == 0))
+                linear_orig += arr.nbytes
+                linear_packed += packed.nbytes + scale.nbytes
+                total_packed += packed.nbytes + scale.nbytes
+            else:
+                writer.write(name, arr)
+                preserved_params += arr.size
+                total_packed += arr.nbytes
+            if on_tensor is not None:
+                on_tensor(name)
+        shards = writer.finish()
+    weights.close()
+
+    for f in ("config.json", "generation_config.json", *TOKENIZER_FILES):
+        if (source.folder / f).exists():
+            shutil.copy2(source.folder / f, out / f)
+    result = CompressionResult(
+        out=out,
+        size_category=category.name,
+        total_params=profile.total_params,
+        ternary_params=ternary,
+        preserved_params=preserved_params,
+        zero_weights=zeros,
+        sparsity=zeros / max(ternary, 1),
+        per_channel=per_channel,
+        linear_bytes_original=linear_orig,
+        linear_bytes_packed=linear_packed,
+        total_bytes_original=total_orig,
+        total_bytes_packed=total_packed,
+        target_compression=category.target_compression,
+        packed=tuple(packed_info),
+        preserved=tuple(preserved),
+    )
+    meta = {
+        "format": FORMAT,
+        "version": 1,
+        "weights": {
+            "method": "absmean",
+            "formula": "W_q = RoundClip(W / (gamma + eps), -1, 1), gamma = mean(|W|); W ~ W_q * gamma",
+            "granularity": "channel" if per_channel else "tensor",
+            "eps": 1e-5,
+            "rounding": "half to even",
+        },
+        "packing": {
+            "bits_per_weight": 2,
+            "weights_per_byte": 4,
+            "axis": -1,
+            "code_map": {"-1": 0, "0": 1, "1": 2},
+            "bit_order": "weight 4k+j of a row in bits 2j..2j+1 of byte k (LSB first); rows padded with code 1",
+            "packed_suffix": PACKED_SUFFIX,
+            "scale_suffix": SCALE_SUFFIX,
+            "scale_dtype": scale_dtype,
+        },
+        "activations": {"method": "absmax per token, int8", "applied_by_loader": False},
+        "size_category": category.name,
+        "total_params": profile.total_params,
+        "target_compression": category.target_compression,
+        "keep_layers": list(keep_layers),
+        "packed": packed_info,
+        "preserved": preserved,
+        "shards": shards,
+        "stats": {
+            "sparsity": result.sparsity,
+            "linear_compression": result.linear_compression,
+            "total_compression": result.total_compression,
+        },
+    }
+    (out / BITNET_CONFIG).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return result
+
+
+# ----- load and run ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PackedTernary:
+    """A ternary weight kept packed in a params tree: uint8 ``codes [..., ceil(n / 4)]``, ``scale`` with one
+    fewer dim than the weight, ``n`` the length of the last axis. A JAX pytree (``n`` is static)."""
+
+    codes: Any
+    scale: Any
+    n: int
+
+    def dequantize(self, dtype: Any) -> Any:
+        from aegis.forge._bitnet_pack import unpack_ternary_jax
+
+        w = unpack_ternary_jax(self.codes, self.n).astype("float32") * self.scale.astype("float32")[..., None]
+        return w.astype(dtype)
+
+
+def _register() -> None:
+    import jax
+
+    jax.tree_util.register_pytree_node(
+        PackedTernary, lambda p: ((p.codes, p.scale), p.n), lambda n, ch: PackedTernary(ch[0], ch[1], n)
+    )
+
+
+def unpack_params(params: dict[str, Any], dtype: Any) -> dict[str, Any]:
+    """``params`` with every :class:`PackedTernary` leaf dequantised to ``dtype`` (jit-friendly)."""
+    import jax
+
+    return jax.tree_util.tree_map(
+        lambda x: x.dequantize(dtype) if isinstance(x, PackedTernary) else x,
+        params,
+        is_leaf=lambda x: isinstance(x, PackedTernary),
+    )
+
+
+@dataclass
+class PackedModel:
+    """A packed folder loaded for the JAX engine: ``model`` (:func:`aegis.train.models.build_model`) and
+    ``params`` whose ternary leaves are :class:`PackedTernary` (uint8 codes + scale on the device)."""
+
+    model: Any
+    params: dict[str, Any]
+    meta: dict[str, Any]
+    _forward: Any = None
+
+    def dense_params(self) -> dict[str, Any]:
+        """The params tree with ternary leaves dequantised (``W_q * gamma``) in the model's param dtype."""
+        return unpack_params(self.params, self.model.param_dtype)
+
+    def apply(self, input_ids: Any) -> Any:
+        """Logits ``[b, s, vocab]`` from the packed params: one jitted unpack + forward."""
+        if self._forward is None:
+            import jax
+
+            model = self.model
+            self._forward = jax.jit(lambda p, ids: model.apply(unpack_params(p, model.param_dtype), ids))
+        return self._forward(self.params, input_ids)
+
+
+def load_packed(folder: str | Path, *, dtype: Any = None) -> PackedModel:
+    """Read a folder written by :func:`compress_model` for the JAX engine (compute and param dtype ``dtype``,
+    default float32). A params leaf whose every layer is packed stays packed; one that mixes packed and kept
+    layers (``keep_layers``) or that the family stores split on disk is dequantised."""
+    import jax.numpy as jnp
+    from safetensors import safe_open
+
+    from aegis.forge._bitnet_pack import unpack_ternary
+    from aegis.train.models import build_model, get_family
+    from aegis.train.weights import _memory_names, _set
+
+    _register_once()
+    folder = Path(folder)
+    meta_file = folder / BITNET_CONFIG
+    if not meta_file.exists():
+        raise InvalidConfigError(f"{folder} has no {BITNET_CONFIG}; write it with compress_model (aegis compress).")
+    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    if meta.get("format") != FORMAT:
+        raise InvalidConfigError(f"{meta_file} is not an {FORMAT} description (format {meta.get('format')!r}).")
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    dtype = jnp.dtype(dtype or jnp.float32)
+    model = build_model(config, dtype=dtype, param_dtype=dtype)
+    handles = [safe_open(str(folder / f), framework="numpy") for f in meta["shards"]]
+    where = {k: h for h in handles for k in h.keys()}
+    packed_meta = meta["packed"]
+
+    def packed(name: str) -> tuple[np.ndarray, np.ndarray]:
+        return where[name + PACKED_SUFFIX].get_tensor(name + PACKED_SUFFIX), np.asarray(
+            where[name + SCALE_SUFFIX].get_tensor(name + SCALE_SUFFIX), np.float32
+        )
+
+    def dense(name: str) -> np.ndarray:
+        if name in packed_meta:
+            codes, scale = packed(name)
+            w = unpack_ternary(codes, packed_meta[name]["shape"][-1]).astype(np.float32) * scale[..., None]
+            return w
+        if name not in where:
+            raise InvalidConfigError(f"{folder} lacks tensor {name!r}; the packed folder is incomplete, compress again.")
+        return where[name].get_tensor(name)
+
+    recipe = get_family(config.get("model_type")).recipe
+    params: dict[str, Any] = {}
+    for path_, template, shape in _memory_names(model):
+        stacked = "{i}" in template
+        names = [template.format(i=i) for i in range(model.spec.num_layers)] if stacked else [template]
+        recipes = [recipe(n, model.spec) for n in names]
+        for r in recipes:
+            if r.stored_as_kept and r.keys[0] in packed_meta and tuple(packed_meta[r.keys[0]]["shape"]) != shape:
+                raise InvalidConfigError(
+                    f"packed tensor {r.keys[0]!r} has shape {packed_meta[r.keys[0]]['shape']}, expected {list(shape)} "
+                    "from config.json; the folder's config.json and weights belong to different models."
+                )
+        if all(r.stored_as_kept and r.keys[0] in packed_meta for r in recipes):
+            parts = [packed(r.keys[0]) for r in recipes]
+            codes = np.stack([c for c, _ in parts]) if stacked else parts[0][0]
+            scale = np.stack([s for _, s in parts]) if stacked else parts[0][1]
+            leaf: Any = PackedTernary(jnp.asarray(codes), jnp.asarray(scale), int(shape[-1]))
+        else:
+            arrs = [np.asarray(r.join([dense(k) for k in r.keys]), np.float32) for r in recipes]
+            leaf = jnp.asarray(np.stack(arrs) if stacked else arrs[0], dtype)
+        _set(params, path_, leaf)
+    return PackedModel(model=model, params=params, meta=meta)
+
+
+_REGISTERED: list[bool] = []
+
+
+def _register_once() -> None:
+    if not _REGISTERED:
+        _register()
+        _REGISTERED.append(True)
