@@ -38,7 +38,7 @@ _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 def load_chat_template(value: str) -> str:
     """A ``chat_template:`` setting: a path to a .jinja file, or the Jinja text itself."""
     p = Path(value).expanduser()
-    if "{" not in value and p.suffix in (".jinja", ".j2", ".txt") :
+    if "{" not in value and p.suffix in (".jinja", ".j2", ".txt"):
         if not p.is_file():
             raise InvalidConfigError(f"chat_template file {p} does not exist; pass a .jinja file or the template text")
         return p.read_text(encoding="utf-8")
