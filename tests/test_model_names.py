@@ -337,3 +337,13 @@ def test_a_model_the_llm_names_is_read_by_the_same_decision() -> None:
     sibling = RequestExtractor(TestModel(custom_output_args={"model": "Qwen2.5-7B-Instruct", "gpu": "h100"}))
     u = understand("I'd like to teach a small qwen to write SQL", extractor=sibling)
     assert u.call is not None and u.call.args["model"] == match_model("Qwen2.5-7B-Instruct").model_id
+
+
+def test_the_report_names_the_config_used_for_a_sibling_variant():
+    import aegis
+
+    report = aegis.plan("lora Qwen2.5-Coder-7B-Instruct on h100")
+    # planned with the base's identical config.json, said so; the request keeps the instruct repo (its weights)
+    assert report.model.model_id == "Qwen/Qwen2.5-Coder-7B" and report.request.model == "Qwen/Qwen2.5-Coder-7B-Instruct"
+    assert any("config used for Qwen/Qwen2.5-Coder-7B-Instruct" in n for n in report.notes)
+    assert not any("config used" in n for n in aegis.plan("lora qwen2.5-coder-7b on h100").notes)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from aegis import catalog
 from aegis.errors import RequestParseError
 from aegis.hardware import find_gpu
-from aegis.hub import canonical_model_id
+from aegis.hub import canonical_model_id, match_model, resolve_model
 from aegis.parse import MAX_REQUEST_CHARS, ParsedRequest, parse_request, parse_request_lenient
 from aegis.schema import PlanRequest as R
 
@@ -282,8 +282,12 @@ GPU_NAMES = [(name, g.id) for g in catalog.gpus() for name in (g.id, g.name, *g.
 @pytest.mark.parametrize(("name", "model_id"), MODEL_NAMES)
 def test_every_model_alias_parses_to_its_catalog_id(name, model_id):
     assert canonical_model_id(name) == model_id  # the loader agrees: the parser reads the same catalog
-    assert parse_request(f"lora {name} on 4090").model == model_id
-    assert parse_request(f"qlora {name.upper()}").model == model_id
+    # the request names the weights the name means (an -Instruct sibling keeps its own repo), whose config is
+    # the entry's
+    weights = match_model(name).weights_id
+    assert parse_request(f"lora {name} on 4090").model == weights
+    assert parse_request(f"qlora {name.upper()}").model == weights
+    assert resolve_model(weights).model_id == model_id
 
 
 @pytest.mark.parametrize(("name", "gpu_id"), GPU_NAMES)
@@ -313,7 +317,8 @@ def _requests(draw):
     fields = {}
     parts = []
     if draw(st.booleans()):
-        alias, fields["model"] = draw(st.sampled_from(MODEL_NAMES))
+        alias, _ = draw(st.sampled_from(MODEL_NAMES))
+        fields["model"] = match_model(alias).weights_id  # the weights the name means (its config: the entry's)
         parts.append(alias)
     if draw(st.booleans()):
         name, fields["gpu"] = draw(st.sampled_from(GPU_NAMES))

@@ -80,6 +80,16 @@ class ModelMatch(Frozen):
     source: Source = Field(description="Where that config.json comes from: catalog, path, cache or hub (to fetch).")
     note: str = Field(default="", description="How the name was read when it is not that id: a variant sharing the "
                                               "config, a spelling fixed, a cached repo. Empty when it is the id.")
+    checkpoint: str | None = Field(
+        default=None,
+        description="The Hub id of the weights the name means when it is a sibling listed with that config (e.g. "
+        "an -Instruct repo sharing its base's config.json): what a run downloads and trains. None: model_id.",
+    )
+
+    @property
+    def weights_id(self) -> str:
+        """The repository whose weights the name means (the checkpoint, else the config's id)."""
+        return self.checkpoint or self.model_id
 
 
 # ------------------------------------------------------------------------------------------ names
@@ -293,7 +303,8 @@ def match_model(name: str) -> ModelMatch:
     asked = _parse_name(name)
     if ids and len(ids) == 1:
         entry = next(k for k in known if k.id in ids)
-        return ModelMatch(model_id=entry.id, source="catalog", note=_variant_note(name, entry, asked))
+        return ModelMatch(model_id=entry.id, source="catalog", note=_variant_note(name, entry, asked),
+                          checkpoint=_sibling_id(entry.id, name))
     if ids:
         raise UnknownModelError(_ambiguous(name, sorted(ids)))
     if asked.family is None:
@@ -319,6 +330,17 @@ def match_model(name: str) -> ModelMatch:
     raise UnknownModelError(_unknown_message(name, asked))
 
 
+def _sibling_id(entry_id: str, name: str) -> str | None:
+    """The catalog entry's listed Hub id whose repository name is ``name`` (or which ``name`` is), when it is not
+    the entry's own id: the weights an -Instruct name means though it shares its base's config."""
+    entry = catalog.model_entry(entry_id)
+    want = name.strip().lower()
+    for hub_id in getattr(entry, "ids", ()) or ():
+        if hub_id.lower() != entry_id.lower() and want in (hub_id.lower(), hub_id.split("/", 1)[-1].lower()):
+            return hub_id
+    return None
+
+
 def _exists(path: Path) -> bool:
     try:
         return path.exists()
@@ -330,7 +352,7 @@ def _match_hub_id(repo_id: str) -> ModelMatch:
     entry = catalog.model_entry(repo_id)  # its id, or one of the ids it lists as sharing its config
     if entry is not None:
         note = "" if entry.id.lower() == repo_id.lower() else _shared_note(repo_id, entry.id)
-        return ModelMatch(model_id=entry.id, source="catalog", note=note)
+        return ModelMatch(model_id=entry.id, source="catalog", note=note, checkpoint=_sibling_id(entry.id, repo_id))
     if _cached_config(repo_id):
         return ModelMatch(model_id=repo_id, source="cache")
     org, _, rest = repo_id.partition("/")

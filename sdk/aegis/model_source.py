@@ -173,6 +173,7 @@ def locate_model(spec: str, *, download: bool = False) -> ModelSource:
         raise WeightsNotFoundError(f"model folder {spec} does not exist; check the path")
     if _HUB_ID.match(spec):
         return _hub_snapshot(spec, spec, download=download)
-    from aegis.hub import canonical_model_id
+    from aegis.hub import match_model
 
-    return _hub_snapshot(spec, canonical_model_id(spec), download=download)
+    # the repository the name means: an -Instruct name sharing its base's config still trains its own weights
+    return _hub_snapshot(spec, match_model(spec).weights_id, download=download)

@@ -486,7 +486,7 @@ def _model_name(r: _Reader, said: str) -> None:
     except AegisError as err:
         r.issues.append(ParseIssue(part="model", text=said, message=str(err), suggestions=suggest_models(said)))
         return
-    r.put("model", found.model_id, said)
+    r.put("model", found.weights_id, said)
     if found.note:
         r.notes.append(found.note)
 
@@ -612,7 +612,7 @@ def _assign_items(r: _Reader) -> None:
         else:  # a Hub id
             found = _bundled_or_cached(item)
             if found is not None:
-                r.put("model", found.model_id, item)
+                r.put("model", found.weights_id, item)
                 if found.note:
                     r.notes.append(found.note)
             elif data_cue:

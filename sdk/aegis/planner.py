@@ -11,7 +11,7 @@ import math
 
 from aegis import hardware
 from aegis.errors import RequestParseError, UnknownModelError
-from aegis.hub import resolve_model
+from aegis.hub import match_model, resolve_model
 from aegis.memory.estimate import estimate
 from aegis.sanity import risks_and_notes
 from aegis.schema import (
@@ -86,6 +86,9 @@ def plan_request(
     method = req.method or "lora"
     gpu_count = req.gpu_count or 1
     notes: list[str] = []
+    matched = match_model(req.model)
+    if matched.note:  # e.g. an instruct name planned with its base's identical config.json: say which file
+        notes.append(matched.note)
     if req.method is None:
         notes.append("method not given: planned LoRA (say 'qlora' or 'full' for the others)")
     dataset = dataset_profile
