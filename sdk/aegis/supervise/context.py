@@ -188,14 +188,14 @@ class RunContext:
                 self.cfg, self.model_input, self.examples, state.fallback_tier,
                 on_load=None if cb is None else (lambda n, t: cb("weights", n, t)),
             )
-            faults = self.cfg.faults
-            if state.fallback_tier in faults.oom_on_tiers and faults.oom_phase != "step":
-                from aegis.supervise.faults import injected_oom
+            if self.cfg.faults.oom_on_tiers:
+                from aegis.supervise.faults import arm_build_faults
 
-                if faults.oom_phase == "build":
+                try:
+                    arm_build_faults(self.cfg.faults, self._engine)
+                except Exception:
                     self._engine = None
-                    raise injected_oom(state.fallback_tier)
-                self._engine.fail_transfer = injected_oom(state.fallback_tier)
+                    raise
             self._check_memory(self._engine)
         return self._engine
 

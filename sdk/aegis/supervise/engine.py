@@ -100,7 +100,7 @@ def resolve_model_input(model: str | dict[str, Any], init: str = "pretrained", *
 
 def resolve_model_config(model: str | dict[str, Any]) -> dict[str, Any]:
     """The config.json dict a RunConfig's ``model`` names (no weights needed)."""
-    return resolve_model_input(model, "random" if isinstance(model, str) and model != "tiny-llama" else "pretrained").config
+    return resolve_model_input(model, "random").config  # config.json only: no weights needed
 
 
 def make_renderer(cfg: RunConfig, model: ModelInput) -> Any:
@@ -168,15 +168,17 @@ class Engine:
 
         if isinstance(model, dict):
             model = ModelInput(model)
-        load_params = None
+        load_params: Callable[[Any, Any], Any] | None = None
         if model.source is not None:
             from aegis.train.weights import load_checkpoint
 
             folder = model.source.folder
             nf4 = cfg.tiers[tier].method == "qlora"
 
-            def load_params(m: Any, dtype: Any) -> Any:
+            def load_pretrained(m: Any, dtype: Any) -> Any:
                 return load_checkpoint(m, folder, dtype=dtype, nf4=nf4, on_progress=on_load)
+
+            load_params = load_pretrained
 
         train_config = cfg.tiers[tier]
         settings = OptimizerSettings(

@@ -23,7 +23,7 @@ from typing import Any
 
 from aegis.supervise.config import FaultsSection
 
-__all__ = ["FaultInjector", "injected_oom"]
+__all__ = ["FaultInjector", "injected_oom", "arm_build_faults"]
 
 
 def injected_oom(tier: int) -> Exception:
@@ -34,6 +34,16 @@ def injected_oom(tier: int) -> Exception:
         f"RESOURCE_EXHAUSTED: Out of memory while trying to allocate the train step's buffers "
         f"(injected by faults.oom_on_tiers for tier {tier})"
     )
+
+
+def arm_build_faults(cfg: FaultsSection, engine: Any) -> None:
+    """The OOM drills outside the step for a freshly built tier: ``oom_phase='build'`` raises now,
+    ``'transfer'`` makes the engine's next checkpoint copy raise."""
+    if engine.tier not in cfg.oom_on_tiers or cfg.oom_phase == "step":
+        return
+    if cfg.oom_phase == "build":
+        raise injected_oom(engine.tier)
+    engine.fail_transfer = injected_oom(engine.tier)
 
 
 class FaultInjector:

@@ -29,6 +29,7 @@ import importlib.util
 import os
 import time
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -46,21 +47,21 @@ _MLFLOW_PARAM_CHARS = 500  # MLflow's smallest param-value limit across store ve
 _MLFLOW_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit on params
 
 
-class _Backend:
+class _Backend(ABC):
     """One reporting backend: started in ``__init__``, then ``log`` per step and ``close`` once."""
 
     name: ClassVar[str]
     module: ClassVar[str]  # top-level import name, checked with find_spec before starting
     package: ClassVar[str]  # what to pip install when it is missing
 
-    def __init__(self, log_dir: Path, *, run_id: str, config: dict[str, Any] | None) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def __init__(self, log_dir: Path, *, run_id: str, config: dict[str, Any] | None) -> None: ...
 
-    def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def log(self, step: int, metrics: Mapping[str, float]) -> None: ...
 
-    def close(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def close(self) -> None: ...
 
 
 class _TensorBoard(_Backend):

@@ -37,7 +37,7 @@ def _stored_dtype(folder: Path) -> str | None:
 
     reader = CheckpointReader(folder)
     for name in reader.names():
-        dtype = _DTYPE_NAMES.get(reader._where[name][1]["dtype"])
+        dtype = _DTYPE_NAMES.get(reader.dtype_name(name))
         if dtype:
             return dtype
     return None

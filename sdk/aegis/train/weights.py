@@ -174,6 +174,10 @@ class CheckpointReader:
             return
         out[...] = self.get(name)
 
+    def dtype_name(self, name: str) -> str:
+        """The safetensors dtype tag of tensor ``name`` ('F32', 'BF16', ...)."""
+        return str(self._where[name][1]["dtype"])
+
     def nbytes(self, name: str) -> int:
         begin, end = self._where[name][1]["data_offsets"]
         return int(end - begin)
