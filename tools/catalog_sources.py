@@ -371,6 +371,10 @@ QWEN2 = ("Qwen2 blog 'Hello Qwen2' (Jun 2024), model table of parameters and non
 YI15 = ("Yi: Open Foundation Models by 01.AI (arXiv 2403.04652): '6B and 34B language models'; 'Yi-1.5 is an upgraded "
         "version of Yi. It is continuously pre-trained on Yi' (the Yi-1.5 card's words, as Xinference's model list "
         "quotes them with sizes 6, 9 and 34 billion: xorbitsai/inference doc/source/models/builtin/llm/yi-1.5.rst)")
+_PHI35_MOE = "xinyuwei-david/david-share@e1ccd3ef5cafccf747810d6ae64a5d4a6975c152:Deep-Learning/Phi-3.5-MoE-and-Mini-Fine-tuning/readme.md"
+PHI35_MOE = ("Phi-3.5-MoE-instruct model card (as Azure's model catalog copies it: Azure/azureml-assets "
+             "assets/models/system/phi-3.5-moe-128k-instruct/description.md): 'Phi-3.5-MoE has 16x3.8B parameters "
+             "with 6.6B active parameters when using 2 experts'")
 QWEN2_MOE = "Qwen2-57B-A14B model card (Hub): 'the 57B-A14B Mixture-of-Experts Qwen2 base language model'"
 MISTRAL_SMALL_31 = ("Mistral-Small-3.1-24B-Instruct-2503 model card (Hub): 'With 24 billion parameters, this model "
                     "achieves top-tier capabilities in both text and vision tasks'")
@@ -438,6 +442,22 @@ ROWS += [
                  "lightweight, state-of-the-art open model'"),
         note=f"{_ONNX_TOOL_NOTE} (transformers 4.39.3). Phi-3-medium-128k-instruct (longrope scaling) is another "
              "config and is not listed."),
+    row("microsoft/Phi-3.5-MoE-instruct", "phi-3.5-moe", "16x3.8b", "instruct", (GITHUB, _PHI35_MOE),
+        P("41.9B", "Hugging Face Hub model page of microsoft/Phi-3.5-MoE-instruct, as quoted in the source: "
+                   "'microsoft/Phi-3.5-MoE-instruct: 41.9B params'"),
+        P("6.6B", PHI35_MOE, counts="active"),
+        set={"rope_scaling": (None, "the listing gives LongRoPE (type longrope, original_max_position_embeddings "
+                                    "4096) but not the values of its 64-entry short/long factor lists: left out. "
+                                    "RoPE factors change no shape, count or memory; pass the Hub config.json to "
+                                    "train at long context with the published scaling"),
+             "auto_map": (None, "the listing's auto_map (the Hub's custom code) is left out: transformers "
+                                "4.46 and later build phimoe natively")},
+        note="A key-by-key listing of the Hub config.json (transformers 4.43.3) in a fine-tuning write-up, written "
+             "out as JSON. attention_bias and lm_head_bias true agree with vLLM's PhiMoE, which builds qkv, o_proj "
+             "and lm_head with bias=True (vllm-project/vllm@01524004c3c9e11dc14e59ef0069183dd4fcb0ec:"
+             "vllm/model_executor/models/phimoe.py); every shape key equals transformers' PhimoeConfig defaults, "
+             "which its docstring says match this checkpoint. The biases add 359,744 parameters, below the "
+             "published figures' rounding: the count cannot confirm them."),
     row("01-ai/Yi-1.5-6B", "yi-1.5", "6b", "base", (GITHUB, f"{_KQI}@963269026663521e774249c3828f9e000bb2a405:"
                                                           "example/evaluate.py#Yi_1_5_6B"),
         P("6B", YI15), note=f"{_KQI_NOTE} (transformers 4.37.2). The -Chat checkpoints and the first Yi release "

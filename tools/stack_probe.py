@@ -6,6 +6,7 @@ what ``F.dropout`` dispatches to on CUDA (aten ``Dropout.cpp``: ``is_fused_kerne
 save an input-sized noise tensor instead of the bool mask.
 
     python -m tools.stack_probe --out tests/data/stack_probe_t448.json   # under the transformers to record
+    python -m tools.stack_probe --layouts-only --out tests/data/stack_probe_t457.json
 
 The JSON written records the transformers and PEFT versions it ran under; tests compare the planner with it.
 """
@@ -28,6 +29,30 @@ TINY_MIXTRAL: dict[str, Any] = {
     "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
     "num_local_experts": 4, "num_experts_per_tok": 2, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
     "tie_word_embeddings": False, "sliding_window": None,
+}
+_MOE_BASE: dict[str, Any] = {
+    "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+    "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "num_experts_per_tok": 2,
+}
+_MLA: dict[str, Any] = {"num_key_value_heads": 4, "intermediate_size": 96, "moe_intermediate_size": 32,
+                        "n_routed_experts": 4, "first_k_dense_replace": 0, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
+                        "qk_rope_head_dim": 8, "v_head_dim": 12, "n_shared_experts": 1}
+# One tiny config per MoE model type, with the LoRA targets that name its routed experts in transformers 4
+# (a type the running transformers does not have is skipped).
+TINY_MOES: dict[str, tuple[dict[str, Any], list[str]]] = {
+    "mixtral": (TINY_MIXTRAL, ["w1", "w2", "w3"]),
+    "phimoe": ({**_MOE_BASE, "model_type": "phimoe", "intermediate_size": 96, "num_local_experts": 4,
+                "attention_bias": True, "lm_head_bias": True}, ["w1", "w2", "w3"]),
+    "qwen2_moe": ({**_MOE_BASE, "model_type": "qwen2_moe", "intermediate_size": 96, "num_experts": 4,
+                   "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}, ["gate_proj", "up_proj", "down_proj"]),
+    "qwen3_moe": ({**_MOE_BASE, "model_type": "qwen3_moe", "head_dim": 16, "intermediate_size": 96, "num_experts": 4,
+                   "moe_intermediate_size": 32}, ["gate_proj", "up_proj", "down_proj"]),
+    "deepseek_v2": ({**_MOE_BASE, **_MLA, "model_type": "deepseek_v2", "q_lora_rank": None, "topk_method": "greedy"},
+                    ["gate_proj", "up_proj", "down_proj"]),
+    "deepseek_v3": ({**_MOE_BASE, **_MLA, "model_type": "deepseek_v3", "q_lora_rank": 24, "n_group": 2,
+                     "topk_group": 1}, ["gate_proj", "up_proj", "down_proj"]),
+    "gpt_oss": ({**_MOE_BASE, "model_type": "gpt_oss", "head_dim": 16, "intermediate_size": 32, "num_local_experts": 4,
+                 "sliding_window": 8}, ["q_proj", "o_proj"]),
 }
 CASES: list[dict[str, Any]] = [
     {"name": "llama lora", "config": TINY_LLAMA, "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "dropout": 0.0},
@@ -114,6 +139,14 @@ def linear_layout(config: dict[str, Any], targets: list[str]) -> dict[str, Any]:
     return {"linears": linears, "lora_targets": targets, "lora_trainable": trainable}
 
 
+def moe_layouts() -> dict[str, dict[str, Any]]:
+    """`linear_layout` of each MoE model type in `TINY_MOES` the installed transformers builds."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    return {t: {"config": cfg, **linear_layout(cfg, targets)} for t, (cfg, targets) in TINY_MOES.items()
+            if t in CONFIG_MAPPING}
+
+
 def loss_peak_bytes_per_logit(logits_dtype: str, *, batch: int = 2, seq: int = 128, vocab: int = 512, hidden: int = 4) -> float:
     """Peak live bytes per [token, vocab] element of the model's own loss (``ForCausalLMLoss``) and its backward,
     the logits made by an op inside the trace and dropped after the loss as a training step does (traced with
@@ -143,11 +176,21 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m tools.stack_probe", description=__doc__.split("\n")[0])
     parser.add_argument("--out", help="write the JSON here (default: print)")
+    parser.add_argument("--layouts-only", action="store_true", help="record the MoE module layouts only")
     args = parser.parse_args(argv)
+    if args.layouts_only:
+        doc = {"transformers": transformers.__version__, "peft": peft.__version__, "rank": RANK,
+               "moe_layouts": moe_layouts()}
+        text = json.dumps(doc, indent=1)
+        if args.out:
+            Path(args.out).write_text(text + "\n", encoding="utf-8")
+        else:
+            print(text)
+        return 0
     rows = [{**case, "bytes_per_token": layer_saved_bytes_per_token(case["config"], case["targets"], case["dropout"])}
             for case in CASES]
     doc = {"transformers": transformers.__version__, "peft": peft.__version__, "batch": BATCH, "seq": SEQ, "rank": RANK,
-           "rows": rows, "mixtral_layout": linear_layout(TINY_MIXTRAL, ["w1", "w2", "w3"]),
+           "rows": rows, "moe_layouts": moe_layouts(),
            "loss_peak_bytes_per_logit": {d: loss_peak_bytes_per_logit(d) for d in ("bfloat16", "float32")}}
     text = json.dumps(doc, indent=1)
     if args.out:

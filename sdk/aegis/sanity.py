@@ -62,7 +62,10 @@ def risks_and_notes(report: PlanReport, profile: ModelProfile) -> tuple[list[Ris
             f"but each token uses only {profile.active_params_per_token / 1e9:.1f}B (top-{profile.num_experts_per_tok}); "
             "compute follows the active count, memory the total"
         )
-        if report.method != "full" and report.stack.transformers_major < 5:
+        # the layout the profile was built for (`Family.layers_for`): separate per-expert nn.Linear only where the
+        # registry gives the family a transformers 4 layout and the stack runs transformers 4
+        separate = any(m.name.startswith("experts.") and m.quantizable for m in profile.linear_modules)
+        if report.method != "full" and separate:
             notes.append(f"transformers {report.stack.transformers_version} keeps each expert as separate nn.Linear "
                          "modules: " + ("bitsandbytes quantises them to NF4; " if report.method == "qlora" else "")
                          + "LoRA adapts them (rank r each) when their names are targeted")
@@ -71,7 +74,8 @@ def risks_and_notes(report: PlanReport, profile: ModelProfile) -> tuple[list[Ris
             experts = [m for m in profile.linear_modules if m.name.startswith("experts.") and m.lora_targetable]
             wrapped = any(lora_selects(m, targets) for m in experts)
             names = ",".join(n for m in experts for n in m.matched_by)
-            notes.append("transformers 5 stores experts as fused 3-D tensors: bitsandbytes leaves them unquantized under QLoRA; "
+            notes.append(f"transformers {report.stack.transformers_version} stores experts as fused 3-D tensors: "
+                         "bitsandbytes leaves them unquantized under QLoRA; "
                          + ("PEFT wraps them with per-expert adapters (rank 2r on gate_up)" if wrapped
                             else "LoRA target names reach attention (and shared experts), not the routed experts"
                             + (f"; target {names} (or all-linear) to adapt them too" if experts else "")))

@@ -1,8 +1,9 @@
 """Stack profiles in the memory engine, each mechanism against what torch / PEFT / transformers do on CPU.
 
 Live measurements run under the installed transformers (5.x); the transformers 4.48.1 references are in
-tests/data/stack_probe_t448.json, written by `python -m tools.stack_probe` under transformers 4.48.1 + PEFT
-(the file records the versions). Dropout runs through ``torch.native_dropout``, what ``F.dropout`` is on CUDA.
+tests/data/stack_probe_t448.json, written by `python -m tools.stack_probe` under transformers 4.48.1 + PEFT, and
+the MoE module layouts of the last 4.x release (4.57.6) in tests/data/stack_probe_t457.json (`--layouts-only`;
+each file records the versions). Dropout runs through ``torch.native_dropout``, what ``F.dropout`` is on CUDA.
 """
 
 from __future__ import annotations
@@ -67,19 +68,31 @@ def test_transformers_448_changes_what_the_current_layout_predicts():
     assert abs(v5 - row["bytes_per_token"]) / row["bytes_per_token"] > 0.1
 
 
-def test_v4_mixtral_modules_match_transformers_448():
-    """Separate expert nn.Linear (quantisable, LoRA rank r each) and an nn.Linear router, as 4.48 builds them."""
-    layout = PROBE_448["mixtral_layout"]
-    profile = profile_for_stack(profile_from_config(stack_probe.TINY_MIXTRAL, model_id="tiny", source="path"),
-                                StackProfile(transformers_version="4.48.1"))
-    ours = {m.name.split(".")[-1]: (m.in_features, m.out_features, m.count) for m in profile.linear_modules if m.quantizable}
-    theirs = {name.split(".")[-1]: tuple(v) for name, v in layout["linears"].items()}
-    assert ours == theirs
+PROBE_457 = json.loads((Path(__file__).parents[1] / "data" / "stack_probe_t457.json").read_text(encoding="utf-8"))
+LAYOUTS = [(probe["transformers"], model_type, layout) for probe in (PROBE_448, PROBE_457)
+           for model_type, layout in probe["moe_layouts"].items()]
+
+
+@pytest.mark.parametrize(("version", "model_type", "layout"), LAYOUTS, ids=[f"{v}-{t}" for v, t, _ in LAYOUTS])
+def test_moe_modules_match_the_recorded_transformers_4(version, model_type, layout):
+    """Under each recorded transformers 4 release, every MoE type it builds: the nn.Linear modules bitsandbytes
+    would quantise (in, out, how many) and PEFT's trainable count for the routed experts' LoRA names are the
+    planner's for that version (separate expert nn.Linear where transformers 4 has them, fused tensors where not)."""
+    profile = profile_for_stack(profile_from_config(layout["config"], model_id="tiny", source="path"),
+                                StackProfile(transformers_version=version))
+    ours = sorted((m.in_features, m.out_features, m.count) for m in profile.linear_modules if m.quantizable)
+    assert ours == sorted(tuple(v) for v in layout["linears"].values())
     lora = LoRAConfig(rank=PROBE_448["rank"], target_modules=tuple(layout["lora_targets"]))
     assert profile.trainable_params("lora", lora) == layout["lora_trainable"]
+    assert profile.total_params == profile_from_config(layout["config"], model_id="tiny", source="path").total_params
+
+
+def test_transformers_5_fuses_the_experts_transformers_4_kept_separate():
+    """The same Mixtral under transformers 5: fused gate_up at rank 2r, so another LoRA count than 4.48's."""
+    layout = PROBE_448["moe_layouts"]["mixtral"]
+    lora = LoRAConfig(rank=PROBE_448["rank"], target_modules=tuple(layout["lora_targets"]))
     v5 = profile_from_config(stack_probe.TINY_MIXTRAL, model_id="tiny", source="path")
-    assert v5.trainable_params("lora", lora) != layout["lora_trainable"]  # fused gate_up at rank 2r
-    assert profile.total_params == v5.total_params
+    assert v5.trainable_params("lora", lora) != layout["lora_trainable"]
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

@@ -12,7 +12,8 @@ a real run never allocates. The harness only feeds unpadded, unpacked batches, s
 
 transformers 4.x has neither helper: `AttentionMaskConverter._ignore_causal_mask_sdpa` is
 answered with `attention_mask=None` instead. `balanced_routing` answers the data-dependent
-expert selection of transformers 4 MoE blocks.
+expert selection of transformers 4 MoE blocks, and `static_rope_length` the RoPE table length
+transformers 4's Phi-MoE reads from `cache_position`.
 """
 
 from __future__ import annotations
@@ -120,6 +121,41 @@ def balanced_routing(model_module: str, num_experts: int | None) -> Iterator[Non
         yield
     finally:
         module.torch = original
+
+
+@contextlib.contextmanager
+def static_rope_length(model_module: str) -> Iterator[None]:
+    """Give a transformers 4 rotary embedding that sizes its table from a tensor its length as an int.
+
+    transformers 4's Phi-MoE calls ``rotary_emb(hidden_states, seq_len=cache_position[-1] + 1)`` and builds
+    ``torch.arange(seq_len)``: a size read from a value, which a fake tensor does not have. In an unpadded
+    training forward without a cache ``cache_position`` is ``arange(s)``, so that value is the sequence length
+    ``hidden_states.shape[1]``: inside this context a tensor ``seq_len`` is replaced by it (same table, same
+    mscale choice)."""
+    import inspect
+    import sys
+
+    import torch
+
+    module = sys.modules.get(model_module)
+    classes = [c for c in vars(module).values() if module and isinstance(c, type) and c.__module__ == model_module
+               and issubclass(c, torch.nn.Module) and "seq_len" in inspect.signature(c.forward).parameters]
+    originals = {c: c.forward for c in classes}
+
+    def wrap(forward):
+        def static(self, x, seq_len=None, *args, **kwargs):
+            if isinstance(seq_len, torch.Tensor):
+                seq_len = x.shape[1]
+            return forward(self, x, seq_len, *args, **kwargs)
+        return static
+
+    for c, forward in originals.items():
+        c.forward = wrap(forward)
+    try:
+        yield
+    finally:
+        for c, forward in originals.items():
+            c.forward = forward
 
 
 @contextlib.contextmanager

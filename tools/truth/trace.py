@@ -32,7 +32,9 @@ import torch
 
 from tools.truth.alloc import LiveBytes, rounded_bytes
 from tools.truth.model import build_model, lora_summary
-from tools.truth.patches import balanced_routing, cuda_dropout, fp32_grouped_mm, settable_fake_params, unpadded_inputs
+from tools.truth.patches import (
+    balanced_routing, cuda_dropout, fp32_grouped_mm, settable_fake_params, static_rope_length, unpadded_inputs,
+)
 from tools.truth.setup import TraceResult, TraceSetup
 
 PHASES = ("forward", "backward", "clip", "optimizer")
@@ -204,7 +206,7 @@ def _transformers_version() -> str:
 
 
 def _moe_routing(config: dict[str, Any] | str):
-    """`balanced_routing` for a transformers 4 MoE model (its modeling module and expert count)."""
+    """`balanced_routing` (its modeling module and expert count) and `static_rope_length` for a transformers 4 model."""
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -215,7 +217,10 @@ def _moe_routing(config: dict[str, Any] | str):
     hf_config = load_config(config)
     experts = getattr(hf_config, "num_local_experts", None) or getattr(hf_config, "num_experts", None)
     model_cls = AutoModelForCausalLM._model_mapping[type(hf_config)]
-    return balanced_routing(model_cls.__module__, experts)
+    stack = contextlib.ExitStack()
+    stack.enter_context(balanced_routing(model_cls.__module__, experts))
+    stack.enter_context(static_rope_length(model_cls.__module__))
+    return stack
 
 
 def check_version(setup: TraceSetup) -> None:

@@ -212,6 +212,9 @@ class MoE(_Model):
     clamped SwiGLU (gate_up, clamped gate, sigmoid, ``up + 1``, the gated product)."""
     v4_experts: tuple[str, str, str] | None = None
     """transformers 4.x names of one expert's gate, up and down ``nn.Linear`` (None: no 4.x layout modelled)."""
+    v4_router_is_linear: bool = True
+    """Whether that 4.x layout's router is an ``nn.Linear`` named ``gate`` (bitsandbytes quantises it, LoRA can
+    target it); DeepSeek's 4.x routers hold a bare weight."""
     checkpoint_experts: tuple[str, str, str] | None = None
     """How Hub checkpoints store one expert's gate, up and down weights: ``<checkpoint_path>.{e}.<name>.weight``
     (None: stored fused, as in memory)."""

@@ -237,7 +237,8 @@ class Family:
         """`layers` as a given transformers major builds the modules. Under transformers 4.x an MoE with a 4.x
         layout in the registry (``moe.v4_experts``) keeps its experts as ``num_experts`` separate gate/up/down
         ``nn.Linear`` (quantisable, LoRA-targetable by their own names at rank r) and the router an ``nn.Linear``
-        named ``gate``: bitsandbytes quantises them all under QLoRA."""
+        named ``gate`` (DeepSeek: a bare weight, ``moe.v4_router_is_linear``): bitsandbytes quantises them all under
+        QLoRA."""
         layers = self.layers(c)
         moe = self.entry.moe
         if transformers_major >= 5 or moe is None or moe.v4_experts is None:
@@ -250,14 +251,21 @@ class Family:
                 out.append(layer)
                 continue
             w = layer.mlp_intermediate
-            kept = [lin for lin in layer.linears if not lin.name.startswith("experts.") and lin.name != "mlp.gate"]
+            # every other nn.Linear is one PEFT wraps by its own name (transformers 5 + PEFT leave DeepSeek's shared
+            # experts alone when the routed experts' names are targeted; 4.x has no such mapping)
+            kept = [lin if lin.lora_targetable or not lin.quantizable
+                    else dataclasses.replace(lin, lora_targetable=True, matched_by=(lin.name.rsplit(".", 1)[-1],))
+                    for lin in layer.linears if not lin.name.startswith("experts.") and lin.name != moe.router.name]
             experts = [
                 Linear(f"experts.{gate}", h, w, count=e, matched_by=(gate,)),
                 Linear(f"experts.{up}", h, w, count=e, matched_by=(up,)),
                 Linear(f"experts.{down}", w, h, count=e, matched_by=(down,)),
             ]
-            router = Linear("mlp.gate", h, e, matched_by=("gate",))
-            out.append(dataclasses.replace(layer, linears=tuple(kept + [router] + experts), router_params=0))
+            if moe.v4_router_is_linear:
+                router, router_params = [Linear("mlp.gate", h, e, matched_by=("gate",))], 0
+            else:
+                router, router_params = [], int(registry.evaluate(moe.router_params, self._names(c)))
+            out.append(dataclasses.replace(layer, linears=tuple(kept + router + experts), router_params=router_params))
         return out
 
     def final_norm_params(self, c: dict[str, Any]) -> int:
