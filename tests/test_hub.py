@@ -152,6 +152,6 @@ def test_default_targets_adapt_every_projection_of_every_catalog_model():
         profile = resolve_model(m.id)
         targets = default_lora_targets(profile.linear_modules)
         gates = sum(mod.count * 16 * (mod.in_features + mod.out_features) for mod in profile.linear_modules
-                    if mod.lora_targetable and set(mod.matched_by) & {"gate", "shared_expert_gate"})
+                    if mod.lora_targetable and set(mod.matched_by) & {"gate", "router", "shared_expert_gate"})
         every = profile.trainable_params("lora", aegis.LoRAConfig(target_modules=("all-linear",)))
         assert profile.trainable_params("lora", aegis.LoRAConfig(target_modules=targets)) == every - gates, m.id

@@ -240,6 +240,27 @@ def test_structured_catalog_fields_are_used_when_present() -> None:
     assert [(n.family, n.version, str(n.size)) for n in known.full] == [("foo", None, "None"), ("foo", "2", "7B")]
 
 
+SOLE = [m for m in catalog.models() if m.sole_size]
+
+
+@pytest.mark.parametrize("entry", SOLE, ids=[m.id for m in SOLE])
+def test_a_line_released_in_one_size_is_named_by_the_line_alone(entry) -> None:
+    """'mistral-nemo' is Mistral-Nemo-Base-2407: the catalog row cites that the line has this one size; the
+    catalog holds no other size of it, and a size the line does not have is still refused."""
+    assert [m.id for m in catalog.models() if m.family == entry.family] == [entry.id]
+    assert match_model(entry.family).model_id == entry.id
+    assert match_model(f"{entry.family}-instruct").model_id == entry.id
+    with pytest.raises(UnknownModelError):
+        match_model(f"{entry.family}-99b")
+
+
+@pytest.mark.parametrize("line", ["granite-3.3", "yi-1.5", "olmo-2", "gpt-oss", "qwen3", "gemma-3"])
+def test_a_line_without_a_cited_single_size_needs_its_size(line: str) -> None:
+    """One bundled size is not one released size (Granite 3.3 also has a 2B): the line alone is refused."""
+    with pytest.raises(UnknownModelError, match="is bundled in"):
+        match_model(line)
+
+
 # ------------------------------------------------------------------------------ random names
 
 

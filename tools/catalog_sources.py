@@ -43,10 +43,13 @@ QWEN_32_5 = ("the card's 32.5B is below the weights' own count: the Hub's safete
 
 
 def row(ids: str | tuple[str, ...], family: str, size: str, variant: str, source: tuple[str, str], *published: dict,
-        set: dict[str, tuple[Any, str]] | None = None, arch: str | None = None, note: str = "") -> dict[str, Any]:
+        set: dict[str, tuple[Any, str]] | None = None, arch: str | None = None, note: str = "",
+        sole_size: str = "") -> dict[str, Any]:
+    """``sole_size``: where it is published that the line was released in this one size (its name alone then
+    names this entry)."""
     ids = (ids,) if isinstance(ids, str) else ids
     return {"ids": ids, "family": family, "size": size, "variant": variant, "source": source,
-            "published": list(published), "set": set or {}, "arch": arch, "note": note}
+            "published": list(published), "set": set or {}, "arch": arch, "note": note, "sole_size": sole_size}
 
 
 def tied(why: str = TIED_BY_COUNT) -> dict[str, tuple[Any, str]]:
@@ -319,7 +322,9 @@ ROWS += [
     row(("HuggingFaceTB/SmolLM2-1.7B", "HuggingFaceTB/SmolLM2-1.7B-Instruct"), "smollm2", "1.7b", "base",
         (LITGPT, "SmolLM2-1.7B"), P("1.71B"), set=tied()),
     row(("TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", "TinyLlama/TinyLlama-1.1B-Chat-v1.0"), "tinyllama",
-        "1.1b", "base", (LITGPT, "tiny-llama-1.1b"), P("1.1B")),
+        "1.1b", "base", (LITGPT, "tiny-llama-1.1b"), P("1.1B"),
+        sole_size="TinyLlama README (jzhang38/TinyLlama): 'The TinyLlama project aims to pretrain a 1.1B Llama model "
+                  "on 3 trillion tokens'"),
     row(("tiiuae/Falcon3-1B-Base", "tiiuae/Falcon3-1B-Instruct"), "falcon3", "1b", "base", (LITGPT, "Falcon3-1B-Base"),
         P("1.67B")),
     row(("tiiuae/Falcon3-3B-Base", "tiiuae/Falcon3-3B-Instruct"), "falcon3", "3b", "base", (LITGPT, "Falcon3-3B-Base"),
@@ -400,7 +405,10 @@ ROWS += [
              "Mistral-Nemo-Instruct-2407 is read with this config (an instruct/base sibling). Every shape agrees "
              "with the model card (layers 40, dim 5,120, head dim 128, 32 heads, 8 kv-heads, vocabulary 2**17) and "
              "with NVIDIA NeMo's MistralNeMo2407Config12B (NVIDIA/NeMo@09d2252fd8f5bface4ce5ac51f055614b73912c9:"
-             "nemo/collections/llm/gpt/model/mistral.py: ffn 14336, rotary base 1e6)."),
+             "nemo/collections/llm/gpt/model/mistral.py: ffn 14336, rotary base 1e6).",
+        sole_size="Mistral AI, 'Mistral NeMo' (mistral.ai/news/mistral-nemo, Jul 2024): 'Today, we are excited to "
+                  "release Mistral NeMo, a 12B model built in collaboration with NVIDIA ... We have released "
+                  "pre-trained base and instruction-tuned checkpoints'"),
     row("openai/gpt-oss-20b", "gpt-oss", "20b", "instruct", (GITHUB, f"{_TINYGRAD_GPT_OSS}#TORCH_PARAMS"),
         P("21B", "OpenAI gpt-oss-20b model card (Hub): '21B parameters with 3.6B active parameters'"),
         P("3.6B", "OpenAI gpt-oss-20b model card (Hub): '21B parameters with 3.6B active parameters'", counts="active",
@@ -475,7 +483,9 @@ ROWS += [
         note="Text model only: the text_config (model_type mistral) of TensorRT-LLM's test copy of the multimodal "
              "Mistral3ForConditionalGeneration Hub config.json (transformers 4.50.0.dev0); the Pixtral vision "
              "tower and projector are not counted. Mistral Small 3 (24B-2501, 32k positions, rope_theta 1e8) and "
-             "the 22B 2409 are other configs and are not listed."),
+             "the 22B 2409 are other configs and are not listed.",
+        sole_size="Mistral AI's Small 3.1 release (Mar 2025, as reported at app.actuia.com): 'Like its predecessor, "
+                  "Small 3.1 has 24 billion parameters'; 'available in two formats': Instruct and Base"),
     row("ibm-granite/granite-3.3-8b-instruct", "granite-3.3", "8b", "instruct",
         (GITHUB, "vllm-project/vllm-spyre@f6a83ce12faf6e99e51c8380fba6a90359825e09:tests/fixtures/model_configs/"
                  "ibm-granite/granite-3.3-8b-instruct/config.json"),

@@ -247,6 +247,7 @@ def build(litgpt: dict[str, Any], torchtune: dict[str, dict[str, Any]]) -> tuple
             "id": row["ids"][0], "also_ids": list(row["ids"][1:]), "file": name, "family": row["family"],
             "size": row["size"], "variant": row["variant"], "source": _source(row, overrides),
             "published": row["published"], "note": row["note"],
+            **({"sole_size": row["sole_size"]} if row["sole_size"] else {}),
         })
     return index, files
 

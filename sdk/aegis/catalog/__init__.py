@@ -114,6 +114,8 @@ class CatalogModel(Frozen):
     source: ConfigSource
     published: tuple[PublishedCount, ...] = Field(default=(), description="Published parameter counts.")
     note: str = Field(default="", description="Anything a user should know (e.g. text config of a multimodal model).")
+    sole_size: str = Field(default="", description="Where it is published that the release line came in this one size "
+                           "only (then the line's name alone names it: 'mistral-nemo'); empty when not known.")
 
     @property
     def ids(self) -> tuple[str, ...]:

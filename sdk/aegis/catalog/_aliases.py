@@ -12,6 +12,8 @@ Aliases are derived, never written per entry. From each entry's Hub ids and its 
    ``llama3.1-8b``, Ollama-style ``llama3.1:8b``; a MoE size also by its total (``qwen3:30b``);
    a specialised line carries its variant (``qwen2.5-coder:7b``), and a family that is only that line is also
    named without it (``mathstral-7b``: every Mathstral is a math model);
+4. the line alone (``mistral-nemo``, ``tinyllama``), for an entry whose catalog row cites that the line was
+   released in this one size (``sole_size``); a line with sizes the catalog lacks is never named without its size;
 
 A name without the release (``llama-8b``, ``qwen-7b``, ``gemma-2b``) is not an alias: several releases of a
 series share sizes with different configs (Gemma 1 2B is not Gemma 2 2B; Llama 3 8B is not Llama 3.1 8B), so
@@ -46,6 +48,7 @@ class _Entry(Protocol):
     family: str
     size: str
     variant: str
+    sole_size: str
 
     @property
     def ids(self) -> tuple[str, ...]: ...
@@ -153,4 +156,7 @@ def alias_owners(entries: Sequence[_Entry]) -> dict[str, tuple[str, ...]]:
             seen.add((line[0], entry.size))
             for size in size_forms(entry.size):
                 claim(entry.id, [*(f"{s}-{size}" for s in line), f"{line[0]}:{size}"])
+    for entry in entries:
+        if entry.sole_size:
+            claim(entry.id, _line(entry))
     return {entry_id: tuple(found) for entry_id, found in names.items()}
