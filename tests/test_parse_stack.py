@@ -87,12 +87,15 @@ def test_the_plan_reports_the_stack_said_and_explicit_fields_win():
     assert stack.transformers_version == "5" and stack.trainer == "trl"
 
 
-@pytest.mark.parametrize("text", ["and with lora dropout 0.1", "lora rank 32", "lora alpha 64 please"])
-def test_lora_naming_a_setting_in_a_follow_up_is_not_a_method(text):
-    """A follow-up about a LoRA setting must not switch a QLoRA plan to LoRA (the chat merges follow-ups)."""
-    assert parse_request_lenient(text).request.method is None
+@pytest.mark.parametrize("text", ["and with lora dropout 0.1", "lora rank 32", "lora alpha 64 please", "LoRA r=1"])
+def test_lora_naming_a_setting_implies_the_method(text):
+    """On its own "lora rank 32" is a LoRA request; the method is marked implied, so a chat follow-up keeps the
+    method it had (tests/agent/test_understand.py: a QLoRA plan stays QLoRA)."""
+    parsed = parse_request_lenient(text)
+    assert parsed.request.method == "lora" and parsed.implied == ("method",)
 
 
 def test_lora_naming_a_setting_in_a_whole_request_is_the_method():
     assert parse_request_lenient("lora r=32 qwen2.5-7b on h100").request.method == "lora"
+    assert parse_request_lenient("use lora with rank 8").implied == ()
     assert parse_request_lenient("qlora llama-3.1-8b on 3090 lora dropout 0.1").request.method == "qlora"

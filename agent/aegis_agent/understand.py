@@ -82,10 +82,14 @@ class Understanding(Frozen):
     source: str = Field(default="parser", description="'parser', 'llm' or 'rules': what understood the message.")
 
 
-def carry_over(previous: PlanRequest | None, new: PlanRequest) -> PlanRequest:
-    """``new`` as a follow-up of ``previous``: what it names wins; a new model keeps only model/method/GPU/dataset."""
+def carry_over(previous: PlanRequest | None, new: PlanRequest, implied: tuple[str, ...] = ()) -> PlanRequest:
+    """``new`` as a follow-up of ``previous``: what it names wins; a new model keeps only model/method/GPU/dataset.
+    A field ``new`` only implies (the LoRA method of 'and with lora dropout 0.1') keeps the previous value."""
     if previous is None:
         return new
+    kept = {k: None for k in implied if getattr(previous, k, None) is not None}
+    if kept:
+        new = new.model_copy(update=kept)
     base = previous
     if new.model and new.model != previous.model:
         base = PlanRequest(
@@ -153,7 +157,7 @@ def understand(
     if unknown_model:
         return Understanding(reply=unknown_model, source="parser")
     if _COMPARE.search(text):
-        req = carry_over(request, parsed.request)
+        req = carry_over(request, parsed.request, parsed.implied)
         return Understanding(call=ToolCall(name="compare_gpus", args=_request_args(req)), source="rules")
     if _MODELS.search(text):
         return Understanding(call=ToolCall(name="list_models"), source="rules")
@@ -171,7 +175,7 @@ def understand(
                 source="rules",
             )
     if parsed.request.model_dump(exclude_none=True) and not parsed.issues:
-        return _plan(carry_over(request, parsed.request), "parser")
+        return _plan(carry_over(request, parsed.request, parsed.implied), "parser")
     if extractor is not None:
         try:
             req = extractor.extract(text, current=request)

@@ -101,6 +101,8 @@ class ParsedRequest(Frozen):
     issues: tuple[ParseIssue, ...] = Field(default=(), description="Unknown or ambiguous parts; empty when clean.")
     notes: tuple[str, ...] = Field(default=(), description="Assumptions made while reading (e.g. 'mixed precision' → bf16_mixed).")
     unparsed: tuple[str, ...] = Field(default=(), description="Words that meant nothing to the parser, in order.")
+    implied: tuple[str, ...] = Field(default=(), description="Fields read from another field's words, not said "
+                                     "(the method LoRA from 'lora dropout 0.1'): a follow-up keeps its previous value.")
 
     @property
     def ok(self) -> bool:
@@ -278,6 +280,7 @@ class _Reader:
     issues: list[ParseIssue] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     items: list[tuple[str, str, int]] = field(default_factory=list)  # (kind, value as typed, start)
+    implied: list[str] = field(default_factory=list)  # fields inferred from other words (ParsedRequest.implied)
 
     def put(self, part: str, value: Any, said: str) -> None:
         self.values.setdefault(part, []).append((value, said.strip(_MASK + " ")))
@@ -662,12 +665,11 @@ def _settle(r: _Reader) -> dict[str, Any]:
     """One value per field; contradictions and out-of-range numbers become issues."""
     out: dict[str, Any] = {}
     methods = {v for v, _ in r.values.get("method", [])}
-    if "lora?" in methods:  # "lora" before one of its settings: the method only in a request that names a model
-        weak = methods == {"lora?"} and "model" in r.values
+    if "lora?" in methods:  # "lora" before one of its settings: LoRA, implied, unless another method is said
+        if methods == {"lora?"}:
+            r.implied.append("method")
         r.values["method"] = [("lora", said) if v == "lora?" else (v, said) for v, said in r.values["method"]
-                              if v != "lora?" or weak]
-        if not r.values["method"]:
-            del r.values["method"]
+                              if v != "lora?" or methods == {"lora?"}]
         methods = {v for v, _ in r.values.get("method", [])}
     if methods == {"qlora", "lora"}:  # "qlora ... lora rank 64" names one method
         r.values["method"] = [x for x in r.values["method"] if x[0] == "qlora"]
@@ -746,7 +748,8 @@ def parse_request_lenient(text: str) -> ParsedRequest:
         problem = err.errors()[0]
         issue = ParseIssue(part="request", text=text[:80], message=f"could not read the request: {problem['msg']}")
         return ParsedRequest(request=PlanRequest(), issues=(*r.issues, issue), notes=tuple(r.notes))
-    return ParsedRequest(request=request, issues=tuple(r.issues), notes=tuple(r.notes), unparsed=tuple(unparsed))
+    return ParsedRequest(request=request, issues=tuple(r.issues), notes=tuple(r.notes), unparsed=tuple(unparsed),
+                         implied=tuple(r.implied))
 
 
 def parse_request(text: str) -> PlanRequest:

@@ -25,12 +25,19 @@ def test_first_request_goes_to_the_planner() -> None:
         ("make it rank 32", {"lora_rank": 32}),
         ("with 8-bit adam", {"optimizer": "adamw_8bit"}),
         ("seq 2048", {"seq_len": 2048}),
+        ("and with lora dropout 0.1", {"lora_dropout": 0.1}),  # 'lora' of a setting keeps QLoRA
+        ("lora rank 32", {"lora_rank": 32}),
     ],
 )
 def test_follow_ups_change_one_field_and_keep_the_rest(text: str, changed: dict) -> None:
     u = understand(text, request=BASE)
     assert u.call is not None and u.call.name == "plan_finetune"
     assert u.call.args == {**BASE.model_dump(exclude_none=True), **changed}
+
+
+def test_a_follow_up_that_says_lora_switches_the_method() -> None:
+    u = understand("use lora instead", request=BASE)
+    assert u.call is not None and u.call.args["method"] == "lora"
 
 
 def test_a_new_model_keeps_method_gpu_dataset_but_not_tuning() -> None:

@@ -81,10 +81,10 @@ def test_dropout_applies_only_with_an_rng(llama) -> None:
     )
     apply = jax.jit(model.apply)
     plain = np.asarray(apply(params, ids, lora=lora))
-    d1 = np.asarray(apply(params, ids, lora=lora, lora_rng=jax.random.key(1)))
-    d2 = np.asarray(apply(params, ids, lora=lora, lora_rng=jax.random.key(2)))
+    d1 = np.asarray(apply(params, ids, lora=lora, rng=jax.random.key(1)))
+    d2 = np.asarray(apply(params, ids, lora=lora, rng=jax.random.key(2)))
     assert np.max(np.abs(d1 - plain)) > 1e-4 and np.max(np.abs(d1 - d2)) > 1e-4
-    np.testing.assert_array_equal(d1, np.asarray(apply(params, ids, lora=lora, lora_rng=jax.random.key(1))))
+    np.testing.assert_array_equal(d1, np.asarray(apply(params, ids, lora=lora, rng=jax.random.key(1))))
 
 
 def test_targets_follow_peft_module_names() -> None:

@@ -321,7 +321,7 @@ def test_scanned_and_unrolled_layers_give_the_same_gradients(remat: bool) -> Non
 
     def loss(model):
         def f(lora_):
-            logits = model.apply(params, ids, segment_ids=seg, lora=lora_, lora_rng=jax.random.key(9))
+            logits = model.apply(params, ids, segment_ids=seg, lora=lora_, rng=jax.random.key(9))
             return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
 
         return jax.jit(jax.value_and_grad(f))(lora)

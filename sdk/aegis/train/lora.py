@@ -8,7 +8,7 @@ rank/alpha/dropout/targets are static, so optax and ``jax.grad`` see only the ma
 
     lora = init_lora(model, params, rank=16, alpha=32, target_modules=("q_proj", "v_proj"), rng=key)
     logits = model.apply(params, ids, lora=lora)                 # no dropout
-    logits = model.apply(params, ids, lora=lora, lora_rng=key2)  # with lora.dropout
+    logits = model.apply(params, ids, lora=lora, rng=key2)  # with lora.dropout
     merged = merge_lora(model, params, lora)                     # W + scale * B @ A, plain params
 
 ``target_modules`` are module names as PEFT takes them (``q_proj``, ``gate_up_proj``, ...) or

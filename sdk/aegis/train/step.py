@@ -434,12 +434,13 @@ def token_loss_sum(
 ) -> tuple[jax.Array, jax.Array]:
     """``(sum of masked next-token NLL, number of target tokens)`` for one ``[b, s]`` batch.
 
-    ``rng`` drives LoRA dropout (none when None: eval and forensics are deterministic).
+    ``rng`` is the training step's randomness: LoRA dropout, Phi-MoE's sampled routing (None: eval and
+    forensics are deterministic).
     """
     params, lora = split_inputs(trainable, frozen)
     kwargs: dict[str, Any] = dict(positions=batch["positions"], segment_ids=batch["segment_ids"], lora=lora)
-    if lora is not None and rng is not None:
-        kwargs["lora_rng"] = rng
+    if rng is not None:
+        kwargs["rng"] = rng
     mask = batch["loss_mask"].astype(jnp.float32)
     if chunked:
         h = model.hidden(params, batch["input_ids"], **kwargs)

@@ -165,7 +165,7 @@ class Model:
         positions: jax.Array,
         segment_ids: jax.Array | None,
         lora: Any,
-        lora_rng: jax.Array | None,
+        rng: jax.Array | None,
     ) -> jax.Array:
         spec = self.spec
         b, s = x.shape[:2]
@@ -189,7 +189,7 @@ class Model:
             x = self._stack(
                 stack_spec(spec, key), params["model"][key], lora_model.get(key, {}), x, first, count, scan=scan,
                 tables=tables, cos_all=cos_all, sin_all=sin_all, base_mask=base_mask, dist=dist, s=s,
-                static_window=static_window, window0=window0, scale=scale, dropout=dropout, lora_rng=lora_rng,
+                static_window=static_window, window0=window0, scale=scale, dropout=dropout, rng=rng,
                 layer_fn=layer_fn,
             )
         return x
@@ -197,17 +197,17 @@ class Model:
     def _stack(
         self, spec: ArchSpec, layer_params: Any, lora_layers: Any, x: jax.Array, first: int, count: int, *,
         scan: bool, tables: Any, cos_all: Any, sin_all: Any, base_mask: Any, dist: Any, s: int, static_window: bool,
-        window0: int, scale: float, dropout: float, lora_rng: Any, layer_fn: LayerFn,
+        window0: int, scale: float, dropout: float, rng: Any, layer_fn: LayerFn,
     ) -> jax.Array:
         """Run layers ``first .. first + count - 1`` (one stacked group of parameters)."""
 
         def body(h: jax.Array, p: Any, lp: Any, window: Any, rope_i: Any, layer_i: Any) -> jax.Array:
-            rng = None if lora_rng is None else jax.random.fold_in(lora_rng, layer_i)
+            layer_rng = None if rng is None else jax.random.fold_in(rng, layer_i)
             ctx = Ctx(
                 dtype=self.dtype,
                 lora_scale=scale,
                 lora_dropout=dropout,
-                rng=rng,
+                rng=layer_rng,
                 attention=self.attention,
                 window=None if window0 >= FULL_WINDOW else window0,
             )
@@ -248,7 +248,7 @@ class Model:
         positions: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
         lora: Any = None,
-        lora_rng: jax.Array | None = None,
+        rng: jax.Array | None = None,
     ) -> jax.Array:
         """Final-norm hidden states ``[b, s, d]`` in the compute dtype."""
         input_ids = jnp.asarray(input_ids, jnp.int32)
@@ -261,7 +261,7 @@ class Model:
         x = jnp.take(params["model"]["embed_tokens"]["weight"], input_ids, axis=0).astype(self.dtype)
         if self.spec.embed_scale is not None:
             x = x * jnp.asarray(self.spec.embed_scale, self.dtype)
-        x = self._layers(params, x, positions, segment_ids, lora, lora_rng)
+        x = self._layers(params, x, positions, segment_ids, lora, rng)
         spec = self.spec
         if spec.layer_norm:
             from aegis.train.models.moe_more import layer_norm
@@ -303,8 +303,8 @@ class Model:
         positions: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
         lora: Any = None,
-        lora_rng: jax.Array | None = None,
+        rng: jax.Array | None = None,
     ) -> jax.Array:
         """Logits ``[b, s, vocab]`` float32 for token ids ``[b, s]``."""
-        h = self.hidden(params, input_ids, positions=positions, segment_ids=segment_ids, lora=lora, lora_rng=lora_rng)
+        h = self.hidden(params, input_ids, positions=positions, segment_ids=segment_ids, lora=lora, rng=rng)
         return self.project(h, self.head_weight(params))

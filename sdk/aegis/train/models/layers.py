@@ -69,13 +69,20 @@ class Ctx:
     dtype: Any
     lora_scale: float = 0.0
     lora_dropout: float = 0.0
-    rng: jax.Array | None = None  # LoRA dropout key for this layer; None = no dropout
+    rng: jax.Array | None = None  # this layer's training randomness; None = eval (no dropout, no sampling)
     attention: str = "xla"
     # For dot_product/cudnn with mask=None: causal attention with this static left window (None = full).
     window: int | None = None
 
     def sub_rng(self, name: str) -> jax.Array | None:
-        if self.rng is None or self.lora_dropout <= 0.0:
+        """The LoRA dropout key of one module (None without dropout)."""
+        if self.lora_dropout <= 0.0:
+            return None
+        return self.train_rng(name)
+
+    def train_rng(self, name: str) -> jax.Array | None:
+        """A key of its own for one random op of a training step (None in eval)."""
+        if self.rng is None:
             return None
         return jax.random.fold_in(self.rng, sum(ord(c) * (i + 1) for i, c in enumerate(name)))
 

@@ -20,10 +20,13 @@ Each mirrors transformers 5's ``modeling_gpt_oss.py`` / ``modeling_phimoe.py``; 
 - **Phi-3.5-MoE**: LayerNorm (weight and bias) everywhere RMSNorm would be; attention biases per
   ``attention_bias``; ``lm_head`` bias per ``lm_head_bias``; the router is an ``nn.Linear`` named
   ``router`` (PEFT's ``"all-linear"`` wraps it, so the engine's LoRA does too); routing is sparsemixer's
-  top-2 as transformers runs it in eval mode: the first expert is the arg-max, its weight the softmax over
-  the logits within ``2 * router_jitter_noise`` (relative) of the max; the second the same over the rest.
-  Training routes the same way (deterministic, plain autodiff): transformers' training-mode Gumbel
-  sampling, its Heun-style gradient estimator and ``input_jitter_noise`` are not reproduced. LongRoPE:
+  top-2: in eval the first expert is the arg-max, its weight the softmax over the logits within
+  ``2 * router_jitter_noise`` (relative) of the max; the second the same over the rest. A training step
+  (the model called with ``rng``) runs sparsemixer's training mode as transformers does: Gumbel-sampled
+  experts, Heun's midpoint mask on their weights with the softmax's own gradient
+  (:func:`sparsemixer_top2`), and the input scaled by ``U(1 - input_jitter_noise, 1 + input_jitter_noise)``
+  once before router and experts (the authors' modeling code and transformers 4; transformers 5 applies it
+  twice in place, in the block and again in the router). LongRoPE:
   transformers' Phi-MoE always uses the ``short_factor`` frequencies and scales cos/sin by
   ``short_mscale`` (``long_mscale`` past ``original_max_position_embeddings``); the engine takes both
   mscales equal (as the published config has them) and refuses a config where they differ.
@@ -149,7 +152,8 @@ def spec_phimoe(config: dict[str, Any]) -> ArchSpec:
         layer_norm=True,
         lm_head_bias=arch.lm_head_bias(config),
         ropes=(rope,),
-        extra={"router_jitter_noise": float(arch.value(config, "router_jitter_noise"))},
+        extra={"router_jitter_noise": float(arch.value(config, "router_jitter_noise")),
+               "input_jitter_noise": float(arch.value(config, "input_jitter_noise"))},
     )
 
 
@@ -237,27 +241,50 @@ def gpt_oss_moe(spec: ArchSpec, p: dict[str, Any], x: jax.Array, ctx: Ctx) -> ja
     return _combine(out, weights, token, b * s, ctx).reshape(b, s, d)
 
 
-def sparsemixer_top2(scores: jax.Array, jitter_eps: float) -> tuple[jax.Array, jax.Array]:
-    """transformers' ``sparsemixer`` in eval mode: ``(weights [t, 2], experts [t, 2])``.
+def sparsemixer_top2(
+    scores: jax.Array, jitter_eps: float, noise: tuple[tuple[jax.Array, jax.Array], ...] | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """transformers' ``sparsemixer``: ``(weights [t, 2], experts [t, 2])``.
 
-    Expert 1 is the arg-max; its weight is its softmax probability over the logits whose relative gap to the
-    max, ``(max - s) / max(|s|, max)``, is at most ``2 * jitter_eps`` (the rest masked to -inf). Expert 2 is
-    the same over the logits with expert 1 removed."""
+    Eval (``noise`` None): expert 1 is the arg-max; its weight is its softmax probability over the logits whose
+    relative gap to the max, ``(max - s) / max(|s|, max)``, is at most ``2 * jitter_eps`` (the rest masked to
+    -inf). Expert 2 is the same over the logits with expert 1 removed.
+
+    Training (``noise``: for each pick, Gumbel noise ``[t, E]`` and uniforms ``[t]``): each expert is sampled,
+    the arg-max of the masked logits plus the Gumbel noise (transformers: ``masked - log(Exp(1))``), and its
+    weight is multiplied by Heun's midpoint mask, 1 where the sample is the arg-max or the uniform exceeds 0.75,
+    else 0.3333 (``0.3333 + 0.6667 * mask``); the gradient is the softmax probability's own
+    (``PhimoeMultiplier.backward``: ``g * p_i * (onehot_i - p)``), the mask a constant in the value only."""
     neg_inf = jnp.asarray(-jnp.inf, scores.dtype)
+    sg = jax.lax.stop_gradient(scores)
 
-    def pick(masked: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def pick(masked: jax.Array, draw: tuple[jax.Array, jax.Array] | None) -> tuple[jax.Array, jax.Array]:
         top = jax.lax.stop_gradient(jnp.max(masked, axis=-1, keepdims=True))
-        idx = jnp.argmax(masked, axis=-1)
-        sg = jax.lax.stop_gradient(scores)
         factor = jnp.maximum(jnp.abs(sg), top)
         drop = ((top - sg) / factor) > 2 * jitter_eps
-        gates = jax.nn.softmax(jnp.where(drop, neg_inf, masked), axis=-1)
-        return jnp.take_along_axis(gates, idx[:, None], axis=-1)[:, 0], idx
+        logits = jnp.where(drop, neg_inf, masked)
+        gates = jax.nn.softmax(logits, axis=-1)
+        if draw is None:
+            idx = jnp.argmax(masked, axis=-1)
+            return jnp.take_along_axis(gates, idx[:, None], axis=-1)[:, 0], idx
+        gumbel, uniform = draw
+        idx = jnp.argmax(jax.lax.stop_gradient(logits) + gumbel.astype(logits.dtype), axis=-1)
+        weight = jnp.take_along_axis(gates, idx[:, None], axis=-1)[:, 0]
+        one = (idx == jnp.argmax(jax.lax.stop_gradient(gates), axis=-1)) | (uniform > 0.75)
+        mid = (jnp.float32(0.3333) + jnp.float32(0.6667) * one.astype(jnp.float32)).astype(weight.dtype)
+        return weight + jax.lax.stop_gradient(weight * mid - weight), idx
 
-    w1, i1 = pick(scores)
+    w1, i1 = pick(scores, None if noise is None else noise[0])
     first = jax.nn.one_hot(i1, scores.shape[-1], dtype=bool)
-    w2, i2 = pick(jnp.where(first, neg_inf, scores))
+    w2, i2 = pick(jnp.where(first, neg_inf, scores), None if noise is None else noise[1])
     return jnp.stack([w1, w2], axis=-1), jnp.stack([i1, i2], axis=-1)
+
+
+def sparsemixer_noise(key: jax.Array, tokens: int, experts: int) -> tuple[tuple[jax.Array, jax.Array], ...]:
+    """The draws of one training-mode `sparsemixer_top2`: per pick, Gumbel ``[t, E]`` and uniform ``[t]``."""
+    keys = jax.random.split(key, 4)
+    return tuple((jax.random.gumbel(keys[2 * k], (tokens, experts), jnp.float32),
+                  jax.random.uniform(keys[2 * k + 1], (tokens,), jnp.float32)) for k in range(2))
 
 
 def phimoe_moe(spec: ArchSpec, p: dict[str, Any], x: jax.Array, ctx: Ctx, lora: dict[str, Any] | None) -> jax.Array:
@@ -265,8 +292,14 @@ def phimoe_moe(spec: ArchSpec, p: dict[str, Any], x: jax.Array, ctx: Ctx, lora: 
     m = spec.moe
     b, s, d = x.shape
     xf = x.reshape(b * s, d)
+    key = ctx.train_rng("sparsemixer")
+    jitter = spec.extra.get("input_jitter_noise", 0.0)
+    if key is not None and jitter > 0:  # training: router and experts both read the jittered input
+        key, sub = jax.random.split(key)
+        xf = xf * jax.random.uniform(sub, xf.shape, jnp.float32, 1.0 - jitter, 1.0 + jitter).astype(xf.dtype)
     logits = linear(p["router"], xf, ctx, _sub(lora, "router"), "router")
-    top_w, top_i = sparsemixer_top2(logits, spec.extra["router_jitter_noise"])
+    noise = None if key is None else sparsemixer_noise(key, b * s, m.num_experts)
+    top_w, top_i = sparsemixer_top2(logits, spec.extra["router_jitter_noise"], noise)
     xs, token, _, weights, sizes = _route_to_experts(xf, top_w, top_i, m.num_experts)
     h = _grouped_matmul(xs, p["experts"]["gate_up_proj"], sizes, ctx.dtype)
     gate, up = jnp.split(h, 2, axis=-1)
