@@ -52,6 +52,16 @@ def test_flags_win_over_text():
     assert report.gpu.id == "a100-80gb" and report.lora.rank == 32
 
 
+@pytest.mark.parametrize("model", ["phi-3.5-moe", "mixtral-8x7b"])
+def test_nothing_fits_under_transformers_5_points_to_the_4x_expert_layout(model):
+    """transformers 5 leaves fused experts unquantised under QLoRA; the 4.x layout quantises them: the report
+    says so, and the plan it points to fits."""
+    report = aegis.plan(f"qlora {model} on an h100 seq 4096", transformers_version="5.23.0", detect_stack=False)
+    assert report.recommended is None and "--transformers 4.57" in report.nothing_fits
+    v4 = aegis.plan(f"qlora {model} on an h100 seq 4096", transformers_version="4.57", detect_stack=False)
+    assert v4.recommended is not None
+
+
 def test_nothing_fits_says_what_would():
     report = aegis.plan("full finetune llama-3.1-8b on 3060")
     assert report.recommended is None

@@ -230,10 +230,15 @@ def _nothing_fits(profile: ModelProfile, gpu: GPU, gpu_count: int, solution: Sol
     small = solution.smallest
     parts = [f"even the smallest configuration (micro batch 1, checkpointing, paged 8-bit AdamW, chunked CE) needs "
              f"{gib(small.memory.high_bytes)} on a {gib(gpu.memory_bytes)} {gpu.name}"]
+    qlora = {**kwargs, "method": "qlora", "lora": kwargs["lora"] or LoRAConfig()}
     if kwargs["method"] != "qlora":
-        q = solve(profile, gpu, **{**kwargs, "method": "qlora", "lora": kwargs["lora"] or LoRAConfig()})
+        q = solve(profile, gpu, **qlora)
         if q.recommended or q.fallbacks:
             parts.append("QLoRA fits on this GPU")
+    if kwargs["method"] != "full" and len(parts) == 1:
+        v4 = _v4_qlora(profile, gpu, qlora)
+        if v4:
+            parts.append(v4)
     for other in hardware.list_gpus():
         if other.memory_bytes <= gpu.memory_bytes:
             continue
@@ -251,6 +256,26 @@ def _nothing_fits(profile: ModelProfile, gpu: GPU, gpu_count: int, solution: Sol
     if len(parts) == 1:
         parts.append("no catalog GPU or GPU count up to 8 fits it")
     return parts[0] + ". What would fit: " + "; ".join(parts[1:]) + "."
+
+
+LAST_V4 = "4.57"
+"""The last transformers 4 release line: MoE experts as separate ``nn.Linear`` (fused 3-D tensors from 5.0)."""
+
+
+def _v4_qlora(profile: ModelProfile, gpu: GPU, kwargs: dict) -> str | None:
+    """'QLoRA under transformers 4.x fits' when this MoE's experts, fused (and left unquantised by bitsandbytes)
+    under transformers 5, are separate nn.Linear in the registry's 4.x layout and NF4 there makes the job fit."""
+    from aegis.architectures import registry
+
+    entry = registry.find(profile.model_type)
+    if not profile.is_moe or profile.layout_major < 5 or entry is None or entry.moe is None or not entry.moe.v4_experts:
+        return None
+    stack = kwargs["stack"].model_copy(update={"transformers_version": LAST_V4})
+    v4 = solve(profile_for_stack(profile, stack), gpu, **{**kwargs, "stack": stack})
+    if not (v4.recommended or v4.fallbacks):
+        return None
+    return (f"QLoRA under transformers {entry.transformers_since}-{LAST_V4}, whose separate expert nn.Linear "
+            f"bitsandbytes quantises to NF4 (--transformers {LAST_V4})")
 
 
 def _counterfactual(profile, rec: Tier, gpu: GPU, epoch_tokens, epochs: float, kwargs: dict) -> list:
