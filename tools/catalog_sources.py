@@ -466,6 +466,16 @@ ROWS += [
              "vllm/model_executor/models/phimoe.py); every shape key equals transformers' PhimoeConfig defaults, "
              "which its docstring says match this checkpoint. The biases add 359,744 parameters, below the "
              "published figures' rounding: the count cannot confirm them."),
+    row("mistralai/Ministral-8B-Instruct-2410", "ministral", "8b", "instruct",
+        (GITHUB, "NX-AI/mlstm_kernels@39d3c61741e5d2c0e6ab8922106dd236632c5139:mlstm_kernels/utils/benchmark/"
+                 "benchmarks/huggingface_model_configs.py#ministral8b_config"),
+        P("8,019,808,256", "Ministral-8B-Instruct-2410 model card (Hub), 'Ministral 8B Architecture' table: "
+                           "'Parameters | 8,019,808,256'"),
+        note="mlstm_kernels' benchmark copy of the Hub config.json (transformers 4.46.0.dev0; its _name_or_path names "
+             "mistralai/Ministral-8B-Instruct-2410), model_type mistral with one 32,768-token window on every layer "
+             "and 32,768 positions. The card describes a 128k context with a ragged (128k, 32k, 32k, 32k) window "
+             "pattern, which this file does not encode: windows change no count, and memory only past 32k tokens. "
+             "Pass a config.json with layer_types (model_type ministral) to plan that pattern."),
     row("01-ai/Yi-1.5-6B", "yi-1.5", "6b", "base", (GITHUB, f"{_KQI}@963269026663521e774249c3828f9e000bb2a405:"
                                                           "example/evaluate.py#Yi_1_5_6B"),
         P("6B", YI15), note=f"{_KQI_NOTE} (transformers 4.37.2). The -Chat checkpoints and the first Yi release "
