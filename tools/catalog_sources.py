@@ -380,6 +380,8 @@ _PHI35_MOE = "xinyuwei-david/david-share@e1ccd3ef5cafccf747810d6ae64a5d4a6975c15
 PHI35_MOE = ("Phi-3.5-MoE-instruct model card (as Azure's model catalog copies it: Azure/azureml-assets "
              "assets/models/system/phi-3.5-moe-128k-instruct/description.md): 'Phi-3.5-MoE has 16x3.8B parameters "
              "with 6.6B active parameters when using 2 experts'")
+SMOLLM3 = ("Hugging Face blog 'SmolLM3: smol, multilingual, long-context reasoner' (huggingface/blog smollm3.md): "
+           "'we're excited to contribute a new competitive fully open 3B model'")
 QWEN2_MOE = "Qwen2-57B-A14B model card (Hub): 'the 57B-A14B Mixture-of-Experts Qwen2 base language model'"
 MISTRAL_SMALL_31 = ("Mistral-Small-3.1-24B-Instruct-2503 model card (Hub): 'With 24 billion parameters, this model "
                     "achieves top-tier capabilities in both text and vision tasks'")
@@ -476,6 +478,15 @@ ROWS += [
              "and 32,768 positions. The card describes a 128k context with a ragged (128k, 32k, 32k, 32k) window "
              "pattern, which this file does not encode: windows change no count, and memory only past 32k tokens. "
              "Pass a config.json with layer_types (model_type ministral) to plan that pattern."),
+    row("HuggingFaceTB/SmolLM3-3B", "smollm3", "3b", "instruct",
+        (GITHUB, "fetchwiki/HuggingFaceTB-SmolLM3-3B@24f7882f92998ee0e691d105ade637afc3e5171f:config.json"),
+        P("3B", SMOLLM3),
+        sole_size=SMOLLM3 + "; base and instruct checkpoints of that one size",
+        note="A GitHub mirror of the Hub repository's metadata files, config.json kept as published (transformers "
+             "4.54.0.dev0; no tie_word_embeddings key: SmolLM3Config's default, tied). The mirror's "
+             "model_files.json lists two bf16 safetensors files with 326 tensors and 6,150,235,008 bytes: 2 x "
+             "3,075,098,624 parameters = 6,150,197,248 bytes, leaving 37,760 bytes for the two JSON headers. "
+             "SmolLM3-3B-Base is not listed: its config was not available offline to compare."),
     row("01-ai/Yi-1.5-6B", "yi-1.5", "6b", "base", (GITHUB, f"{_KQI}@963269026663521e774249c3828f9e000bb2a405:"
                                                           "example/evaluate.py#Yi_1_5_6B"),
         P("6B", YI15), note=f"{_KQI_NOTE} (transformers 4.37.2). The -Chat checkpoints and the first Yi release "
