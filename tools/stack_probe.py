@@ -178,20 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write the JSON here (default: print)")
     parser.add_argument("--layouts-only", action="store_true", help="record the MoE module layouts only")
     args = parser.parse_args(argv)
-    if args.layouts_only:
-        doc = {"transformers": transformers.__version__, "peft": peft.__version__, "rank": RANK,
-               "moe_layouts": moe_layouts()}
-        text = json.dumps(doc, indent=1)
-        if args.out:
-            Path(args.out).write_text(text + "\n", encoding="utf-8")
-        else:
-            print(text)
-        return 0
-    rows = [{**case, "bytes_per_token": layer_saved_bytes_per_token(case["config"], case["targets"], case["dropout"])}
-            for case in CASES]
-    doc = {"transformers": transformers.__version__, "peft": peft.__version__, "batch": BATCH, "seq": SEQ, "rank": RANK,
-           "rows": rows, "moe_layouts": moe_layouts(),
-           "loss_peak_bytes_per_logit": {d: loss_peak_bytes_per_logit(d) for d in ("bfloat16", "float32")}}
+    doc: dict[str, Any] = {"transformers": transformers.__version__, "peft": peft.__version__, "rank": RANK}
+    if not args.layouts_only:
+        rows = [{**case, "bytes_per_token": layer_saved_bytes_per_token(case["config"], case["targets"], case["dropout"])}
+                for case in CASES]
+        doc |= {"batch": BATCH, "seq": SEQ, "rows": rows,
+                "loss_peak_bytes_per_logit": {d: loss_peak_bytes_per_logit(d) for d in ("bfloat16", "float32")}}
+    doc["moe_layouts"] = moe_layouts()
     text = json.dumps(doc, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n", encoding="utf-8")
