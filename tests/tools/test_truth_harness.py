@@ -419,3 +419,33 @@ def test_truth_table_parameter_counts_equal_transformers_meta_count(table):
 def test_show_formats_every_row(table):
     text = format_rows(table["rows"], phases=True)
     assert len(text.splitlines()) == len(table["rows"]) + 2
+
+
+def test_static_rope_length_reads_the_table_length_from_the_input_shape():
+    """transformers 4's Phi-MoE asks its rotary embedding for ``cache_position[-1] + 1`` rows (a value a fake tensor
+    does not have); inside the patch a tensor length is the input's sequence length, as it is for an unpadded batch,
+    and an int is left alone."""
+    import sys
+    import types
+
+    import torch
+
+    from tools.truth.patches import static_rope_length
+
+    module = types.ModuleType("fake_modeling_rope")
+
+    class Rotary(torch.nn.Module):
+        def forward(self, x, seq_len=None):
+            return torch.arange(seq_len)
+
+    Rotary.__module__ = module.__name__
+    module.Rotary = Rotary
+    sys.modules[module.__name__] = module
+    try:
+        x = torch.zeros(2, 7, 4)
+        with static_rope_length(module.__name__):
+            assert Rotary()(x, seq_len=torch.tensor(99)).shape == (7,)
+            assert Rotary()(x, seq_len=5).shape == (5,)
+        assert Rotary()(x, seq_len=torch.tensor(3)).shape == (3,)  # restored
+    finally:
+        del sys.modules[module.__name__]
