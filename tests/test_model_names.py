@@ -58,7 +58,8 @@ NAMES: list[tuple[str, str | None]] = [
     ("llama3.1:8b-instruct-q4_K_M", r"llama-3\.1-8b"),
     # misspellings: within the family and size, or an error
     ("lama-3.1-8b", r"llama-3\.1-8b"), ("gema-3-4b", r"gemma-3-4b"), ("lama-8b", r"llama-3\.\d-8b"),
-    ("mistrl-7b", r"mistral-7b"), ("qwen2.5-7b-instrcut", None),
+    ("mistrl-7b", r"mistral-7b"), ("qwen2.5-7b-instrcut", r"qwen2\.5-7b"), ("qwen2.5-8b-instuct", None),
+    ("llama-3.1-8b-instuct", r"llama-3\.1-8b-instruct"), ("yi:34b-v1.5", r"yi-1\.5-34b"),
     # sizes not bundled today
     ("gemma-3-27b", r"gemma-3-27b"), ("gemma-3-12b", r"gemma-3-12b"), ("gemma3:27b", r"gemma-3-27b"),
     ("qwen3-14b", r"qwen3-14b"), ("qwen3:14b", r"qwen3-14b"), ("Qwen3 32B", r"qwen3-32b"),
@@ -368,3 +369,29 @@ def test_the_report_names_the_config_used_for_a_sibling_variant():
     assert report.model.model_id == "Qwen/Qwen2.5-Coder-7B" and report.request.model == "Qwen/Qwen2.5-Coder-7B-Instruct"
     assert any("config used for Qwen/Qwen2.5-Coder-7B-Instruct" in n for n in report.notes)
     assert not any("config used" in n for n in aegis.plan("lora qwen2.5-coder-7b on h100").notes)
+
+
+@pytest.mark.parametrize(("name", "model", "said"), [
+    ("llama-3.1-8b-instuct", "meta-llama/Llama-3.1-8B-Instruct", "spelling of 'instuct' corrected"),
+    ("Qwen2.5-7B-Instrcut", "Qwen/Qwen2.5-7B-Instruct", "spelling of 'instrcut' corrected"),
+    ("yi:34b-v1.5", "01-ai/Yi-1.5-34B", "Ollama's v1.5 tag is the version"),
+    ("yi:34b-chat-v1.5-q4_0", "01-ai/Yi-1.5-34B", "Ollama's v1.5 tag is the version"),
+])
+def test_an_instruct_slip_and_an_ollama_version_tag_are_read_within_family_and_size(name, model, said) -> None:
+    found = match_model(name)
+    assert found.model_id == model and said in found.note
+    assert parse_request_lenient(f"lora {name} on h100").request.model in (model, found.weights_id)
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-8b-instuct", "llama-3.1-13b-instuct", "yi:13b-v1.5", "qwen2.5-7b-construct",
+                                  "mistral:7b-v0.9"])
+def test_a_slip_never_moves_a_name_to_another_size_or_version(name) -> None:
+    with pytest.raises(UnknownModelError):
+        match_model(name)
+
+
+def test_a_version_alone_asks_which_model_of_it() -> None:
+    with pytest.raises(UnknownModelError) as err:
+        match_model("phi3.5")
+    assert "which phi 3.5?" in str(err.value) and "mini" in str(err.value) and "moe" in str(err.value)
+    assert "no bundled phi 3.5" not in str(err.value)

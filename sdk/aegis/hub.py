@@ -333,6 +333,14 @@ def match_model(name: str) -> ModelMatch:
         if cached:
             return cached
         return ModelMatch(model_id=found[0].id, source="catalog", note=_variant_note(name, found[0], asked))
+    for other, how in _rewrites(name, asked):
+        try:
+            found_other = match_model(other)
+        except UnknownModelError:
+            continue
+        if found_other.source == "catalog":
+            said = f"read {name!r} as {other!r} ({how})"
+            return found_other.model_copy(update={"note": said + (f"; {found_other.note}" if found_other.note else "")})
     fixed = _spelling(name, asked, known)
     if len(fixed) == 1:
         note = _variant_note(name, fixed[0], asked)
@@ -408,6 +416,27 @@ def _variant_note(name: str, known: _Known, asked: _Name) -> str:
 def _shared_note(name: str, model_id: str) -> str:
     return (f"{model_id} (config used for {name}): an instruct/base sibling, planned with its layer shapes "
             "(fine-tuned siblings keep them); pass its own config.json if its shapes or vocabulary differ")
+
+
+_VERSION_TAG = re.compile(r"^v(\d+(?:\.\d+)*)$")
+
+
+def _rewrites(name: str, asked: _Name) -> list[tuple[str, str]]:
+    """Other spellings of a name that names no bundled model as written, each keeping its family and size: an
+    instruct suffix with a slip in it ('instuct', 'instrcut' are 'instruct'), and Ollama's version tag after the
+    size ('yi:34b-v1.5' is Yi-1.5-34B) when the family word carries no version."""
+    out: list[tuple[str, str]] = []
+    slips = [w for w in asked.words if len(w) >= 6 and _typos(w, "instruct") == 1]
+    if len(slips) == 1:
+        fixed = re.sub(re.escape(slips[0]), "instruct", name, count=1, flags=re.IGNORECASE)
+        out.append((fixed, f"spelling of {slips[0]!r} corrected"))
+    tags = [w for w in asked.words if _VERSION_TAG.match(w)]
+    if ":" in name and asked.family and asked.version is None and len(tags) == 1:
+        head, _, tail = name.partition(":")
+        rest = re.sub(rf"[-_]?{re.escape(tags[0])}(?=$|[-_])", "", tail, count=1, flags=re.IGNORECASE)
+        version = _VERSION_TAG.match(tags[0]).group(1)  # type: ignore[union-attr]
+        out.append((f"{head}-{version}:{rest}", f"Ollama's {tags[0]} tag is the version"))
+    return out
 
 
 def _spelling(name: str, asked: _Name, known: tuple[_Known, ...]) -> list[_Known]:
@@ -532,7 +561,13 @@ def _unknown_message(name: str, asked: _Name) -> str:
         said = " ".join(p for p in parts if p)
         sizes = sorted({k.full[0].size for k in same if k.full[0].size}, key=lambda z: z.magnitude)
         listed = ", ".join(str(z) for z in sizes)
-        why = f"no bundled {said}" + (f" ({asked.group} is bundled in {listed})" if same and sizes else "")
+        if same and asked.size is None and not asked.words:  # 'phi3.5': a version, several models of it
+            kinds = sorted({(k.full[0].words, k.full[0].size.magnitude if k.full[0].size else 0.0,
+                             " ".join((*k.full[0].words, str(k.full[0].size or ""))).strip() or k.id) for k in same})
+            listed = ", ".join(dict.fromkeys(k[2] for k in kinds))
+            why = f"which {asked.group}? Say which one ({asked.group} is bundled in {listed})"
+        else:
+            why = f"no bundled {said}" + (f" ({asked.group} is bundled in {listed})" if same and sizes else "")
     close = suggest_models(name, n=6 if asked.family and not asked.specific else 3)
     mean = f"; did you mean {', '.join(close)}?" if close else ";"
     return f"unknown model {name!r}: {why}{mean} to plan it, {_how_to_pass(asked)}"

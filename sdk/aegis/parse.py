@@ -593,7 +593,8 @@ def _read_leftovers(r: _Reader) -> list[str]:
     toks = _tokens(r.work)
     runs: list[list[tuple[str, int, int]]] = []
     for tok in toks:
-        if runs and _adjacent(r.work, runs[-1][-1], tok, False) and not ({tok[0], runs[-1][-1][0]} & _BREAK):
+        glued = runs and r.work[runs[-1][-1][2]:tok[1]] in ("-", "_", ":", ".")  # 'yi:34b-chat-v1.5': one name
+        if runs and _adjacent(r.work, runs[-1][-1], tok, False) and (glued or not ({tok[0], runs[-1][-1][0]} & _BREAK)):
             runs[-1].append(tok)
         else:
             runs.append([tok])
