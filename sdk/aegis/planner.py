@@ -30,6 +30,7 @@ from aegis.schema import (
     MultiGPU,
     PlanReport,
     PlanRequest,
+    Precision,
     Throughput,
     Tier,
     default_lora_targets,
@@ -39,7 +40,7 @@ from aegis.solver import Solution, solve
 from aegis.throughput import costs, tokens_per_s_range
 from aegis.units import gib
 
-__all__ = ["plan", "plan_request", "DEFAULT_SEQ_LEN", "DEFAULT_EFFECTIVE_BATCH", "DEFAULT_EPOCHS", "DEFAULT_LORA_RANK"]
+__all__ = ["plan", "plan_request", "default_precision", "DEFAULT_SEQ_LEN", "DEFAULT_EFFECTIVE_BATCH", "DEFAULT_EPOCHS", "DEFAULT_LORA_RANK"]
 
 DEFAULT_SEQ_LEN = 1024
 """Sequence length without a dataset (TRL's SFT default)."""
@@ -50,6 +51,13 @@ _DDP_EFFICIENCY = (0.85, 0.95)
 _FSDP_EFFICIENCY = (0.70, 0.90)
 _PADDING_OVERHEAD = 1.25
 """Dynamic padding: a batch is padded to its longest row; tokens processed <= 1.25 x real tokens."""
+
+
+
+def default_precision(gpu: GPU) -> Precision:
+    """bf16 where the card has bf16 tensor cores; else fp16 mixed precision (fp16 autocast with loss scaling, which
+    for LoRA/QLoRA keeps the frozen base in fp16): on a T4 or V100 bf16 runs emulated at the fp32 rate."""
+    return "bf16" if gpu.bf16_native else "fp16_mixed"
 
 
 def plan(request: str | PlanRequest | None = None, *, sample_rows: int = 1000, progress: bool = False,
@@ -127,8 +135,13 @@ def plan_request(
     eff = req.effective_batch_size or max(DEFAULT_EFFECTIVE_BATCH, (req.micro_batch_size or 1) * gpu_count)
     epochs = req.epochs or DEFAULT_EPOCHS
     eval_seq = dataset.tokens.max if dataset is not None else seq_len
+    precision = req.precision or default_precision(gpu)
+    if req.precision is None and precision != "bf16":
+        notes.append(f"{gpu.name} has no bf16 tensor cores (compute capability {gpu.compute_capability}): planned "
+                     f"fp16 mixed precision (fp16=True, loss scaling) at {gpu.tflops(precision):g} TFLOPS; "
+                     "say 'bf16' to plan emulated bf16")
     kwargs = dict(method=method, seq_len=seq_len, effective_batch_size=eff, lora=lora,
-                  optimizer=req.optimizer or "adamw", precision=req.precision or "bf16",
+                  optimizer=req.optimizer or "adamw", precision=precision,
                   micro_batch_size=req.micro_batch_size, gradient_checkpointing=req.gradient_checkpointing,
                   gpu_count=gpu_count, eval_seq_len=eval_seq, stack=stack)
     solution = solve(profile, gpu, **kwargs)

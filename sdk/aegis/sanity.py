@@ -32,6 +32,12 @@ def risks_and_notes(report: PlanReport, profile: ModelProfile) -> tuple[list[Ris
                 "eval_accumulation_steps=4, or cap eval length")))
         else:
             risks.append(Risk(level="ok", title="Eval spike", detail=f"eval at {eval_len:,} tokens peaks at ~{gib(eval_peak)} -- fits"))
+        if not gpu.bf16_native and rec.config.precision in ("bf16", "bf16_mixed"):
+            fp16 = gpu.tflops("fp16_mixed")
+            risks.append(Risk(level="warn", title="Precision", detail=(
+                f"{gpu.name} has no bf16 tensor cores (compute capability {gpu.compute_capability}): bf16 runs emulated "
+                f"at ~{gpu.bf16_tflops:g} TFLOPS" + (f", fp16 mixed precision at {fp16:g}: say 'fp16'" if fp16 > gpu.bf16_tflops
+                                                       else ""))))
         logits = next((c for c in rec.memory.components if c.key == "logits"), None)
         if logits is not None and logits.bytes > 0.25 * rec.memory.tensor_bytes and not rec.config.chunked_cross_entropy:
             risks.append(Risk(level="warn", title="Logits buffer", detail=(

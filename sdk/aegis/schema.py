@@ -331,6 +331,10 @@ class GPU(Frozen):
     memory_bytes: int = Field(gt=0, description="Total device memory.")
     bandwidth_gb_per_s: float = Field(gt=0, description="Memory bandwidth in GB/s.")
     bf16_tflops: float = Field(gt=0, description="Dense bf16 tensor throughput (no sparsity) in TFLOPS.")
+    fp16_tflops: float | None = Field(
+        default=None, gt=0,
+        description="Dense fp16 tensor throughput in TFLOPS where it differs from bf16: cards without bf16 tensor "
+        "cores (T4, V100), whose bf16 runs emulated at the fp32 rate. None: the bf16 rate.")
     overhead_bytes: int = Field(ge=0, description="CUDA context + framework reservation, unusable for tensors.")
     local: bool = Field(default=False, description="Consumer card usually owned, not rented.")
     prices: tuple[GPUPrice, ...] = Field(default=(), description="Cloud prices, cheapest first.")
@@ -338,6 +342,16 @@ class GPU(Frozen):
     @property
     def usable_bytes(self) -> int:
         return self.memory_bytes - self.overhead_bytes
+
+    @property
+    def bf16_native(self) -> bool:
+        """bf16 has tensor cores here: NVIDIA compute capability 8.0 (Ampere) or later, and AMD Instinct cards.
+        Before Ampere, torch runs bf16 emulated (`torch.cuda.is_bf16_supported(including_emulation=True)`)."""
+        return self.compute_capability is None or int(self.compute_capability.split(".")[0]) >= 8
+
+    def tflops(self, precision: str) -> float:
+        """Dense tensor TFLOPS the step's matmuls run at in ``precision`` (fp16 where the card is faster at it)."""
+        return (self.fp16_tflops or self.bf16_tflops) if precision == "fp16_mixed" else self.bf16_tflops
 
 
 class MemoryComponent(Frozen):

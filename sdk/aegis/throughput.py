@@ -1,4 +1,5 @@
-"""Time and cost: tokens/s from FLOPs per token over the GPU's bf16 rate at an MFU range, or from a
+"""Time and cost: tokens/s from FLOPs per token over the GPU's tensor rate in the step's precision (bf16, or fp16
+where the card is faster at it) at an MFU range, or from a
 stored measurement (`aegis benchmark`); epoch and total time; cost at catalog prices.
 
     from aegis.throughput import flops_per_token, tokens_per_s_range
@@ -48,8 +49,10 @@ def tokens_per_s_range(
         return rate * (1 - MEASURED_SPREAD) * efficiency[0], rate * (1 + MEASURED_SPREAD) * efficiency[1], basis, "measured"
     flops, text = flops_per_token(profile, cfg)
     lo, hi = MFU_RANGE[cfg.method]
-    peak = gpu.bf16_tflops * 1e12
-    basis = f"{text} = {flops / 1e9:.1f} GFLOP/token at {lo:.0%}-{hi:.0%} MFU of {gpu.bf16_tflops:g} TFLOPS"
+    tflops = gpu.tflops(cfg.precision)
+    peak = tflops * 1e12
+    kind = "fp16" if cfg.precision == "fp16_mixed" and gpu.fp16_tflops else "bf16"
+    basis = f"{text} = {flops / 1e9:.1f} GFLOP/token at {lo:.0%}-{hi:.0%} MFU of {tflops:g} TFLOPS {kind}"
     if gpu_count > 1:
         basis += f" x {gpu_count} GPUs at {efficiency[0]:.0%}-{efficiency[1]:.0%} scaling"
     return (peak * lo / flops * gpu_count * efficiency[0], peak * hi / flops * gpu_count * efficiency[1], basis, "estimated")

@@ -217,3 +217,49 @@ def test_hf_script_trains_a_tiny_model(targets, tmp_path, monkeypatch):
     expected = ALL_LINEAR_TARGETS if targets else cfg.target_modules  # all-linear: every projection of the tiny llama
     names = {t.rsplit(".", 1)[-1] for t in saved["target_modules"]}  # PEFT saves all-linear as module paths
     assert saved["r"] == cfg.rank and names == set(expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("request_text", "base", "flags"), [
+    ("lora qwen2.5-0.5b on t4", "float16", (False, True)),  # no bf16 tensor cores: fp16 base, loss-scaled fp16
+    ("lora qwen2.5-0.5b on a100", "bfloat16", (True, False)),
+    ("full qwen2.5-0.5b fp16 mixed on v100-32gb", "float32", (False, True)),  # fp32 master weights, fp16 autocast
+])
+def test_the_emitted_script_loads_the_dtypes_the_plan_sized(request_text, base, flags, tmp_path, monkeypatch):
+    """What transformers and PEFT load from the emitted script has the dtypes the report's breakdown states (the
+    base 2 bytes under LoRA in either half precision, fp32 adapters; fp32 master weights for mixed full
+    fine-tuning), and the fp16 plan trains on CPU with the Trainer's loss scaling."""
+    import json
+
+    import datasets
+    import torch
+
+    from aegis.report._facts import dtype_facts
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache")
+    rows = [{"messages": [{"role": "user", "content": f"what is {i} plus {i}?"},
+                          {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]} for i in range(16)]
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    model_dir = tmp_path / "tiny"
+    _tiny_model_folder(model_dir, [m["content"] for r in rows for m in r["messages"]])
+    report = plan(request_text)
+    cfg = report.recommended.config
+    source = emit(report, "hf")
+    kwargs = _literal_kwargs(_calls(source, "TrainingArguments")[0])
+    assert (kwargs["bf16"], kwargs["fp16"]) == flags
+    script = tmp_path / "train_hf.py"
+    script.write_text(source)
+    ns = runpy.run_path(str(script), run_name="aegis_emitted")
+    model = ns["load_model"](str(model_dir))
+    dtypes = {name: p.dtype for name, p in model.named_parameters()}
+    frozen = {d for n, d in dtypes.items() if "lora_" not in n}
+    assert frozen == {getattr(torch, base)}
+    facts = dtype_facts(cfg)
+    assert facts.base == {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[base]
+    if cfg.method != "full":
+        assert {d for n, d in dtypes.items() if "lora_" in n} == {torch.float32} and facts.adapters == "fp32"
+    if flags == (False, True) and cfg.method != "full":
+        out = tmp_path / "out"
+        ns["main"](["--model", str(model_dir), "--data", str(data), "--output-dir", str(out), "--max-steps", "2", "--cpu"])
+        assert (out / "adapter_model.safetensors").exists()

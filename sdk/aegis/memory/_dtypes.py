@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from aegis.schema import TrainConfig
 
-__all__ = ["Placement", "placement"]
+__all__ = ["Placement", "placement", "dtype_name"]
 
 
 @dataclass(frozen=True)
@@ -60,3 +60,9 @@ def placement(cfg: TrainConfig) -> Placement:
     mixed = cfg.precision in ("bf16_mixed", "fp16_mixed")
     return Placement(base_bytes=4, base_trainable=True, autocast=mixed, stream_bytes=4, adapter_bytes=0,
                      unquantized_bytes=4, state_bytes=4)
+
+
+def dtype_name(nbytes: int, cfg: TrainConfig) -> str:
+    """The name of a 2- or 4-byte float in ``cfg``: 2 bytes are fp16 under fp16 mixed precision (a LoRA base loaded
+    in fp16, the stream an fp16 autocast writes), else bf16."""
+    return {2: "fp16" if cfg.precision == "fp16_mixed" else "bf16", 4: "fp32"}[nbytes]

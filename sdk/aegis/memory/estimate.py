@@ -19,7 +19,7 @@ from aegis.errors import InvalidConfigError
 from aegis.families import get_family, layer_shapes
 from aegis.hardware import find_gpu
 from aegis.hub import resolve_model
-from aegis.memory._dtypes import placement
+from aegis.memory._dtypes import dtype_name, placement
 from aegis.memory.activations import (
     Setting, fixed_saved_by_layer, head_saved_bytes_per_token, loss_bytes_per_token, terms_by_layer,
 )
@@ -352,7 +352,7 @@ def _eval_peak(profile, fam, cfg, place, *, static: int, seq: int, batch: int, w
 def _weights_label(cfg: TrainConfig, place) -> str:
     if cfg.method == "qlora":
         return "NF4"
-    return {2: "bf16", 4: "fp32"}[place.base_bytes]
+    return dtype_name(place.base_bytes, cfg)
 
 
 def _opt_label(cfg: TrainConfig) -> str:

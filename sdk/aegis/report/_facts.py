@@ -14,13 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aegis.memory._dtypes import placement
+from aegis.memory._dtypes import dtype_name, placement
 from aegis.schema import PlanReport, Tier, TrainConfig
 
 __all__ = ["BatchFacts", "MemoryFacts", "PlanFacts", "batch_facts", "dtype_facts", "memory_facts", "plan_facts",
            "breakdown_tier", "tiers"]
 
-_BYTES_DTYPE = {2: "bf16", 4: "fp32"}
 _EIGHT_BIT = ("adamw_8bit", "paged_adamw_8bit")
 
 
@@ -113,8 +112,8 @@ def breakdown_tier(report: PlanReport) -> Tier | None:
 def dtype_facts(cfg: TrainConfig) -> DtypeFacts:
     """The dtypes of a configuration's base weights, adapters, gradients, optimizer states and matmuls."""
     place = placement(cfg)
-    base = "NF4" if cfg.method == "qlora" else _BYTES_DTYPE[place.base_bytes]
-    adapters = None if cfg.method == "full" else _BYTES_DTYPE[place.adapter_bytes]
+    base = "NF4" if cfg.method == "qlora" else dtype_name(place.base_bytes, cfg)
+    adapters = None if cfg.method == "full" else dtype_name(place.adapter_bytes, cfg)
     trainable = place.base_bytes if cfg.method == "full" else place.adapter_bytes
     if cfg.optimizer in _EIGHT_BIT:
         optimizer = "8-bit"
@@ -123,9 +122,9 @@ def dtype_facts(cfg: TrainConfig) -> DtypeFacts:
     elif cfg.optimizer == "adafactor":
         optimizer = "factored fp32"
     else:
-        optimizer = _BYTES_DTYPE[place.state_bytes]
-    return DtypeFacts(base=base, adapters=adapters, gradients=_BYTES_DTYPE[trainable], optimizer=optimizer,
-                      activations=_BYTES_DTYPE[place.stream_bytes])
+        optimizer = dtype_name(place.state_bytes, cfg)
+    return DtypeFacts(base=base, adapters=adapters, gradients=dtype_name(trainable, cfg), optimizer=optimizer,
+                      activations=dtype_name(place.stream_bytes, cfg))
 
 
 def batch_facts(report: PlanReport, cfg: TrainConfig) -> BatchFacts:

@@ -44,7 +44,7 @@ from aegis.report._facts import (
     plan_facts,
     tiers,
 )
-from aegis.schema import Cost, DatasetProfile, MemoryComponent, PlanReport, Tier, TrainConfig
+from aegis.schema import GPU, Cost, DatasetProfile, MemoryComponent, PlanReport, Tier, TrainConfig
 
 __all__ = ["Level", "Line", "Row", "Table", "Section", "build_sections", "breakdown_tier", "tiers"]
 
@@ -255,7 +255,7 @@ def _hardware(report: PlanReport) -> Section:
         ),
         Line(
             "Compute",
-            f"{gpu.bf16_tflops:g} TFLOPS dense bf16 | {gpu.bandwidth_gb_per_s:,.0f} GB/s memory bandwidth",
+            f"{_rates(gpu, ' dense')} | {gpu.bandwidth_gb_per_s:,.0f} GB/s memory bandwidth",
             "spec-sheet figures from the catalog; the throughput estimate builds on them",
         ),
     ]
@@ -290,12 +290,19 @@ def _dataset_brief(ds: DatasetProfile) -> Section:
     return Section("dataset", "Dataset", f"{ds.source} ({format_int(ds.num_rows)} rows)", tuple(items))
 
 
+def _rates(gpu: GPU, dense: str = "") -> str:
+    """'989.4 TFLOPS bf16', or on a card without bf16 tensor cores '65 TFLOPS fp16 (bf16 emulated: 8.1)'."""
+    if gpu.fp16_tflops and not gpu.bf16_native:
+        return f"{gpu.fp16_tflops:g} TFLOPS{dense} fp16 (bf16 emulated: {gpu.bf16_tflops:g})"
+    return f"{gpu.bf16_tflops:g} TFLOPS{dense} bf16"
+
+
 def _hardware_brief(report: PlanReport) -> Section:
     gpu = report.gpu
     per = " per GPU" if report.gpu_count > 1 else ""
     text = (
         f"Total: {_gb1(gpu.memory_bytes)} | Framework overhead: {_gb1(gpu.memory_bytes - report.usable_bytes)} | "
-        f"Usable: {_gb1(report.usable_bytes)}{per} | {gpu.bf16_tflops:g} TFLOPS bf16 | {gpu.bandwidth_gb_per_s:,.0f} GB/s"
+        f"Usable: {_gb1(report.usable_bytes)}{per} | {_rates(gpu)} | {gpu.bandwidth_gb_per_s:,.0f} GB/s"
     )
     subtitle = gpu.name + (f" x {report.gpu_count}" if report.gpu_count > 1 else "")
     return Section("hardware", "Hardware", subtitle, (Line("", text),))

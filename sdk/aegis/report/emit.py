@@ -79,12 +79,17 @@ def _dataset_context(report: PlanReport) -> dict[str, Any] | None:
     }
 
 
-def _precision(precision: str) -> dict[str, Any]:
+def _precision(precision: str, method: str) -> dict[str, Any]:
+    """Trainer flags and dtypes of a precision mode. Mixed modes load fp32 master weights for full fine-tuning;
+    LoRA's frozen base loads in the 16-bit compute dtype (the memory model sizes it at 2 bytes), PEFT keeps the
+    adapters fp32 and the Trainer's autocast (and, for fp16, its loss scaler) does the rest."""
+    compute = {"bf16": "bfloat16", "bf16_mixed": "bfloat16", "fp16_mixed": "float16", "fp32": "float32"}[precision]
+    mixed_full = method == "full" and precision in ("bf16_mixed", "fp16_mixed")
     return {
         "bf16": precision in ("bf16", "bf16_mixed"),
         "fp16": precision == "fp16_mixed",
-        "load_dtype": {"bf16": "bfloat16", "bf16_mixed": "float32", "fp16_mixed": "float32", "fp32": "float32"}[precision],
-        "compute_dtype": {"bf16": "bfloat16", "bf16_mixed": "bfloat16", "fp16_mixed": "float16", "fp32": "float32"}[precision],
+        "load_dtype": "float32" if mixed_full else compute,
+        "compute_dtype": compute,
     }
 
 
@@ -157,7 +162,7 @@ def _context(report: PlanReport) -> dict[str, Any]:
         "stack": report.stack,
         "kbit_prep": report.stack.kbit_prep_effective,
         "use_reentrant": report.stack.checkpointing == "reentrant",
-        **_precision(cfg.precision),
+        **_precision(cfg.precision, cfg.method),
     }
 
 
