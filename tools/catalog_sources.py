@@ -376,6 +376,16 @@ QWEN2 = ("Qwen2 blog 'Hello Qwen2' (Jun 2024), model table of parameters and non
 YI15 = ("Yi: Open Foundation Models by 01.AI (arXiv 2403.04652): '6B and 34B language models'; 'Yi-1.5 is an upgraded "
         "version of Yi. It is continuously pre-trained on Yi' (the Yi-1.5 card's words, as Xinference's model list "
         "quotes them with sizes 6, 9 and 34 billion: xorbitsai/inference doc/source/models/builtin/llm/yi-1.5.rst)")
+_KLR = "smalltong02/keras-llm-robot@86a811b0b956496bfdd0e38c4036c65d37aef9c9:models/llm"
+YI1 = "Yi: Open Foundation Models by 01.AI (arXiv 2403.04652), abstract: 'the Yi model family ... 6B and 34B pretrained language models'"
+_YI_AWQ_SET = {"quantization_config": (None, "removed: the copy is of 01.AI's AWQ 4-bit release of this chat model (bits 4, "
+                                             "group 128, gemm; with a disable_exllama line the repository added); "
+                                             "the 16-bit checkpoint has the same layer shapes and no quantization")}
+_YI_AWQ_NOTE = ("keras-llm-robot's copy of the config.json of 01-ai/{repo}, 01.AI's own AWQ release of this chat model "
+                "(transformers 4.35.0; torch_dtype float16 is the AWQ compute dtype), with quantization_config left out. "
+                "Its shape keys are the first Yi release's (vocabulary 64,000, rope_theta 5,000,000, rms_norm_eps 1e-5, "
+                "4,096 positions); the base checkpoint is read with this config (an instruct/base sibling). The 200K-context "
+                "variants are other configs and are not listed.")
 _PHI35_MOE = "xinyuwei-david/david-share@e1ccd3ef5cafccf747810d6ae64a5d4a6975c152:Deep-Learning/Phi-3.5-MoE-and-Mini-Fine-tuning/readme.md"
 PHI35_MOE = ("Phi-3.5-MoE-instruct model card (as Azure's model catalog copies it: Azure/azureml-assets "
              "assets/models/system/phi-3.5-moe-128k-instruct/description.md): 'Phi-3.5-MoE has 16x3.8B parameters "
@@ -495,6 +505,19 @@ ROWS += [
                                                             "example/evaluate.py#Yi_1_5_34B"),
         P("34B", YI15), note=f"{_KQI_NOTE} (transformers 4.37.2). The -Chat checkpoints, Yi-1.5-9B and the first Yi "
                              "release (Yi-34B) are not listed: their configs were not available offline to compare."),
+    row("01-ai/Yi-6B-Chat", "yi", "6b", "instruct", (GITHUB, f"{_KLR}/Yi-6B-Chat-4bits/config.json"),
+        P("6B", YI1), set=_YI_AWQ_SET, note=_YI_AWQ_NOTE.format(repo="Yi-6B-Chat-4bits")),
+    row("01-ai/Yi-34B-Chat", "yi", "34b", "instruct", (GITHUB, f"{_KLR}/Yi-34B-Chat-4bits/config.json"),
+        P("34B", YI1), set=_YI_AWQ_SET, note=_YI_AWQ_NOTE.format(repo="Yi-34B-Chat-4bits")),
+    row("01-ai/Yi-9B", "yi", "9b", "base",
+        (GITHUB, "ustcchx/Yi-9B-Understanding-Shopping-Concepts@09089d5fa6efe1910f44b1b02ae004cc5520debf:"
+                 "slurm-out/export-post-pt-slurm.out"),
+        P("8,829,407,232", "the same log: LLaMA-Factory's 'all params: 8829407232' for the loaded checkpoint, after "
+                           "transformers' 'All model checkpoint weights were used when initializing LlamaForCausalLM'"),
+        note="The config.json of a local Yi-9B download as transformers printed it on loading ('loading configuration "
+             "file Yi-9B/config.json' then 'Model config LlamaConfig {...}') in a LLaMA-Factory export log, kept as "
+             "printed: _name_or_path is the local folder and transformers_version (4.39.0) the library that printed "
+             "it. Yi-9B has rope_theta 10,000 and rms_norm_eps 1e-6, not Yi-6B/34B's 5,000,000 and 1e-5."),
     row("mistralai/Mistral-Small-3.1-24B-Instruct-2503", "mistral-small-3.1", "24b", "instruct",
         (GITHUB, f"{_TRTLLM}@0373e5a1d2d9e154bb878d6dce47f52194a4963e:tests/unittest/_torch/modeling/"
                  "test_modeling_mistral.py#mistral_small_3_1_24b_config"),

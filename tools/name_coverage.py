@@ -132,6 +132,12 @@ def _distance(a: str, b: str) -> int:
     return row[-1]
 
 
+def _swapped(a: str, b: str) -> bool:
+    """``a`` is ``b`` with two neighbouring letters swapped ('instrcut')."""
+    diff = [i for i in range(len(a)) if len(a) == len(b) and a[i] != b[i]]
+    return len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]]
+
+
 def _same_family(asked: str, theirs: str) -> bool:
     return asked == theirs or _distance(asked, theirs) <= (2 if min(len(asked), len(theirs)) >= 6 else 1)
 
@@ -163,7 +169,12 @@ def wrong_reason(name: str, ids: tuple[str, ...], *, family: str = "", size: str
         if not any(_close(act, a) for a in have_active):
             return f"size: active {act / 1e9:g}B is not the resolved model's"
     words = frozenset().union(*(t.every_word for t in known))
-    missing = sorted(w for w in asked.words if w not in words)
+    versions = {t.version for t in known if t.version}
+    slip = {w for w in asked.words if len(w) >= 6 and (_distance(w, "instruct") == 1 or _swapped(w, "instruct"))}
+    tags = {w for w in asked.words if w[:1] == "v" and w[1:] in versions}  # Ollama 'yi:34b-v1.5': the version
+    if slip and theirs[0].kind != "instruct":
+        return f"variant: {', '.join(sorted(slip))} (instruct) read as {ids[0]}"
+    missing = sorted(w for w in asked.words - slip - tags if w not in words)
     if missing:
         return f"words: {', '.join(missing)} not in {ids[0]}"
     extra = sorted(w for w in LINE_WORDS & frozenset().union(*(t.words for t in theirs[:1]))
