@@ -386,6 +386,17 @@ _YI_AWQ_NOTE = ("keras-llm-robot's copy of the config.json of 01-ai/{repo}, 01.A
                 "Its shape keys are the first Yi release's (vocabulary 64,000, rope_theta 5,000,000, rms_norm_eps 1e-5, "
                 "4,096 positions); the base checkpoint is read with this config (an instruct/base sibling). The 200K-context "
                 "variants are other configs and are not listed.")
+_DINOML = "hlky/dinoml_v2@6b8c0acb3a19f77188401b57db6e403aa92534f3:agents/plans/transformers"
+OLMO3 = ("Olmo 3 technical report (arXiv 2512.13961), abstract: 'a family of state-of-the-art, fully-open language "
+         "models at the 7B and 32B parameter scales'")
+_OLMO3_SET = {
+    "layer_types": (None, "written out from the source's 'N sliding_attention, M full_attention, repeating S,S,S,F'"),
+    "model_type": ("olmo3", "the same commit's olmo3/_sources/source_notes.md: model_type \"olmo3\""),
+}
+_OLMO3_NOTE = ("The section of this model (its Hub id as the heading) in a field-by-field listing of Hub config.json "
+               "files (fetched 2026-05-13, each with the Hub commit it was read at) in a model-porting plan, written "
+               "out as JSON; the listing leaves out initializer_range, "
+               "bos_token_id and transformers_version, which change no shape.{also}")
 _PHI35_MOE = "xinyuwei-david/david-share@e1ccd3ef5cafccf747810d6ae64a5d4a6975c152:Deep-Learning/Phi-3.5-MoE-and-Mini-Fine-tuning/readme.md"
 PHI35_MOE = ("Phi-3.5-MoE-instruct model card (as Azure's model catalog copies it: Azure/azureml-assets "
              "assets/models/system/phi-3.5-moe-128k-instruct/description.md): 'Phi-3.5-MoE has 16x3.8B parameters "
@@ -518,6 +529,34 @@ ROWS += [
              "file Yi-9B/config.json' then 'Model config LlamaConfig {...}') in a LLaMA-Factory export log, kept as "
              "printed: _name_or_path is the local folder and transformers_version (4.39.0) the library that printed "
              "it. Yi-9B has rope_theta 10,000 and rms_norm_eps 1e-6, not Yi-6B/34B's 5,000,000 and 1e-5."),
+    row(("allenai/Olmo-3-7B-Instruct", "allenai/Olmo-3-7B-Think"), "olmo-3", "7b", "instruct",
+        (GITHUB, f"{_DINOML}/olmo3/_sources/hf_config_snapshots.md"),
+        P("7B", OLMO3), set=_OLMO3_SET, note=_OLMO3_NOTE.format(
+            also=" Its Olmo-3-7B-Think entry reads 'Same operator-significant model dimensions as "
+                 "Olmo-3-7B-Instruct', so that id shares this config.")),
+    row("allenai/Olmo-3-32B-Think", "olmo-3", "32b", "reasoning",
+        (GITHUB, f"{_DINOML}/olmo3/_sources/hf_config_snapshots.md"),
+        P("32B", OLMO3), set=_OLMO3_SET, note=_OLMO3_NOTE.format(also="")),
+    row(("ByteDance-Seed/Seed-OSS-36B-Instruct", "ByteDance-Seed/Seed-OSS-36B-Base"), "seed-oss", "36b", "instruct",
+        (GITHUB, f"{_DINOML}/seed_oss/config_sweep.md"),
+        P("36,151,104,512", "the source's 'params/index' column (the Hub safetensors index of each repository): "
+                            "36151104512"),
+        P("36B", "ByteDance-Seed/seed-oss@02d7aaaa998a311582b2a74e2b02bd1b68c92461:README.md, Model Summary table: "
+                 "'Parameters 36B'"),
+        set={"attention_dropout": (0.1, "the source's report.md: 'Dropout fields are nonzero in configs'; the value "
+                                        "is SeedOssConfig's default"),
+             "residual_dropout": (0.1, "as attention_dropout"),
+             "rms_norm_eps": (1e-06, "the source's report.md (same commit): rms_norm_eps 1e-6"),
+             "transformers_version": ("4.55.0", "the source's report.md: 'Public checkpoint configs report "
+                                                "transformers_version 4.55.0'"),
+             "model_type": ("seed_oss", "the table's model_type column")},
+        sole_size="ByteDance-Seed/seed-oss@02d7aaaa998a311582b2a74e2b02bd1b68c92461:README.md: the release is "
+                  "Seed-OSS-36B-Base, -Base-woSyn and -Instruct, one size",
+        note="A table of the Hub config.json fields of Seed-OSS-36B-Instruct and -Base (identical rows; fetched "
+             "2026-05-13) and the keys 'all three configs contained', in a model-porting plan, written out as JSON. "
+             "Token ids, initializer_range and pretraining_tp are not recorded (they change no shape). The "
+             "parameter count the source read from each repository's safetensors index equals the planner's "
+             "exactly, which confirms every shape key."),
     row("mistralai/Mistral-Small-3.1-24B-Instruct-2503", "mistral-small-3.1", "24b", "instruct",
         (GITHUB, f"{_TRTLLM}@0373e5a1d2d9e154bb878d6dce47f52194a4963e:tests/unittest/_torch/modeling/"
                  "test_modeling_mistral.py#mistral_small_3_1_24b_config"),
