@@ -129,7 +129,9 @@ def render_gpus(fmt: Fmt = "text") -> str:
     gpus = hardware.list_gpus()
     if fmt == "json":
         return json.dumps([g.model_dump() for g in gpus], indent=2)
-    body = [[g.id, g.name, gib(g.memory_bytes), gib(g.overhead_bytes), f"{g.bf16_tflops:g}",
+    body = [[g.id, g.name, gib(g.memory_bytes), gib(g.overhead_bytes),
+             f"{g.bf16_tflops:g}" + ("" if g.bf16_native else " (emulated)"), f"{g.tflops('fp16_mixed'):g}",
              f"${g.prices[0].usd_per_hour:.2f}/h ({g.prices[0].provider})" if g.prices else "local"]
             for g in gpus]
-    return _table(["id", "name", "memory", "overhead", "bf16 TFLOPS", "cheapest"], body, fmt, "GPU catalog")
+    return _table(["id", "name", "memory", "overhead", "bf16 TFLOPS", "fp16 TFLOPS", "cheapest"], body, fmt,
+                  "GPU catalog")
