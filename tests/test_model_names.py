@@ -395,3 +395,14 @@ def test_a_version_alone_asks_which_model_of_it() -> None:
         match_model("phi3.5")
     assert "which phi 3.5?" in str(err.value) and "mini" in str(err.value) and "moe" in str(err.value)
     assert "no bundled phi 3.5" not in str(err.value)
+
+
+def test_a_name_without_a_suffix_read_as_an_instruct_entry_says_whose_weights_a_run_trains() -> None:
+    """'yi-34b' names the bundled Yi-34B-Chat config: the note says the run trains those weights and how to name
+    the base; the base's Hub id plans with the same shapes and keeps its own weights."""
+    found = match_model("yi-34b")
+    assert found.model_id == "01-ai/Yi-34B-Chat" and found.weights_id == "01-ai/Yi-34B-Chat"
+    assert "a run trains its weights" in found.note and "base checkpoint's Hub id" in found.note
+    base = match_model("01-ai/Yi-34B")
+    assert base.model_id == "01-ai/Yi-34B-Chat" and base.weights_id == "01-ai/Yi-34B" and "config used for" in base.note
+    assert match_model("qwen2.5-7b").note == "" and match_model("Qwen/Qwen2.5-7B-Instruct").note == ""

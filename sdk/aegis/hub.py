@@ -383,8 +383,9 @@ def _match_hub_id(repo_id: str) -> ModelMatch:
     asked = _parse_name(rest)
     same = [k for k in _catalog()[0] if k.org == org.lower() and any(asked.same_model(n) for n in k.full)]
     if len(same) == 1:  # a sibling repo of the bundled config: its own weights, planned with that config
-        return ModelMatch(model_id=same[0].id, source="catalog", note=_variant_note(repo_id, same[0], asked),
-                          checkpoint=repo_id if repo_id.lower() != same[0].id.lower() else None)
+        sibling = repo_id.lower() != same[0].id.lower()  # its own weights, planned with the sibling's shapes
+        return ModelMatch(model_id=same[0].id, source="catalog", note=_shared_note(repo_id, same[0].id) if sibling else "",
+                          checkpoint=repo_id if sibling else None)
     return ModelMatch(model_id=repo_id, source="hub")
 
 
@@ -407,8 +408,13 @@ def _closest_variant(asked: _Name, found: list[_Known]) -> list[_Known]:
 
 
 def _variant_note(name: str, known: _Known, asked: _Name) -> str:
-    """Said when ``name`` carries an instruct/base suffix the bundled id does not ('gemma-3-4b-it' → -pt)."""
-    if set(asked.variant) <= set(known.full[0].variant):
+    """Said when ``name`` carries an instruct/base suffix the bundled id does not ('gemma-3-4b-it' → -pt), or
+    names no suffix and the bundled id is an instruct model ('yi-34b' → Yi-34B-Chat): a run trains those weights."""
+    theirs = set(known.full[0].variant)
+    if not asked.variant and theirs & _INSTRUCT_WORDS and _key(name) != _key(known.id.split("/", 1)[-1]):
+        return (f"{known.id} (config used for {name}): the bundled {' '.join(sorted(theirs))} model of that name; "
+                "a run trains its weights; name the base checkpoint's Hub id to train that instead (same layer shapes)")
+    if set(asked.variant) <= theirs:
         return ""
     return _shared_note(name, known.id)
 
