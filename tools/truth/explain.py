@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gc", action="store_true", help="gradient checkpointing")
     parser.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa")
     parser.add_argument("--autocast", action="store_true", help="torch.autocast(bf16), HF bf16=True")
+    parser.add_argument("--targets", help="LoRA target names, comma-separated (default: the trace's)")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args(argv)
     setup = TraceSetup(
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         gradient_checkpointing=args.gc,
         attention=args.attention,
         autocast=args.autocast,
+        **({"lora_targets": tuple(args.targets.split(","))} if args.targets else {}),
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -139,8 +139,12 @@ def _linears(acc: _Acc, s: Setting, x_bytes: int, in_w: int, modules: list[tuple
     return 2 if s.autocast else x_bytes
 
 
-def _mlp(acc: _Acc, s: Setting, fam: Family, x_bytes: int, hidden: int, width: int, label: str, lin_names) -> int:
-    gate_up = [(lin_names("gate_proj"), width), (lin_names("up_proj"), width)]
+def _mlp(acc: _Acc, s: Setting, fam: Family, x_bytes: int, hidden: int, width: int, label: str, lin_names,
+         fused: bool = False) -> int:
+    """``fused``: one ``gate_up_proj`` (Phi-3), one LoRA-wrapped module whose output ``chunk`` splits into views:
+    the same saved bytes as separate gate and up outputs, one LoRA input cast instead of two."""
+    gate_up = ([(lin_names("gate_up_proj"), 2 * width)] if fused
+               else [(lin_names("gate_proj"), width), (lin_names("up_proj"), width)])
     d = _linears(acc, s, x_bytes, hidden, gate_up, label)
     # act input (gate), act output and up, saved by act / mul; Liger's SiLUMul saves gate and up only
     acc.add(label, (2 if s.liger else 3) * d * width)
@@ -170,8 +174,10 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
         else:
             _mlp(acc, s, fam, y, h, layer.mlp_intermediate, "MLP", lin_names)
         return dict(acc.terms)
-    d = _linears(acc, s, y, h, [(lin_names("q_proj"), q_w), (lin_names("k_proj"), kv_w), (lin_names("v_proj"), kv_w)],
-                 "attention projections")
+    fused_qkv = "qkv_proj" in names  # Phi-3: q, k and v are slices (views) of one projection's output
+    projections = ([(lin_names("qkv_proj"), q_w + 2 * kv_w)] if fused_qkv else
+                   [(lin_names("q_proj"), q_w), (lin_names("k_proj"), kv_w), (lin_names("v_proj"), kv_w)])
+    d = _linears(acc, s, y, h, projections, "attention projections")
     if fam.qk_norm:
         d_q = _norm(acc, s, d, q_w, gemma=gemma, label="q/k norms")
         _norm(acc, s, d, kv_w, gemma=gemma, label="q/k norms")
@@ -180,9 +186,13 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
         d = 2
     masked = bool(layer.sliding_window and layer.sliding_window < s.seq_len and not s.flash) or s.eager
     k_w = q_w if masked or s.sdpa_repeat_kv else kv_w  # repeat_kv materialises GQA keys/values (mask or 4.x)
+    # the values attention saves: a new tensor when repeat_kv copies them (GQA); else the v projection's output,
+    # which for a fused qkv_proj is a view that keeps the whole q/k/v output alive
+    copied = kv_w != q_w and (masked or s.sdpa_repeat_kv or s.eager)
+    v_w = q_w if copied else (q_w + 2 * kv_w if fused_qkv else kv_w)
     if s.eager:
         # matmuls keep q and the repeated k, v; softmax keeps its fp32 output, the second matmul its cast
-        acc.add("attention (q, k, v, out)", d * 3 * q_w)
+        acc.add("attention (q, k, v, out)", d * (2 * q_w + v_w))
         if fam.attention_sinks:
             # GPT-OSS: one softmax over [scores, sink] in the compute dtype (s + 1 columns, kept by the value
             # matmul through a view), and the int64 index of the row max it subtracts first
@@ -193,7 +203,7 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
                 scores += d  # tanh output of the score soft-capping
             acc.add("attention scores (eager)", scores * heads * s.seq_len)
     else:
-        acc.add("attention (q, k, v, out)", d * (q_w + 2 * k_w) + d * q_w + 4 * heads)  # + log-sum-exp
+        acc.add("attention (q, k, v, out)", d * (q_w + k_w + v_w) + d * q_w + 4 * heads)  # + log-sum-exp
     # SDPA kernels write their output in [b, s, heads, d] layout: the transpose + contiguous before o_proj
     # is free, so o_proj's input is the very tensor SDPA saved. Eager attention makes a copy.
     d_o = _linears(acc, s, d, q_w, [(lin_names("o_proj"), h)], "attention projections", input_saved=not s.eager)
@@ -205,7 +215,7 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
         _moe(acc, s, fam, c, layer, y, h, lin_names)
         d_m = 2 if s.autocast else max(y, s.expert_weight_bytes)
     else:
-        d_m = _mlp(acc, s, fam, y, h, layer.mlp_intermediate, "MLP", lin_names)
+        d_m = _mlp(acc, s, fam, y, h, layer.mlp_intermediate, "MLP", lin_names, fused="gate_up_proj" in names)
     if fam.post_norms:
         _norm(acc, s, d_m, h, gemma=gemma, label="norms")
     return dict(acc.terms)

@@ -267,11 +267,12 @@ def allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEP
             recompute += [st.alloc(fixed[i])] if cfg.gradient_checkpointing and fixed[i] else []
             if cfg.gradient_checkpointing and not keeps_inputs:
                 recompute.append(st.alloc(tokens * hidden * stream_b))  # the input, back from the host
+            # the widest intermediate's gradients; the residual-width pair the estimate's backward temporaries
+            # count (2 x stream x hidden) is the incoming gradient g and the outgoing g_new
             temp_big = st.alloc(tokens * 2 * d * width)
-            temp_res = st.alloc(tokens * 2 * stream_b * hidden)
             grads += [st.alloc(t * gb) for t in trainable[i]]
             g_new = st.alloc(tokens * hidden * stream_b)
-            st.free(temp_big, temp_res, g, *recompute, *saved[i])
+            st.free(temp_big, g, *recompute, *saved[i])
             g = g_new
         st.free(g)
         if mask is not None:
