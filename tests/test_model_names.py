@@ -406,3 +406,13 @@ def test_a_name_without_a_suffix_read_as_an_instruct_entry_says_whose_weights_a_
     base = match_model("01-ai/Yi-34B")
     assert base.model_id == "01-ai/Yi-34B-Chat" and base.weights_id == "01-ai/Yi-34B" and "config used for" in base.note
     assert match_model("qwen2.5-7b").note == "" and match_model("Qwen/Qwen2.5-7B-Instruct").note == ""
+
+
+def test_the_report_says_how_a_name_was_read() -> None:
+    import aegis
+
+    report = aegis.plan("lora llama-3.1-8b-instuct on a100")
+    assert report.model.model_id == "meta-llama/Llama-3.1-8B-Instruct"
+    assert any("spelling of 'instuct' corrected" in n for n in report.notes)
+    sibling = aegis.plan("lora Qwen2.5-Coder-7B-Instruct on h100")
+    assert sum("config used for" in n for n in sibling.notes) == 1  # said once, for the id the report plans

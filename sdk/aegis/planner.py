@@ -63,9 +63,16 @@ def default_precision(gpu: GPU) -> Precision:
 def plan(request: str | PlanRequest | None = None, *, sample_rows: int = 1000, progress: bool = False,
          detect_stack: bool = True, **fields) -> PlanReport:
     """Plan a fine-tune from free text and/or fields of `PlanRequest` (fields win over the text)."""
-    from aegis.parse import parse_request
+    from aegis.parse import parse_request_lenient
 
-    parsed = parse_request(request) if isinstance(request, str) else (request or PlanRequest())
+    said: tuple[str, ...] = ()  # how the text's words were read ('instuct' as instruct, an Ollama tag)
+    if isinstance(request, str):
+        result = parse_request_lenient(request)
+        if result.issues:
+            raise RequestParseError("; ".join(issue.message for issue in result.issues))
+        parsed, said = result.request, result.notes
+    else:
+        parsed = request or PlanRequest()
     try:
         override = PlanRequest(**{k: v for k, v in fields.items() if v is not None})
     except ValueError as err:
@@ -73,7 +80,11 @@ def plan(request: str | PlanRequest | None = None, *, sample_rows: int = 1000, p
     merged = parsed.merged(override)
     if merged.model is None and isinstance(request, str):
         _explain_missing_model(request)
-    return plan_request(merged, sample_rows=sample_rows, progress=progress, detect_stack=detect_stack)
+    report = plan_request(merged, sample_rows=sample_rows, progress=progress, detect_stack=detect_stack)
+    used = {n.split(" (config used for ")[0] for n in report.notes if " (config used for " in n}
+    read = tuple(n for n in said if n not in report.notes and merged.model == parsed.model
+                 and n.split(" (config used for ")[0] not in used)  # the report says which config it used
+    return report.model_copy(update={"notes": read + report.notes}) if read else report
 
 
 def _explain_missing_model(text: str) -> None:
