@@ -397,6 +397,16 @@ _OLMO3_NOTE = ("The section of this model (its Hub id as the heading) in a field
                "files (fetched 2026-05-13, each with the Hub commit it was read at) in a model-porting plan, written "
                "out as JSON; the listing leaves out initializer_range, "
                "bos_token_id and transformers_version, which change no shape.{also}")
+_NANO = "leok7v/nano-lamma"
+GRANITE3 = ("Granite 3.0 technical report, Table 1 'Hyperparameters for Granite 3.0 models' (ibm-granite/"
+            "granite-3.0-language-models@5960b7fb3308588bf5f86348278ec9d6015ab647:paper.pdf): 1B-A400M '#Parameters "
+            "1.3B', '#Active Parameters 400M' (the 3.1 model card repeats the table)")
+GRANITE3_ACTIVE = ("The planner's active count (8 of 32 experts per layer, attention, router and the tied 49,155 x 1,024 "
+                   "embedding) is 0.43B; without the embedding it is 0.38B: IBM's '400M' rounds either way, it "
+                   "does not say which it counts.")
+_GRANITE_MOE_NOTE = ("nano-lamma's copy of the Hub repository of {card} (config.json kept with the model card, tokenizer "
+                     "and generation_config files; transformers {tv}). The -base checkpoint and the 3B-A800M size "
+                     "are not listed: their configs were not available offline to compare.")
 _PHI35_MOE = "xinyuwei-david/david-share@e1ccd3ef5cafccf747810d6ae64a5d4a6975c152:Deep-Learning/Phi-3.5-MoE-and-Mini-Fine-tuning/readme.md"
 PHI35_MOE = ("Phi-3.5-MoE-instruct model card (as Azure's model catalog copies it: Azure/azureml-assets "
              "assets/models/system/phi-3.5-moe-128k-instruct/description.md): 'Phi-3.5-MoE has 16x3.8B parameters "
@@ -569,6 +579,15 @@ ROWS += [
              "the 22B 2409 are other configs and are not listed.",
         sole_size="Mistral AI's Small 3.1 release (Mar 2025, as reported at app.actuia.com): 'Like its predecessor, "
                   "Small 3.1 has 24 billion parameters'; 'available in two formats': Instruct and Base"),
+    row("ibm-granite/granite-3.0-1b-a400m-instruct", "granite-3.0", "1b-a400m", "instruct",
+        (GITHUB, f"{_NANO}@1c27d8306a329a7520cf214a60e129beb8bb1d82:models/granite-3.0-1b-a400m-instruct/config.json"),
+        P("1.3B", GRANITE3), P("400M", GRANITE3, counts="active"),
+        note=_GRANITE_MOE_NOTE.format(card="Granite-3.0-1B-A400M-Instruct", tv="4.46.0.dev0") + " " + GRANITE3_ACTIVE),
+    row("ibm-granite/granite-3.1-1b-a400m-instruct", "granite-3.1", "1b-a400m", "instruct",
+        (GITHUB, f"{_NANO}@c16de35338caf09b95babaf32b082f44aaad1883:models/granite-3.1-1b-a400m-instruct/config.json"),
+        P("1.3B", GRANITE3), P("400M", GRANITE3, counts="active"),
+        note=_GRANITE_MOE_NOTE.format(card="Granite-3.1-1B-A400M-Instruct", tv="4.47.0") + " " + GRANITE3_ACTIVE
+        + " 3.1 raises the context to 131,072 positions (rope_theta 1.5e6); the shapes are 3.0's."),
     row("ibm-granite/granite-3.3-8b-instruct", "granite-3.3", "8b", "instruct",
         (GITHUB, "vllm-project/vllm-spyre@f6a83ce12faf6e99e51c8380fba6a90359825e09:tests/fixtures/model_configs/"
                  "ibm-granite/granite-3.3-8b-instruct/config.json"),

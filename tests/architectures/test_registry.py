@@ -103,7 +103,12 @@ def test_unknown_model_type_is_one_line_naming_the_data_folder() -> None:
 # Where the engine's parameter tree departs from transformers' names and layouts on purpose (its checkpoint
 # recipes map them back): GPT-OSS keeps its router as ``mlp.gate`` like the other MoEs and its experts in the
 # [E, out, in] layout; DeepSeek-V3's ``e_score_correction_bias`` is a buffer in transformers, a leaf here.
-_ENGINE_RENAMES = {"gpt_oss": {"mlp.router.weight": "mlp.gate.weight", "mlp.router.bias": "mlp.gate.bias"}}
+_ENGINE_RENAMES = {
+    "gpt_oss": {"mlp.router.weight": "mlp.gate.weight", "mlp.router.bias": "mlp.gate.bias"},
+    "granitemoe": {"block_sparse_moe.router.weight": "mlp.gate.weight",  # the engine keeps Mixtral's names
+                   "block_sparse_moe.experts.gate_up_proj": "mlp.experts.gate_up_proj",
+                   "block_sparse_moe.experts.down_proj": "mlp.experts.down_proj"},
+}
 
 
 def _engine_layers(cfg: dict) -> dict[int, dict[str, tuple[int, ...]]]:

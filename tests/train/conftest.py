@@ -191,6 +191,18 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "logits_scaling": 8.0,
         "tie_word_embeddings": True,
     },
+    "granitemoe": {  # Granite's four multipliers, fused experts stored as input_linear/output_linear, top-k router
+        **_COMMON,
+        "model_type": "granitemoe",
+        "intermediate_size": 32,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "embedding_multiplier": 12.0,
+        "residual_multiplier": 0.22,
+        "attention_multiplier": 0.0625,
+        "logits_scaling": 8.0,
+        "tie_word_embeddings": True,
+    },
     "gpt_oss": {  # layer 0 slides (window 8), layer 1 is full; sinks, biases, clamped SwiGLU, yarn
         **_COMMON,
         "model_type": "gpt_oss",

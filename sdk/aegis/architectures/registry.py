@@ -238,7 +238,7 @@ class Engine(_Model):
     spec: str
     """The JAX engine's spec builder (`aegis.train.models.families`)."""
     layer: str = "standard"
-    recipe: Literal["identity", "experts", "gpt_oss", "phimoe"] = "identity"
+    recipe: Literal["identity", "experts", "gpt_oss", "phimoe", "granitemoe"] = "identity"
 
 
 class Architecture(_Model):
@@ -277,6 +277,9 @@ class Architecture(_Model):
     attention_softcap_key: str | None = None
     logit_softcap_key: str | None = None
     logits_scaling_key: str | None = None
+    residual_dropout_key: str | None = None
+    """Config key of a dropout on each sublayer's output before its residual add (Seed-OSS ``residual_dropout``):
+    in training its bool mask is saved for backward."""
     lm_head_bias_key: str | None = None
     engine: Engine
 

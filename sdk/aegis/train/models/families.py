@@ -28,9 +28,11 @@ from aegis.train.models.decoder import LayerFn, standard_layer
 from aegis.train.models.deepseek import deepseek_layer, spec_deepseek
 from aegis.train.models.llama_variants import (
     granite_layer,
+    granitemoe_recipe,
     olmo2_layer,
     spec_gemma,
     spec_granite,
+    spec_granitemoe,
     spec_olmo2,
     spec_olmo3,
 )
@@ -324,7 +326,7 @@ def _expert_recipe(
 _SPECS: dict[str, Callable[[dict[str, Any]], ArchSpec]] = {
     "llama": _spec_llama, "smollm3": _spec_smollm3, "mistral": _spec_mistral, "qwen2": _spec_qwen2, "qwen3": _spec_qwen3, "phi3": _spec_phi3,
     "gemma2": _spec_gemma2, "gemma3": _spec_gemma3, "gemma": spec_gemma, "olmo2": spec_olmo2, "olmo3": spec_olmo3,
-    "granite": spec_granite, "mixtral": _spec_mixtral, "qwen2_moe": _spec_qwen2_moe, "qwen3_moe": _spec_qwen3_moe,
+    "granite": spec_granite, "granitemoe": spec_granitemoe, "mixtral": _spec_mixtral, "qwen2_moe": _spec_qwen2_moe, "qwen3_moe": _spec_qwen3_moe,
     "deepseek": spec_deepseek, "gpt_oss": spec_gpt_oss, "phimoe": spec_phimoe,
 }
 """The registry's ``engine.spec`` names -> the spec builders (the forward pass's choices are code)."""
@@ -332,7 +334,9 @@ _LAYERS: dict[str, LayerFn] = {
     "standard": standard_layer, "olmo2": olmo2_layer, "granite": granite_layer, "deepseek": deepseek_layer,
     "gpt_oss": gpt_oss_layer, "phimoe": phimoe_layer,
 }
-_RECIPES: dict[str, Callable[[str, ArchSpec], Recipe]] = {"gpt_oss": gpt_oss_recipe, "phimoe": phimoe_recipe}
+_RECIPES: dict[str, Callable[[str, ArchSpec], Recipe]] = {
+    "gpt_oss": gpt_oss_recipe, "phimoe": phimoe_recipe, "granitemoe": granitemoe_recipe,
+}
 
 
 def _family(entry: registry.Architecture) -> Family:

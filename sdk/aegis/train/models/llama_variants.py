@@ -26,10 +26,11 @@ import jax
 
 from aegis.architectures import config as arch
 from aegis.errors import UnsupportedArchitectureError
-from aegis.train.models.layers import Ctx, attention_block, mlp_block, rms_norm
-from aegis.train.models.spec import ArchSpec, rope_for_layer_types
+from aegis.train.models.layers import Ctx, attention_block, mlp_block, moe_block, rms_norm
+from aegis.train.models.spec import ArchSpec, MoESpec, rope_for_layer_types
 
-__all__ = ["spec_gemma", "spec_olmo2", "spec_granite", "olmo2_layer", "granite_layer"]
+__all__ = ["spec_gemma", "spec_olmo2", "spec_granite", "spec_granitemoe", "granitemoe_recipe", "olmo2_layer",
+           "granite_layer"]
 
 
 def _llama_spec(config: dict[str, Any]) -> ArchSpec:
@@ -117,6 +118,31 @@ def olmo2_layer(
     return x + rms_norm(h, p["post_feedforward_layernorm"]["weight"], eps, weight_fp32=True)
 
 
+def spec_granitemoe(config: dict[str, Any]) -> ArchSpec:
+    """Granite 3 MoE (``GraniteMoeConfig``): Granite's multipliers, every layer's MLP a routed expert block. Its
+    router takes the softmax of the top-k logits, which equals Mixtral's softmax over all experts renormalised
+    over the top k."""
+    return dataclasses.replace(
+        spec_granite(config),
+        intermediate_size=0,
+        moe=MoESpec(num_experts=arch.num_experts(config), top_k=arch.experts_per_tok(config),
+                    expert_intermediate_size=arch.moe_intermediate_size(config), norm_topk_prob=True),
+    )
+
+
+def granitemoe_recipe(name: str, spec: ArchSpec) -> Any:
+    """In-memory names -> Granite MoE checkpoints: ``block_sparse_moe`` with the experts already fused
+    (``input_linear`` [E, 2I, d] = gate_up_proj, gate first; ``output_linear`` [E, d, I]) and ``router.layer``."""
+    from aegis.train.models.families import Recipe  # the registry imports this module
+
+    for ours, theirs in ((".mlp.gate.weight", ".block_sparse_moe.router.layer.weight"),
+                         (".mlp.experts.gate_up_proj", ".block_sparse_moe.input_linear.weight"),
+                         (".mlp.experts.down_proj", ".block_sparse_moe.output_linear.weight")):
+        if name.endswith(ours):
+            return Recipe((name[: -len(ours)] + theirs,))
+    return Recipe((name,))
+
+
 def granite_layer(
     spec: ArchSpec,
     p: dict[str, Any],
@@ -135,4 +161,5 @@ def granite_layer(
     h = attention_block(spec, p["self_attn"], h, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lora.get("self_attn"))
     x = x + h * spec.residual_scale
     h = rms_norm(x, p["post_attention_layernorm"]["weight"], eps)
-    return x + mlp_block(spec, p["mlp"], h, ctx, lora.get("mlp")) * spec.residual_scale
+    ff = moe_block if spec.moe is not None else mlp_block  # Granite MoE: the routed experts
+    return x + ff(spec, p["mlp"], h, ctx, lora.get("mlp")) * spec.residual_scale
