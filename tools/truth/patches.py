@@ -167,22 +167,37 @@ def cuda_dropout() -> Iterator[None]:
     keeps; on CPU it builds a float noise tensor of the input's dtype and multiplies, keeping that noise.
     The table models CUDA, so inside this context `F.dropout` in training with 0 < p < 1 calls
     `torch.native_dropout` as the CUDA path does (PEFT's `lora_dropout` is an `nn.Dropout`).
+
+    Attention dropout inside `F.scaled_dot_product_attention` (``dropout_p > 0``, e.g. Seed-OSS's 0.1 in
+    training): CUDA's flash and memory-efficient kernels apply it in the kernel and keep only the RNG seed and
+    offset, while the CPU dispatcher falls back to the math kernel and materialises fp32 scores, their dropout
+    mask and output. The SDPA call runs with ``dropout_p=0`` here, which allocates what the CUDA kernels do.
     """
     import torch
     import torch.nn.functional as F
 
     original = F.dropout
+    original_sdpa = F.scaled_dot_product_attention
 
     def dropout(input, p=0.5, training=True, inplace=False):
         if training and 0 < p < 1 and not inplace and input.numel() > 0:
             return torch.native_dropout(input, p, True)[0]
         return original(input, p, training, inplace)
 
+    def sdpa(*args, **kwargs):
+        if len(args) > 4:  # (query, key, value, attn_mask, dropout_p, ...)
+            args = (*args[:4], 0.0, *args[5:])
+        else:
+            kwargs["dropout_p"] = 0.0
+        return original_sdpa(*args, **kwargs)
+
     F.dropout = dropout
+    F.scaled_dot_product_attention = sdpa
     try:
         yield
     finally:
         F.dropout = original
+        F.scaled_dot_product_attention = original_sdpa
 
 
 @contextlib.contextmanager

@@ -280,6 +280,15 @@ class Family:
         key = self.entry.attention_softcap_key
         return arch.value(c, key) if key else None
 
+    def residual_dropout(self, c: dict[str, Any]) -> float:
+        """Dropout probability on each sublayer's output before the residual add (Seed-OSS), else 0."""
+        key = self.entry.residual_dropout_key
+        return float(arch.value(c, key) or 0.0) if key else 0.0
+
+    def attention_dropout(self, c: dict[str, Any]) -> float:
+        """``attention_dropout`` of the config (transformers' default 0 where the registry lists none)."""
+        return float(c.get("attention_dropout", self.entry.defaults.get("attention_dropout", 0.0)) or 0.0)
+
     def kv_cache_elements(self, c: dict[str, Any]) -> int:
         """Elements the KV cache holds per token and layer: keys and values of every kv head (MLA: its latent)."""
         return int(registry.evaluate(self.entry.kv_cache_elements, self._names(c)))

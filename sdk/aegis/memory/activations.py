@@ -201,6 +201,8 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
             scores = 4 + (0 if d == 4 else d)
             if fam.attention_softcap(c):
                 scores += d  # tanh output of the score soft-capping
+            if fam.attention_dropout(c) > 0:  # eager_attention_forward's dropout: its output and bool mask
+                scores += d + s.dropout_mask_bytes
             acc.add("attention scores (eager)", scores * heads * s.seq_len)
     else:
         acc.add("attention (q, k, v, out)", d * (q_w + k_w + v_w) + d * q_w + 4 * heads)  # + log-sum-exp
@@ -209,6 +211,8 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
     d_o = _linears(acc, s, d, q_w, [(lin_names("o_proj"), h)], "attention projections", input_saved=not s.eager)
     if fam.post_norms:
         _norm(acc, s, d_o, h, gemma=gemma, label="norms")
+    if fam.residual_dropout(c) > 0:  # Seed-OSS: dropout on the attention and MLP outputs, a bool mask each
+        acc.add("residual dropout", 2 * s.dropout_mask_bytes * h)
     # MLP block
     y = _norm(acc, s, x, h, gemma=gemma, label="norms", layer_norm=fam.layer_norm) if fam.pre_norms else x
     if layer.num_experts:
