@@ -449,3 +449,30 @@ def test_static_rope_length_reads_the_table_length_from_the_input_shape():
         assert Rotary()(x, seq_len=torch.tensor(3)).shape == (3,)  # restored
     finally:
         del sys.modules[module.__name__]
+
+
+def test_sdpa_attention_dropout_allocates_what_cuda_kernels_do():
+    """CUDA's flash / memory-efficient SDPA kernels apply attention dropout inside the kernel; the CPU dispatcher
+    falls back to the math kernel, which materialises the scores. Inside `cuda_dropout` an SDPA call with
+    dropout_p > 0 (positional or keyword) allocates what the dropout-free kernel does, and the patch is undone."""
+    import torch
+    import torch.nn.functional as F
+
+    from tools.truth.patches import cuda_dropout
+
+    original = F.scaled_dot_product_attention
+    q, k, v = (torch.randn(1, 2, 64, 16) for _ in range(3))
+
+    def peak(call) -> int:
+        tracker = LiveBytes()
+        with tracker:
+            call()
+        return tracker.peak_bytes
+
+    free = peak(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    math = peak(lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True))
+    assert math > free  # CPU: scores, their dropout mask and output
+    with cuda_dropout():
+        assert peak(lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True)) == free
+        assert peak(lambda: F.scaled_dot_product_attention(q, k, v, None, 0.1, True)) == free
+    assert F.scaled_dot_product_attention is original
