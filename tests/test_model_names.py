@@ -416,3 +416,14 @@ def test_the_report_says_how_a_name_was_read() -> None:
     assert any("spelling of 'instuct' corrected" in n for n in report.notes)
     sibling = aegis.plan("lora Qwen2.5-Coder-7B-Instruct on h100")
     assert sum("config used for" in n for n in sibling.notes) == 1  # said once, for the id the report plans
+
+
+def test_a_size_two_bundled_models_share_asks_which_one() -> None:
+    """'mistral-small-24b' is Mistral Small 3 (2501) or 3.1 (2503): both are bundled, the name picks neither."""
+    for name in ("mistral-small-24b", "mistral-small:24b"):
+        with pytest.raises(UnknownModelError) as err:
+            match_model(name)
+        text = str(err.value)
+        assert "which mistral small 24B?" in text
+        assert "Mistral-Small-24B-Instruct-2501" in text and "Mistral-Small-3.1-24B-Instruct-2503" in text
+    assert match_model("mistral-small:24b-instruct-2501-q4_K_M").model_id == "mistralai/Mistral-Small-24B-Instruct-2501"

@@ -579,6 +579,22 @@ ROWS += [
              "the 22B 2409 are other configs and are not listed.",
         sole_size="Mistral AI's Small 3.1 release (Mar 2025, as reported at app.actuia.com): 'Like its predecessor, "
                   "Small 3.1 has 24 billion parameters'; 'available in two formats': Instruct and Base"),
+    row("mistralai/Mistral-Small-24B-Instruct-2501", "mistral-small-3", "24b", "instruct",
+        (GITHUB, "OpenMOSE/RWKV-LM-RLHF@c394e06d2ea0fdad4679af83b9dd77b517a87f49:main/tokenizer/mistralsmall3/"
+                 "params.json"),
+        P("23,572,403,200", "the same folder's model.safetensors.index.json (@7e8f62ab3f43bd70de656d5205d1cb4216b4ea58): "
+                            "total_size 47,144,806,400 bytes of bf16 tensors, lm_head.weight listed apart from "
+                            "embed_tokens"),
+        P("24B", "its model card (the same folder's README.md): 'Mistral Small 3 ( 2501 ) ... boasting 24B parameters'"),
+        set={"max_position_embeddings": (32768, "params.json's max_seq_len; the card: 'A 32k context window'"),
+             "tie_word_embeddings": (False, "MistralConfig's default; the weight index lists lm_head.weight")},
+        note="The Hub repository's params.json (Mistral's own format; a copy kept with its tokenizer, generation "
+             "config, weight index and model card) converted as transformers' convert_config does it "
+             "(huggingface/transformers@593cca32c56ade57f6db236d4b093767ca879245:src/transformers/models/mistral/"
+             "convert_mistral_weights_to_hf.py: dim, n_layers, hidden_dim, n_heads, n_kv_heads, norm_eps, head_dim, "
+             "vocab_size, rope_theta; no sliding window), other keys MistralConfig's defaults. The count equals "
+             "the weight index's exactly. The -Base-2501 checkpoint is read with this config (an instruct/base "
+             "sibling)."),
     row("ibm-granite/granite-3.0-1b-a400m-instruct", "granite-3.0", "1b-a400m", "instruct",
         (GITHUB, f"{_NANO}@1c27d8306a329a7520cf214a60e129beb8bb1d82:models/granite-3.0-1b-a400m-instruct/config.json"),
         P("1.3B", GRANITE3), P("400M", GRANITE3, counts="active"),

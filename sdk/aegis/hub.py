@@ -567,6 +567,12 @@ def _unknown_message(name: str, asked: _Name) -> str:
         said = " ".join(p for p in parts if p)
         sizes = sorted({k.full[0].size for k in same if k.full[0].size}, key=lambda z: z.magnitude)
         listed = ", ".join(str(z) for z in sizes)
+        wider = [k for k in same if asked.size and k.full[0].size and asked.size.same(k.full[0].size)
+                 and set(asked.words) < set(k.full[0].words)]
+        if wider:  # 'mistral-small-24b': bundled models of that size carry more words (3, 3.1, 2501, 2503)
+            why = f"which {said}? Name one of them"
+            close = tuple(k.id for k in wider)
+            return f"unknown model {name!r}: {why}: {', '.join(close)}; to plan another, {_how_to_pass(asked)}"
         if same and asked.size is None and not asked.words:  # 'phi3.5': a version, several models of it
             kinds = sorted({(k.full[0].words, k.full[0].size.magnitude if k.full[0].size else 0.0,
                              " ".join((*k.full[0].words, str(k.full[0].size or ""))).strip() or k.id) for k in same})
