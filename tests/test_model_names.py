@@ -424,6 +424,20 @@ def test_a_size_two_bundled_models_share_asks_which_one() -> None:
         with pytest.raises(UnknownModelError) as err:
             match_model(name)
         text = str(err.value)
-        assert "which mistral small 24B?" in text
+        assert "which mistral small 24B?" in text and "did you mean" in text
         assert "Mistral-Small-24B-Instruct-2501" in text and "Mistral-Small-3.1-24B-Instruct-2503" in text
     assert match_model("mistral-small:24b-instruct-2501-q4_K_M").model_id == "mistralai/Mistral-Small-24B-Instruct-2501"
+
+
+@pytest.mark.parametrize("name", ["deepseek-coder-v2:16b", "starcoder-v2:7b", "foo-v1:7b", "yi-v1.5:9b"])
+def test_a_version_tag_in_the_name_itself_is_not_rewritten(name) -> None:
+    """Only a tag after the Ollama size is read as the version; one before the colon is the model's own name
+    (this once recursed without end)."""
+    with pytest.raises(UnknownModelError):
+        match_model(name)
+
+
+def test_a_line_name_without_a_size_asks_which_size() -> None:
+    with pytest.raises(UnknownModelError) as err:
+        match_model("gpt-oss")
+    assert "which gpt oss?" in str(err.value) and "gpt-oss-20b" in str(err.value) and "gpt-oss-120b" in str(err.value)

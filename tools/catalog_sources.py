@@ -595,11 +595,11 @@ ROWS += [
              "vocab_size, rope_theta; no sliding window), other keys MistralConfig's defaults. The count equals "
              "the weight index's exactly. The -Base-2501 checkpoint is read with this config (an instruct/base "
              "sibling)."),
-    row("ibm-granite/granite-3.0-1b-a400m-instruct", "granite-3.0", "1b-a400m", "instruct",
+    row("ibm-granite/granite-3.0-1b-a400m-instruct", "granite-3.0-moe", "1b-a400m", "instruct",
         (GITHUB, f"{_NANO}@1c27d8306a329a7520cf214a60e129beb8bb1d82:models/granite-3.0-1b-a400m-instruct/config.json"),
         P("1.3B", GRANITE3), P("400M", GRANITE3, counts="active"),
         note=_GRANITE_MOE_NOTE.format(card="Granite-3.0-1B-A400M-Instruct", tv="4.46.0.dev0") + " " + GRANITE3_ACTIVE),
-    row("ibm-granite/granite-3.1-1b-a400m-instruct", "granite-3.1", "1b-a400m", "instruct",
+    row("ibm-granite/granite-3.1-1b-a400m-instruct", "granite-3.1-moe", "1b-a400m", "instruct",
         (GITHUB, f"{_NANO}@c16de35338caf09b95babaf32b082f44aaad1883:models/granite-3.1-1b-a400m-instruct/config.json"),
         P("1.3B", GRANITE3), P("400M", GRANITE3, counts="active"),
         note=_GRANITE_MOE_NOTE.format(card="Granite-3.1-1B-A400M-Instruct", tv="4.47.0") + " " + GRANITE3_ACTIVE

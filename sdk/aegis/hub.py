@@ -333,7 +333,7 @@ def match_model(name: str) -> ModelMatch:
         if cached:
             return cached
         return ModelMatch(model_id=found[0].id, source="catalog", note=_variant_note(name, found[0], asked))
-    for other, how in _rewrites(name, asked):
+    for other, how in _rewrites(name, asked):  # each rewrite removes what triggered it: no loop
         try:
             found_other = match_model(other)
         except UnknownModelError:
@@ -437,11 +437,12 @@ def _rewrites(name: str, asked: _Name) -> list[tuple[str, str]]:
         fixed = re.sub(re.escape(slips[0]), "instruct", name, count=1, flags=re.IGNORECASE)
         out.append((fixed, f"spelling of {slips[0]!r} corrected"))
     tags = [w for w in asked.words if _VERSION_TAG.match(w)]
-    if ":" in name and asked.family and asked.version is None and len(tags) == 1:
-        head, _, tail = name.partition(":")
-        rest = re.sub(rf"[-_]?{re.escape(tags[0])}(?=$|[-_])", "", tail, count=1, flags=re.IGNORECASE)
-        version = _VERSION_TAG.match(tags[0]).group(1)  # type: ignore[union-attr]
-        out.append((f"{head}-{version}:{rest}", f"Ollama's {tags[0]} tag is the version"))
+    head, colon, tail = name.partition(":")
+    if colon and asked.family and asked.version is None and len(tags) == 1:
+        rest = re.sub(rf"(^|[-_]){re.escape(tags[0])}(?=$|[-_])", "", tail, count=1, flags=re.IGNORECASE)
+        if rest != tail:  # the tag follows the size ('yi:34b-v1.5'); one in the name itself is the model's own
+            version = _VERSION_TAG.match(tags[0]).group(1)  # type: ignore[union-attr]
+            out.append((f"{head}-{version}:{rest.lstrip('-_')}", f"Ollama's {tags[0]} tag is the version"))
     return out
 
 
@@ -556,6 +557,7 @@ def _how_to_pass(asked: _Name) -> str:
 
 def _unknown_message(name: str, asked: _Name) -> str:
     known = _catalog()[0]
+    wider_ids: tuple[str, ...] = ()
     kin = [k for k in known if k.full[0].family == asked.family]
     if asked.family is None or not kin:
         why = f"no bundled {asked.family!r} model" if asked.family else "not a model name Aegis knows"
@@ -567,20 +569,21 @@ def _unknown_message(name: str, asked: _Name) -> str:
         said = " ".join(p for p in parts if p)
         sizes = sorted({k.full[0].size for k in same if k.full[0].size}, key=lambda z: z.magnitude)
         listed = ", ".join(str(z) for z in sizes)
-        wider = [k for k in same if asked.size and k.full[0].size and asked.size.same(k.full[0].size)
-                 and set(asked.words) < set(k.full[0].words)]
-        if wider:  # 'mistral-small-24b': bundled models of that size carry more words (3, 3.1, 2501, 2503)
-            why = f"which {said}? Name one of them"
-            close = tuple(k.id for k in wider)
-            return f"unknown model {name!r}: {why}: {', '.join(close)}; to plan another, {_how_to_pass(asked)}"
-        if same and asked.size is None and not asked.words:  # 'phi3.5': a version, several models of it
+        wider = [k for k in same if set(asked.words) <= set(k.full[0].words) and (
+            asked.size is None and asked.words
+            or asked.size and k.full[0].size and asked.size.same(k.full[0].size) and set(asked.words) < set(k.full[0].words))]
+        if wider:  # 'mistral-small-24b', 'gpt-oss': the bundled models of that name carry more words or sizes
+            listed = ", ".join(k.id.split("/", 1)[-1] for k in wider)
+            why = f"which {said}? Name one of them ({said} is bundled in {listed})"
+            wider_ids = tuple(k.id for k in wider)
+        elif same and asked.size is None and not asked.words:  # 'phi3.5': a version, several models of it
             kinds = sorted({(k.full[0].words, k.full[0].size.magnitude if k.full[0].size else 0.0,
                              " ".join((*k.full[0].words, str(k.full[0].size or ""))).strip() or k.id) for k in same})
             listed = ", ".join(dict.fromkeys(k[2] for k in kinds))
             why = f"which {asked.group}? Say which one ({asked.group} is bundled in {listed})"
         else:
             why = f"no bundled {said}" + (f" ({asked.group} is bundled in {listed})" if same and sizes else "")
-    close = suggest_models(name, n=6 if asked.family and not asked.specific else 3)
+    close = wider_ids or suggest_models(name, n=6 if asked.family and not asked.specific else 3)
     mean = f"; did you mean {', '.join(close)}?" if close else ";"
     return f"unknown model {name!r}: {why}{mean} to plan it, {_how_to_pass(asked)}"
 
