@@ -441,3 +441,11 @@ def test_a_line_name_without_a_size_asks_which_size() -> None:
     with pytest.raises(UnknownModelError) as err:
         match_model("gpt-oss")
     assert "which gpt oss?" in str(err.value) and "gpt-oss-20b" in str(err.value) and "gpt-oss-120b" in str(err.value)
+
+
+def test_a_variant_of_a_listed_id_trains_that_ids_weights() -> None:
+    """DeepSeek-R1 shares DeepSeek-V3's config: 'deepseek-r1-chat' is planned with it and trains R1's weights."""
+    found = match_model("deepseek-r1-chat")
+    assert found.model_id == "deepseek-ai/DeepSeek-V3" and found.weights_id == "deepseek-ai/DeepSeek-R1"
+    assert match_model("deepseek-v3-chat").weights_id == "deepseek-ai/DeepSeek-V3"
+    assert match_model("olmo-3-7b-think").weights_id == "allenai/Olmo-3-7B-Think"

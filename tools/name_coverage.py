@@ -42,6 +42,7 @@ import os
 import re
 import sys
 import tempfile
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,8 +173,8 @@ def wrong_reason(name: str, ids: tuple[str, ...], *, family: str = "", size: str
     versions = {t.version for t in known if t.version}
     slip = {w for w in asked.words if len(w) >= 6 and (_distance(w, "instruct") == 1 or _swapped(w, "instruct"))}
     tags = {w for w in asked.words if w[:1] == "v" and w[1:] in versions}  # Ollama 'yi:34b-v1.5': the version
-    if slip and theirs[0].kind != "instruct":
-        return f"variant: {', '.join(sorted(slip))} (instruct) read as {ids[0]}"
+    if slip:  # a slip of 'instruct' asks for the instruct kind, as the word itself does
+        asked = dataclasses.replace(asked, kind=asked.kind or "instruct")
     missing = sorted(w for w in asked.words - slip - tags if w not in words)
     if missing:
         return f"words: {', '.join(missing)} not in {ids[0]}"

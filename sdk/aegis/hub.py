@@ -332,7 +332,8 @@ def match_model(name: str) -> ModelMatch:
         cached = _match_cache(asked, exact_variant=True) if _variant_note(name, found[0], asked) else None
         if cached:
             return cached
-        return ModelMatch(model_id=found[0].id, source="catalog", note=_variant_note(name, found[0], asked))
+        return ModelMatch(model_id=found[0].id, source="catalog", note=_variant_note(name, found[0], asked),
+                          checkpoint=_listed_checkpoint(found[0].id, asked))
     for other, how in _rewrites(name, asked):  # each rewrite removes what triggered it: no loop
         try:
             found_other = match_model(other)
@@ -363,6 +364,19 @@ def _sibling_id(entry_id: str, name: str) -> str | None:
         if hub_id.lower() != entry_id.lower() and want in (hub_id.lower(), hub_id.split("/", 1)[-1].lower()):
             return hub_id
     return None
+
+
+def _listed_checkpoint(entry_id: str, asked: _Name) -> str | None:
+    """The Hub id, among those the entry lists as sharing its config, that the asked name is a variant of
+    ('deepseek-r1-chat' -> deepseek-ai/DeepSeek-R1, not the entry's DeepSeek-V3): the weights a run trains.
+    None when the name is a variant of the entry's own id."""
+    if asked.same_model(_parse_name(entry_id)):
+        return None
+    entry = catalog.model_entry(entry_id)
+    listed = [i for i in getattr(entry, "ids", ()) or () if i.lower() != entry_id.lower()]
+    hits = [i for i in listed if asked.same_model(_parse_name(i))]
+    exact = [i for i in hits if _parse_name(i).variant == asked.variant]
+    return (exact or hits or [None])[0]
 
 
 def _exists(path: Path) -> bool:
