@@ -407,6 +407,8 @@ GRANITE3_ACTIVE = ("The planner's active count (8 of 32 experts per layer, atten
 _GRANITE_MOE_NOTE = ("nano-lamma's copy of the Hub repository of {card} (config.json kept with the model card, tokenizer "
                      "and generation_config files; transformers {tv}). The -base checkpoint and the 3B-A800M size "
                      "are not listed: their configs were not available offline to compare.")
+QWEN3_CODER = ("Qwen3-Coder-30B-A3B-Instruct model card (as the Continue notes copy it, and the card's own 'Model "
+               "Overview'): 'Number of Parameters: 30.5B in total and 3.3B activated'")
 _PHI35_MOE = "xinyuwei-david/david-share@e1ccd3ef5cafccf747810d6ae64a5d4a6975c152:Deep-Learning/Phi-3.5-MoE-and-Mini-Fine-tuning/readme.md"
 PHI35_MOE = ("Phi-3.5-MoE-instruct model card (as Azure's model catalog copies it: Azure/azureml-assets "
              "assets/models/system/phi-3.5-moe-128k-instruct/description.md): 'Phi-3.5-MoE has 16x3.8B parameters "
@@ -579,6 +581,12 @@ ROWS += [
              "the 22B 2409 are other configs and are not listed.",
         sole_size="Mistral AI's Small 3.1 release (Mar 2025, as reported at app.actuia.com): 'Like its predecessor, "
                   "Small 3.1 has 24 billion parameters'; 'available in two formats': Instruct and Base"),
+    row("Qwen/Qwen3-Coder-30B-A3B-Instruct", "qwen3-coder", "30b-a3b", "coder",
+        (GITHUB, "ztxz16/fastllm@f8f04c33abb63f6cd4e45f9427a55949a8ebbb44:Qwen3-Coder-30B-A3B-Instruct/config.json"),
+        P("30.5B", QWEN3_CODER), P("3.3B", QWEN3_CODER, "active"),
+        note="fastllm's copy of the Hub config.json (transformers 4.52.3); sagui-nlp/nanoGPT-moe@2675cf4c69f867983cca63c"
+             "64bb7c46dfef122a1 keeps the same file at the same path, key for key. Qwen3-30B-A3B's shapes with 262,144 "
+             "positions and rope_theta 1e7."),
     row("mistralai/Mistral-Small-24B-Instruct-2501", "mistral-small-3", "24b", "instruct",
         (GITHUB, "OpenMOSE/RWKV-LM-RLHF@c394e06d2ea0fdad4679af83b9dd77b517a87f49:main/tokenizer/mistralsmall3/"
                  "params.json"),
