@@ -246,7 +246,8 @@ def test_cli_models_searches_and_shows_family_counts_context_and_source():
     runner = CliRunner()
     assert runner.invoke(app, ["models", "--help"]).exit_code == 0
     rows = json.loads(runner.invoke(app, ["models", "qwen3", "--size", "30b", "--json"]).output)
-    assert {r["id"] for r in rows} == {"Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B-Base", "Qwen/Qwen3-30B-A3B-Instruct-2507"}
+    assert {r["id"] for r in rows} == {"Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B-Base", "Qwen/Qwen3-30B-A3B-Instruct-2507",
+                                       "Qwen/Qwen3-Coder-30B-A3B-Instruct"}
     row = next(r for r in rows if r["id"] == "Qwen/Qwen3-30B-A3B-Base")
     assert (row["family"], row["size"], row["context"]) == ("qwen3", "30b-a3b", 32768)
     assert row["params"] == 30_532_122_624 and row["active_params"] < row["params"] / 5
