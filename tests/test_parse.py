@@ -420,3 +420,11 @@ def test_plain_prose_gives_an_empty_request():
     text = "Could you please tell me whether my job will fit and how long it will take to run?"
     result = parse_request_lenient(text)
     assert result.ok and result.request == R()
+
+
+
+def test_a_leading_word_is_not_part_of_an_unknown_model_name() -> None:
+    """'what about mistral-small-24b?': the name starts at its family word; a glued word stays ('dolphin-mistral')."""
+    result = parse_request_lenient("what about mistral-small-24b?")
+    assert [i.text for i in result.issues] == ["mistral-small-24b"]
+    assert [i.text for i in parse_request_lenient("lora dolphin-mistral:7b on h100").issues] == ["dolphin-mistral:7b"]

@@ -603,6 +603,11 @@ def _read_leftovers(r: _Reader) -> list[str]:
     lookups = 0
     for run in runs:
         words = [t for t, _, _ in run]
+        lead = next((j for j, w in enumerate(words) if w in families or w in _other_families()), 0)
+        spaced = lead and any(c.isspace() for c in r.work[run[lead - 1][2]:run[lead][1]])  # 'dolphin-mistral' stays
+        if spaced and all(w.isalpha() and not _NAME_WORD.fullmatch(w) for w in words[:lead]):  # 'what about X':
+            unparsed.extend(w for w in words[:lead] if w not in _STOP and len(w) > 1)  # the name starts at its family
+            run, words = run[lead:], words[lead:]
         start, end = run[0][1], run[-1][2]
         said = r.text[start:end]
         sized = any(_SIZE.match(a) and b in ("b", "m") for a, b in zip(words, words[1:]))
