@@ -603,6 +603,15 @@ ROWS += [
              "vocab_size, rope_theta; no sliding window), other keys MistralConfig's defaults. The count equals "
              "the weight index's exactly. The -Base-2501 checkpoint is read with this config (an instruct/base "
              "sibling)."),
+    row("ibm-granite/granite-3.0-8b-instruct", "granite-3.0", "8b", "instruct",
+        (GITHUB, "Meng0329/skills4s@93891ee28e95647f9a97f04360663ae8491406fd:models/granite-3.0-8b-instruct/config.json"),
+        P("8,170,848,256", "the same folder's model.safetensors.index.json: total_size 16,341,696,512 bytes of bf16 "
+                           "tensors (no lm_head.weight: tied)"),
+        P("8.1B", GRANITE3.replace("1B-A400M '#Parameters 1.3B', '#Active Parameters 400M'", "8B '#Parameters 8.1B'")),
+        note="skills4s' copy of the Hub repository (config.json with the model card and weight index; transformers "
+             "4.46.0.dev0). Its attention_dropout is 0.1: dropout is active in training (CUDA's SDPA kernels apply "
+             "it in the kernel). The 2B size, the -base checkpoint and the 3.1/3.2 releases are not listed: their "
+             "configs were not available offline."),
     row("ibm-granite/granite-3.0-1b-a400m-instruct", "granite-3.0-moe", "1b-a400m", "instruct",
         (GITHUB, f"{_NANO}@1c27d8306a329a7520cf214a60e129beb8bb1d82:models/granite-3.0-1b-a400m-instruct/config.json"),
         P("1.3B", GRANITE3), P("400M", GRANITE3, counts="active"),

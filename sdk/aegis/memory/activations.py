@@ -201,8 +201,8 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
             scores = 4 + (0 if d == 4 else d)
             if fam.attention_softcap(c):
                 scores += d  # tanh output of the score soft-capping
-            if fam.attention_dropout(c) > 0:  # eager_attention_forward's dropout: its output and bool mask
-                scores += d + s.dropout_mask_bytes
+            if fam.attention_dropout(c) > 0:  # eager_attention_forward's dropout keeps a bool mask; its output
+                scores += s.dropout_mask_bytes  # replaces the cast as the tensor the value matmul saves
             acc.add("attention scores (eager)", scores * heads * s.seq_len)
     else:
         acc.add("attention (q, k, v, out)", d * (q_w + k_w + v_w) + d * q_w + 4 * heads)  # + log-sum-exp
