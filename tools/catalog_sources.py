@@ -522,12 +522,12 @@ ROWS += [
              "SmolLM3-3B-Base is not listed: its config was not available offline to compare."),
     row("01-ai/Yi-1.5-6B", "yi-1.5", "6b", "base", (GITHUB, f"{_KQI}@963269026663521e774249c3828f9e000bb2a405:"
                                                           "example/evaluate.py#Yi_1_5_6B"),
-        P("6B", YI15), note=f"{_KQI_NOTE} (transformers 4.37.2). The -Chat checkpoints and the first Yi release "
-                            "(Yi-6B) are not listed: their configs were not available offline to compare."),
+        P("6B", YI15), note=f"{_KQI_NOTE} (transformers 4.37.2). The -Chat checkpoints are read with this config "
+                            "(instruct/base siblings)."),
     row("01-ai/Yi-1.5-34B", "yi-1.5", "34b", "base", (GITHUB, f"{_KQI}@963269026663521e774249c3828f9e000bb2a405:"
                                                             "example/evaluate.py#Yi_1_5_34B"),
-        P("34B", YI15), note=f"{_KQI_NOTE} (transformers 4.37.2). The -Chat checkpoints, Yi-1.5-9B and the first Yi "
-                             "release (Yi-34B) are not listed: their configs were not available offline to compare."),
+        P("34B", YI15), note=f"{_KQI_NOTE} (transformers 4.37.2). The -Chat checkpoints are read with this config "
+                             "(instruct/base siblings); Yi-1.5-9B is not listed: its config was not available offline."),
     row("01-ai/Yi-6B-Chat", "yi", "6b", "instruct", (GITHUB, f"{_KLR}/Yi-6B-Chat-4bits/config.json"),
         P("6B", YI1), set=_YI_AWQ_SET, note=_YI_AWQ_NOTE.format(repo="Yi-6B-Chat-4bits")),
     row("01-ai/Yi-34B-Chat", "yi", "34b", "instruct", (GITHUB, f"{_KLR}/Yi-34B-Chat-4bits/config.json"),

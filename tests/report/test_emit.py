@@ -189,6 +189,19 @@ def _tiny_model_folder(folder, texts):
     LlamaForCausalLM(config).save_pretrained(folder)
 
 
+def _chat_data_and_tiny_model(tmp_path, n: int):
+    """A chat JSONL of ``n`` rows and a tiny Llama folder whose tokenizer is trained on it."""
+    import json
+
+    rows = [{"messages": [{"role": "user", "content": f"what is {i} plus {i}?"},
+                          {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]} for i in range(n)]
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    model_dir = tmp_path / "tiny"
+    _tiny_model_folder(model_dir, [m["content"] for r in rows for m in r["messages"]])
+    return data, model_dir
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("targets", [None, ("all-linear",)], ids=["default", "all-linear"])
 def test_hf_script_trains_a_tiny_model(targets, tmp_path, monkeypatch):
@@ -199,12 +212,7 @@ def test_hf_script_trains_a_tiny_model(targets, tmp_path, monkeypatch):
     import datasets
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache")
-    rows = [{"messages": [{"role": "user", "content": f"what is {i} plus {i}?"},
-                          {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]} for i in range(24)]
-    data = tmp_path / "train.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in rows))
-    model_dir = tmp_path / "tiny"
-    _tiny_model_folder(model_dir, [m["content"] for r in rows for m in r["messages"]])
+    data, model_dir = _chat_data_and_tiny_model(tmp_path, 24)
     script = tmp_path / "train_hf.py"
     report = plan("lora qwen2.5-7b on 2x a100 80gb", lora_targets=targets)
     script.write_text(emit(report, "hf"))
@@ -229,20 +237,13 @@ def test_the_emitted_script_loads_the_dtypes_the_plan_sized(request_text, base, 
     """What transformers and PEFT load from the emitted script has the dtypes the report's breakdown states (the
     base 2 bytes under LoRA in either half precision, fp32 adapters; fp32 master weights for mixed full
     fine-tuning), and the fp16 plan trains on CPU with the Trainer's loss scaling."""
-    import json
-
     import datasets
     import torch
 
     from aegis.report._facts import dtype_facts
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache")
-    rows = [{"messages": [{"role": "user", "content": f"what is {i} plus {i}?"},
-                          {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]} for i in range(16)]
-    data = tmp_path / "train.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in rows))
-    model_dir = tmp_path / "tiny"
-    _tiny_model_folder(model_dir, [m["content"] for r in rows for m in r["messages"]])
+    data, model_dir = _chat_data_and_tiny_model(tmp_path, 16)
     report = plan(request_text)
     cfg = report.recommended.config
     source = emit(report, "hf")

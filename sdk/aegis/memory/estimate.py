@@ -202,7 +202,6 @@ def estimate(
     gathered = 0
     if n > 1:
         gathered = 2 * max(profile.layer_params) * place.base_bytes  # current + prefetched layer, unsharded
-    static = weights + adapters + states + gathered
     casts = 0  # bf16 copies autocast keeps through forward and backward
     if cfg.autocast and cfg.method == "lora":
         casts = sz.adapter_params * 2 // n

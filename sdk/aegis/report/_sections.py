@@ -28,7 +28,6 @@ from aegis.report.format import (
     format_share,
     format_usd,
     config_diff,
-    headroom_verdict,
     method_label,
     method_short,
     optimizer_label,
