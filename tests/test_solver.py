@@ -62,6 +62,15 @@ def test_nothing_fits_under_transformers_5_points_to_the_4x_expert_layout(model)
     assert v4.recommended is not None
 
 
+def test_the_4x_expert_layout_hint_counts_the_gpus_asked_for():
+    """On several GPUs the 4.x layout is tried sharded over them (FSDP), as the plan it points to runs."""
+    ask = "qlora mixtral-8x22b on 2x a100 80gb"
+    report = aegis.plan(ask, transformers_version="5.23.0", detect_stack=False)
+    assert report.recommended is None and "FSDP over the 2 GPUs (--transformers 4.57)" in report.nothing_fits
+    v4 = aegis.plan(ask, transformers_version="4.57", detect_stack=False)
+    assert v4.recommended is not None and v4.multi_gpu is not None and v4.multi_gpu.assumed == "fsdp"
+
+
 def test_nothing_fits_says_what_would():
     report = aegis.plan("full finetune llama-3.1-8b on 3060")
     assert report.recommended is None

@@ -260,7 +260,7 @@ def _nothing_fits(profile: ModelProfile, gpu: GPU, gpu_count: int, solution: Sol
         if q.recommended or q.fallbacks:
             parts.append("QLoRA fits on this GPU")
     if kwargs["method"] != "full" and len(parts) == 1:
-        v4 = _v4_qlora(profile, gpu, qlora)
+        v4 = _v4_qlora(profile, gpu, qlora, gpu_count)
         if v4:
             parts.append(v4)
     for other in hardware.list_gpus():
@@ -286,20 +286,23 @@ LAST_V4 = "4.57"
 """The last transformers 4 release line: MoE experts as separate ``nn.Linear`` (fused 3-D tensors from 5.0)."""
 
 
-def _v4_qlora(profile: ModelProfile, gpu: GPU, kwargs: dict) -> str | None:
+def _v4_qlora(profile: ModelProfile, gpu: GPU, kwargs: dict, gpu_count: int = 1) -> str | None:
     """'QLoRA under transformers 4.x fits' when this MoE's experts, fused (and left unquantised by bitsandbytes)
-    under transformers 5, are separate nn.Linear in the registry's 4.x layout and NF4 there makes the job fit."""
+    under transformers 5, are separate nn.Linear in the registry's 4.x layout and NF4 there makes the job fit
+    (on the GPUs asked for: sharded with FSDP when there are several)."""
     from aegis.architectures import registry
 
     entry = registry.find(profile.model_type)
     if not profile.is_moe or profile.layout_major < 5 or entry is None or entry.moe is None or not entry.moe.v4_experts:
         return None
     stack = kwargs["stack"].model_copy(update={"transformers_version": LAST_V4})
-    v4 = solve(profile_for_stack(profile, stack), gpu, **{**kwargs, "stack": stack})
+    shards = {"fsdp_shards": gpu_count} if gpu_count > 1 else {}
+    v4 = solve(profile_for_stack(profile, stack), gpu, **{**kwargs, "stack": stack}, **shards)
     if not (v4.recommended or v4.fallbacks):
         return None
+    where = f" with FSDP over the {gpu_count} GPUs" if gpu_count > 1 else ""
     return (f"QLoRA under transformers {entry.transformers_since}-{LAST_V4}, whose separate expert nn.Linear "
-            f"bitsandbytes quantises to NF4 (--transformers {LAST_V4})")
+            f"bitsandbytes quantises to NF4{where} (--transformers {LAST_V4})")
 
 
 def _counterfactual(profile, rec: Tier, gpu: GPU, epoch_tokens, epochs: float, kwargs: dict) -> list:
