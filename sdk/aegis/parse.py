@@ -108,6 +108,12 @@ class ParsedRequest(Frozen):
     def ok(self) -> bool:
         return not self.issues
 
+    def strict(self) -> PlanRequest:
+        """The request; RequestParseError naming each unknown or ambiguous part when there is one."""
+        if self.issues:
+            raise RequestParseError("; ".join(issue.message for issue in self.issues))
+        return self.request
+
 
 # ---------------------------------------------------------------------------------------------- text
 
@@ -760,7 +766,4 @@ def parse_request_lenient(text: str) -> ParsedRequest:
 
 def parse_request(text: str) -> PlanRequest:
     """The `PlanRequest` a free-text request describes; RequestParseError naming each unknown/ambiguous part."""
-    result = parse_request_lenient(text)
-    if result.issues:
-        raise RequestParseError("; ".join(issue.message for issue in result.issues))
-    return result.request
+    return parse_request_lenient(text).strict()

@@ -53,7 +53,6 @@ _PADDING_OVERHEAD = 1.25
 """Dynamic padding: a batch is padded to its longest row; tokens processed <= 1.25 x real tokens."""
 
 
-
 def default_precision(gpu: GPU) -> Precision:
     """bf16 where the card has bf16 tensor cores; else fp16 mixed precision (fp16 autocast with loss scaling, which
     for LoRA/QLoRA keeps the frozen base in fp16): on a T4 or V100 bf16 runs emulated at the fp32 rate."""
@@ -68,9 +67,7 @@ def plan(request: str | PlanRequest | None = None, *, sample_rows: int = 1000, p
     said: tuple[str, ...] = ()  # how the text's words were read ('instuct' as instruct, an Ollama tag)
     if isinstance(request, str):
         result = parse_request_lenient(request)
-        if result.issues:
-            raise RequestParseError("; ".join(issue.message for issue in result.issues))
-        parsed, said = result.request, result.notes
+        parsed, said = result.strict(), result.notes
     else:
         parsed = request or PlanRequest()
     try:

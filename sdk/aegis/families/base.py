@@ -286,8 +286,8 @@ class Family:
         return float(arch.value(c, key) or 0.0) if key else 0.0
 
     def attention_dropout(self, c: dict[str, Any]) -> float:
-        """``attention_dropout`` of the config, or its transformers default (0 for all but Seed-OSS's 0.1)."""
-        return float(arch.value(c, "attention_dropout") or 0.0) if "attention_dropout" in self.entry.defaults else 0.0
+        """``attention_dropout`` of the config, or its transformers default (the registry lists it for every family)."""
+        return float(arch.value(c, "attention_dropout") or 0.0)
 
     def kv_cache_elements(self, c: dict[str, Any]) -> int:
         """Elements the KV cache holds per token and layer: keys and values of every kv head (MLA: its latent)."""
