@@ -186,7 +186,7 @@ def families() -> tuple[FamilyRule, ...]:
 
 _GENERIC = FamilyRule(
     family="generic", label="an unknown family", model_types=(), id_pattern="(?!)", template="chatml",
-    tokenizer=TokenizerSpec(kind="cl100k", approximates="the model's"),
+    tokenizer=TokenizerSpec(kind="cl100k", approximates="model's"),
 )
 
 

@@ -61,7 +61,8 @@ def risks_and_notes(report: PlanReport, profile: ModelProfile) -> tuple[list[Ris
             risks.append(Risk(level="warn", title="Truncation", detail=(
                 f"{ds.truncated_share:.0%} of rows exceed seq {ds.seq_len:,} and will be cut: raise seq or filter them")))
         if not ds.tokenizer_exact:
-            notes.append(f"token counts from {ds.tokenizer} -- an approximation of the model's own tokenizer")
+            notes.append(f"token counts from {ds.tokenizer}; a local model folder or a cached tokenizer gives "
+                         "exact counts")
     if profile.is_moe:
         notes.append(
             f"MoE: all {profile.total_params / 1e9:.1f}B parameters ({profile.num_experts} experts/layer) are held in memory, "
