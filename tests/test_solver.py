@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 import aegis
 from aegis.memory.estimate import estimate
+from aegis.schema import LoRAConfig, TrainConfig
 from aegis.solver import AGGRESSIVE_HEADROOM_BYTES, comfort_bytes, solve
 
 GPUS = ["rtx-3060-12gb", "rtx-3090", "rtx-4090", "l4", "a100-40gb", "a100-80gb", "h100-sxm"]
@@ -32,8 +33,12 @@ def test_every_tier_fits_its_budget(model, gpu, method, seq, eff):
             assert again.total_bytes < previous
         previous = again.total_bytes
     if sol.recommended:
-        assert sol.recommended.headroom_bytes >= comfort_bytes(card)
         assert sol.recommended.config.effective_batch_size >= eff
+        if sol.recommended.headroom_bytes < comfort_bytes(card):  # tight only when no config keeps the comfort
+            assert sol.recommended.headroom_bytes >= 0 and sol.recommended.summary.startswith("tight")
+            assert sol.smallest.headroom_bytes < comfort_bytes(card)
+    else:  # nothing recommended: not even the smallest configuration fits
+        assert not sol.fallbacks and sol.smallest.headroom_bytes < 0
     if sol.aggressive:
         assert 0 <= sol.aggressive.headroom_bytes
         assert sol.aggressive.relative_speed > sol.recommended.relative_speed if sol.recommended else True
@@ -90,3 +95,17 @@ def test_multi_gpu_reports_ddp_and_fsdp():
 def test_plan_missing_gpu_is_a_clear_error():
     with pytest.raises(aegis.RequestParseError, match="no GPU named"):
         aegis.plan("lora llama-3.1-8b")
+
+
+def test_a_job_that_fits_only_with_memory_savings_is_planned_with_them():
+    """No micro batch of QLoRA Gemma 2 27B fits a 24 GB card as asked (AdamW, rank 16, full loss), but with the
+    fallbacks' savings it does: the plan recommends that config and says why, instead of 'nothing fits'."""
+    report = aegis.plan("qlora gemma-2-27b on rtx 3090", detect_stack=False)
+    for ckpt in (False, True):  # as asked, not even micro batch 1 fits
+        asked = TrainConfig(method="qlora", micro_batch_size=1, seq_len=1024, gradient_checkpointing=ckpt,
+                            lora=LoRAConfig(), stack=report.stack)
+        assert estimate(aegis.resolve_model("gemma-2-27b"), asked, gpu=report.gpu).high_bytes > report.gpu.memory_bytes
+    rec = report.recommended
+    assert rec is not None and rec.fits and report.nothing_fits is None
+    assert (rec.config.optimizer, rec.config.chunked_cross_entropy, rec.config.lora_config.rank) != ("adamw", False, 16)
+    assert rec.summary.startswith(("no micro batch fits as asked", "tight"))

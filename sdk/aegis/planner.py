@@ -36,7 +36,7 @@ from aegis.schema import (
     default_lora_targets,
     lora_target_names,
 )
-from aegis.solver import Solution, solve
+from aegis.solver import Solution, relative_speed, solve
 from aegis.throughput import costs, tokens_per_s_range
 from aegis.units import gib
 
@@ -236,12 +236,17 @@ def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: d
     ref = (ddp.recommended or fsdp.recommended or ddp.smallest).config
     ddp_bytes = estimate(profile, ref, gpu=gpu).total_bytes
     fsdp_bytes = estimate(profile, ref, gpu=gpu, fsdp_shards=n).total_bytes
-    use_ddp = ddp.recommended is not None and ddp.recommended.config.micro_batch_size >= (
-        fsdp.recommended.config.micro_batch_size if fsdp.recommended else 0)
+    def speed(solution: Solution, efficiency: tuple[float, float]) -> tuple[bool, float]:
+        """Whether the config is as asked (no memory savings), then its speed per GPU with scaling."""
+        rec = solution.recommended
+        return (not solution.savings, relative_speed(rec.config) * sum(efficiency) / 2) if rec else (False, 0.0)
+
+    use_ddp = ddp.recommended is not None and speed(ddp, _DDP_EFFICIENCY) >= speed(fsdp, _FSDP_EFFICIENCY)
     chosen = ddp if use_ddp else fsdp
     reason = ("DDP fits with comfortable headroom and needs no weight gathering" if use_ddp else
               "FSDP FULL_SHARD: sharding weights, grads and optimizer states over the GPUs is what makes it fit"
-              if ddp.recommended is None else "FSDP allows a larger micro batch than DDP")
+              if ddp.recommended is None else
+              "FSDP allows a faster config than DDP (a larger micro batch, or fewer memory savings)")
     eff = _DDP_EFFICIENCY if use_ddp else _FSDP_EFFICIENCY
     return chosen, MultiGPU(gpu_count=n, ddp_bytes=ddp_bytes, fsdp_bytes=fsdp_bytes, assumed="ddp" if use_ddp else "fsdp",
                             reason=reason, efficiency_low=eff[0], efficiency_high=eff[1])

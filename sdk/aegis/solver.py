@@ -64,6 +64,8 @@ class Solution:
     smallest: Tier
     """The smallest configuration tried (shown when nothing fits)."""
     notes: list[str] = field(default_factory=list)
+    savings: bool = False
+    """The recommended config trades something asked for memory (8-bit optimizer, chunked loss, lower rank)."""
 
 
 def _tier(profile: ModelProfile, gpu: GPU, cfg: TrainConfig, name: str, summary: str, fsdp: int, eval_seq: int | None) -> Tier:
@@ -143,11 +145,15 @@ def solve(
         return max(candidates, key=relative_speed) if candidates else None
 
     rec_cfg = best_for(comfort)
-    recommended = None
+    recommended, savings = None, False
     if rec_cfg is not None:
         why = "checkpointing ON: without it even micro batch 1 leaves too little headroom" if rec_cfg.gradient_checkpointing \
             else "checkpointing OFF: not needed at this headroom"
         recommended = tier(rec_cfg, "recommended", f"fastest config with >= {gib(comfort)} headroom; {why}")
+    else:  # no micro batch fits as asked: the fewest memory savings that make one fit
+        rec_cfg, why = _with_savings(make, tier, largest, ckpt_options, method, lora, comfort)
+        if rec_cfg is not None:
+            recommended, savings = tier(rec_cfg, "recommended", why), True
     agg_cfg = best_for(0)
     aggressive = None
     if agg_cfg is not None and (rec_cfg is None or relative_speed(agg_cfg) > relative_speed(rec_cfg) * 1.01):
@@ -159,7 +165,46 @@ def solve(
     start = rec_cfg or make(1, False)
     fallbacks = _fallback_chain(start, tier, make, method, lora, gpu)
     smallest = _smallest(make, method, lora, tier)
-    return Solution(recommended=recommended, aggressive=aggressive, fallbacks=fallbacks, smallest=smallest, notes=notes)
+    return Solution(recommended=recommended, aggressive=aggressive, fallbacks=fallbacks, smallest=smallest, notes=notes,
+                    savings=savings)
+
+
+def _savings(start: TrainConfig, method: Method, lora: LoRAConfig | None) -> list[tuple[str, dict]]:
+    """The memory savings that cost no quality or little, cheapest first (applied cumulatively)."""
+    steps: list[tuple[str, dict]] = []
+    if start.optimizer == "adamw":
+        steps.append(("paged 8-bit AdamW: near-identical quality", {"optimizer": "paged_adamw_8bit"}))
+    if not start.chunked_cross_entropy:
+        steps.append(("chunked cross-entropy (e.g. Liger/Unsloth kernels): same quality", {"chunked_cross_entropy": True}))
+    if lora is not None and lora.rank > 8:
+        steps.append((f"LoRA rank {max(8, lora.rank // 2)}: fewer adapter parameters, slightly lower capacity",
+                      {"lora": lora.model_copy(update={"rank": max(8, lora.rank // 2)})}))
+    return steps
+
+
+def _with_savings(make, tier, largest, ckpt_options, method: Method, lora: LoRAConfig | None,
+                  comfort: int) -> tuple[TrainConfig | None, str]:
+    """The recommended config when no micro batch fits as asked: the fewest savings (`_savings`) after which one
+    keeps the comfortable headroom, at the largest micro batch that then does; else the fewest after which one fits
+    at all (tight)."""
+    extra: dict = {}
+    applied: list[str] = []
+    tight: tuple[TrainConfig, str] | None = None
+    for summary, change in _savings(make(1, True), method, lora):
+        extra.update(change)
+        applied.append(summary.split(":")[0])
+        for room in (comfort, 0):
+            found = [make(mb, ckpt, **extra) for ckpt in ckpt_options if (mb := largest(ckpt, room, **extra))]
+            if not found:
+                continue
+            best = max(found, key=relative_speed)
+            if room:
+                return best, (f"no micro batch fits as asked; with {', '.join(applied)} the fastest config keeps "
+                              f">= {gib(comfort)} headroom")
+            if tight is None:
+                tight = best, (f"tight: no micro batch fits as asked, and with {', '.join(applied)} it fits "
+                               f"with less than {gib(comfort)} headroom")
+    return tight if tight is not None else (None, "")
 
 
 def _fallback_chain(start: TrainConfig, tier, make, method: Method, lora: LoRAConfig | None, gpu: GPU) -> list[Tier]:
@@ -173,13 +218,7 @@ def _fallback_chain(start: TrainConfig, tier, make, method: Method, lora: LoRACo
                       {"micro_batch_size": mb}))
     if not start.gradient_checkpointing:
         steps.append(("gradient checkpointing ON: ~25% slower, same quality", {"gradient_checkpointing": True}))
-    if start.optimizer == "adamw":
-        steps.append(("paged 8-bit AdamW: near-identical quality", {"optimizer": "paged_adamw_8bit"}))
-    if not start.chunked_cross_entropy:
-        steps.append(("chunked cross-entropy (e.g. Liger/Unsloth kernels): same quality", {"chunked_cross_entropy": True}))
-    if lora is not None and lora.rank > 8:
-        steps.append((f"LoRA rank {max(8, lora.rank // 2)}: fewer adapter parameters, slightly lower capacity",
-                      {"lora": lora.model_copy(update={"rank": max(8, lora.rank // 2)})}))
+    steps += _savings(start, method, start.lora if lora is not None else None)
     chain: list[Tier] = []
     current = start
     previous_bytes = tier(start).memory.total_bytes

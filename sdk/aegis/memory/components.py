@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aegis.errors import InvalidConfigError
+from aegis.families.base import LayerShape
 from aegis.memory._dtypes import Placement
 from aegis.schema import LoRAConfig, ModelProfile, TrainConfig, lora_selects, lora_target_names
 
 __all__ = ["NF4_BLOCK", "NF4_BLOCK2", "nf4_bytes", "Sizes", "sizes", "optimizer_state_bytes", "optimizer_temp_bytes",
-           "check_lora_targets"]
+           "check_lora_targets", "layer_storage_bytes"]
 
 NF4_BLOCK = 64
 """Elements per NF4 quantisation block (one absmax each)."""
@@ -61,6 +62,9 @@ class Sizes:
     quantized_params: int
     decay_params: int
     """Trainable elements in the weight-decay group (HF: all but biases and norms) — the largest foreach group."""
+    quant_state_bytes: int = 0
+    """QLoRA: the part of ``base_bytes`` that is NF4 quantisation state (absmax, nested absmax, code book, offset),
+    held by each ``Params4bit`` beside its packed data rather than as a parameter (FSDP does not shard it)."""
 
 
 def sizes(profile: ModelProfile, cfg: TrainConfig, place: Placement) -> Sizes:
@@ -83,6 +87,7 @@ def sizes(profile: ModelProfile, cfg: TrainConfig, place: Placement) -> Sizes:
         quant = [m for m in profile.linear_modules if m.quantizable]
         quantized = sum(m.count * m.in_features * m.out_features for m in quant)
         nf4 = sum(m.count * nf4_bytes(m.in_features * m.out_features) for m in quant)
+        packed = sum(m.count * _round((m.in_features * m.out_features) / 2) for m in quant)
         rest = profile.total_params - quantized
         base = nf4 + rest * place.unquantized_bytes
         formula = (
@@ -99,8 +104,24 @@ def sizes(profile: ModelProfile, cfg: TrainConfig, place: Placement) -> Sizes:
         base_bytes=base, base_formula=formula,
         adapter_params=adapters, adapter_bytes=adapters * place.adapter_bytes,
         trainable_params=adapters, trainable_bytes_per_param=place.adapter_bytes,
-        quantized_params=quantized, decay_params=adapters,
+        quantized_params=quantized, decay_params=adapters, quant_state_bytes=nf4 - packed if quantized else 0,
     )
+
+
+def layer_storage_bytes(layer: LayerShape, cfg: TrainConfig, place: Placement) -> int:
+    """Bytes of one decoder layer's parameters as stored: what FSDP all-gathers for the layer. QLoRA's quantised
+    weights are their packed NF4 data (two 4-bit codes per byte, whatever the storage dtype); the rest is held at
+    its element size."""
+    unq = place.unquantized_bytes if cfg.method == "qlora" else place.base_bytes
+    total = (layer.norm_params + layer.router_params) * unq
+    for lin in layer.linears:
+        elements = lin.in_features * lin.out_features
+        if cfg.method == "qlora" and lin.quantizable:
+            total += lin.count * -(-elements // 2)
+        else:
+            total += lin.count * elements * unq
+        total += lin.count * lin.out_features * unq if lin.bias else 0
+    return total
 
 
 def optimizer_state_bytes(cfg: TrainConfig, trainable: int, state_bytes: int) -> tuple[int, str]:

@@ -23,7 +23,9 @@ from aegis.memory._dtypes import dtype_name, placement
 from aegis.memory.activations import (
     Setting, fixed_saved_by_layer, head_saved_bytes_per_token, loss_bytes_per_token, terms_by_layer,
 )
-from aegis.memory.components import check_lora_targets, optimizer_state_bytes, optimizer_temp_bytes, sizes
+from aegis.memory.components import (
+    check_lora_targets, layer_storage_bytes, optimizer_state_bytes, optimizer_temp_bytes, sizes,
+)
 from aegis.memory.stack import (
     backward_width, check_stack, checkpoint_keeps_inputs, fused_loss, profile_for_stack, stack_notes, stack_setting,
 )
@@ -40,6 +42,11 @@ __all__ = ["estimate_memory", "estimate", "DEFAULT_OVERHEAD_BYTES"]
 GIB = 1 << 30
 DEFAULT_OVERHEAD_BYTES = 1 * GIB
 """CUDA context + framework reservation assumed when no GPU is given."""
+FSDP_QLORA_NOTE = (
+    "FSDP QLoRA: NF4 weights in bf16 storage (bnb_4bit_quant_storage=bfloat16) and no "
+    "prepare_model_for_kbit_training (TRL and axolotl skip it when sharding: FSDP1's flat parameters need one "
+    "dtype): embeddings, head and norms stay bf16")
+"""Why a sharded QLoRA plan is sized without k-bit preparation, whatever the trainer's single-GPU default."""
 _DYNAMIC_FRACTION = 0.04
 _DYNAMIC_FLOOR = 256 << 20
 
@@ -147,12 +154,15 @@ def estimate(
         raise InvalidConfigError(f"fsdp_shards must be >= 1, got {fsdp_shards}")
     fam = get_family(profile.config)
     c = profile.config
+    asked = cfg
+    n = fsdp_shards
+    if n > 1 and cfg.method == "qlora" and cfg.stack.kbit_prep_effective:
+        cfg = cfg.model_copy(update={"stack": cfg.stack.model_copy(update={"kbit_prep": False})})
     place = placement(cfg)
     sz = sizes(profile, cfg, place)
     lora = cfg.lora_config
     b, s = cfg.micro_batch_size, cfg.seq_len
     tokens = b * s
-    n = fsdp_shards
 
     eager = cfg.attention == "eager" or not fam.sdpa_supported
     setting = step_setting(profile, cfg, fam, place)
@@ -193,15 +203,17 @@ def estimate(
     states, states_formula = optimizer_state_bytes(cfg, sz.trainable_params, place.state_bytes)
     temp, temp_formula = optimizer_temp_bytes(cfg, sz.decay_params, place.state_bytes)
 
-    weights = sz.base_bytes // n
+    # FSDP shards parameters; an NF4 weight's quantisation state (absmax, code book) is not one and stays whole
+    weights = (sz.base_bytes - sz.quant_state_bytes) // n + sz.quant_state_bytes
     adapters = sz.adapter_bytes // n
     states //= n
     grads_total //= n
     temp //= n
     head_grad //= n
-    gathered = 0
-    if n > 1:
-        gathered = 2 * max(profile.layer_params) * place.base_bytes  # current + prefetched layer, unsharded
+    gathered = gathered_layer = 0
+    if n > 1:  # the current and the prefetched layer, unsharded, in their storage dtype
+        gathered_layer = max(layer_storage_bytes(layer, cfg, place) for layer in {id(x): x for x in layers}.values())
+        gathered = 2 * gathered_layer
     casts = 0  # bf16 copies autocast keeps through forward and backward
     if cfg.autocast and cfg.method == "lora":
         casts = sz.adapter_params * 2 // n
@@ -250,7 +262,10 @@ def estimate(
         act_formula = f"{tokens:,} tokens x {len(layers)} layers x {per_token_layers / len(layers):,.0f} B/token/layer ({detail})"
 
     labels = {
-        "weights": (f"Base model ({_weights_label(cfg, place)})", sz.base_formula + (f" / {n} shards" if n > 1 else ""),
+        "weights": (f"Base model ({_weights_label(cfg, place)})", sz.base_formula + (
+                        "" if n == 1 else f" / {n} shards" if not sz.quant_state_bytes else
+                        f"; the packed weights and the rest / {n} shards, the {sz.quant_state_bytes:,} B of "
+                        f"quantisation state whole on every GPU"),
                     "frozen" if cfg.method != "full" else "trained in place"),
         "adapters": (f"LoRA adapters ({'fp32' if place.adapter_bytes == 4 else 'bf16'})",
                      f"{sz.adapter_params:,} params (rank {lora.rank}) x {place.adapter_bytes} B",
@@ -270,7 +285,8 @@ def estimate(
         "optimizer temporaries": ("Optimizer-step temporaries", temp_formula, "foreach AdamW allocates a state-sized buffer"),
         "casts": ("Autocast weight copies", "bf16 copies of fp32 weights used in autocast matmuls, kept for backward",
                   "torch.autocast casts fp32 weights per forward"),
-        "gathered": ("FSDP gathered layers", f"2 x {max(profile.layer_params):,} params x {place.base_bytes} B",
+        "gathered": ("FSDP gathered layers", f"2 x {gathered_layer:,} B: the largest layer's parameters as stored"
+                     + (" (NF4 packed 2 per byte in bf16 storage; norms and biases bf16)" if cfg.method == "qlora" else ""),
                      "the current and the prefetched layer, unsharded"),
     }
     components = tuple(
@@ -285,10 +301,12 @@ def estimate(
     eval_peak = _eval_peak(profile, fam, cfg, place, static=weights + adapters + states,
                            seq=eval_seq_len or s, batch=eval_batch_size or b, width=width) + overhead
     notes = (f"peak at the {peak.name}",)
+    if cfg is not asked:
+        notes += (FSDP_QLORA_NOTE,)
     if eager and cfg.attention != "eager":
         notes += (f"{profile.architecture} runs eager attention in transformers (no SDPA): scores are materialised",)
     return MemoryEstimate(
-        model_id=profile.model_id, config=cfg, components=components, tensor_bytes=tensor,
+        model_id=profile.model_id, config=asked, components=components, tensor_bytes=tensor,
         overhead_bytes=overhead, dynamic_margin_bytes=dynamic, total_bytes=total,
         low_bytes=total - dynamic, high_bytes=total + dynamic, eval_peak_bytes=eval_peak,
         peak_phase=peak.name, notes=notes, stack_notes=tuple(stack_notes(profile, cfg)),

@@ -142,7 +142,7 @@ def memory_facts(report: PlanReport, tier: Tier) -> MemoryFacts:
     return MemoryFacts(
         total_bytes=mem.total_bytes, low_bytes=mem.low_bytes, high_bytes=mem.high_bytes,
         margin_bytes=mem.dynamic_margin_bytes, headroom_bytes=tier.headroom_bytes, budget_bytes=budget,
-        budget_label=label, verdict=headroom_verdict(tier.headroom_bytes),
+        budget_label=label, verdict=headroom_verdict(tier.headroom_bytes, report.gpu),
         reserved_bytes=mem.reserved_bytes, device_bytes=mem.device_bytes,
     )
 

@@ -331,7 +331,10 @@ def stack_text(report: PlanReport) -> str:
         return f" ({src[key]})" if src.get(key, "default") != "default" else ""
 
     parts = [_TRAINER_NAMES[st.trainer] + origin("trainer"), f"transformers {st.transformers_version}" + origin("transformers_version")]
-    if report.method == "qlora":
+    sharded = report.multi_gpu is not None and report.gpu_count > 1 and report.multi_gpu.assumed == "fsdp"
+    if report.method == "qlora" and sharded and st.kbit_prep_effective:  # `aegis.memory.estimate.FSDP_QLORA_NOTE`
+        parts.append("no k-bit prep under FSDP (TRL and axolotl skip it when sharding): bf16 embeddings/head/norms")
+    elif report.method == "qlora":
         parts.append(("k-bit prep: fp32 embeddings/head/norms" if st.kbit_prep_effective
                       else "no k-bit prep: bf16 embeddings/head/norms") + origin("kbit_prep"))
     if st.liger:

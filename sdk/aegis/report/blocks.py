@@ -82,7 +82,7 @@ def _summary(report: PlanReport) -> str:
         return f":x: *Does not fit.* {_esc(report.nothing_fits or 'No configuration fits this GPU.')}"
     return (
         f":white_check_mark: *Fits* with {format_bytes(rec.headroom_bytes, 1)} headroom "
-        f"({headroom_verdict(rec.headroom_bytes)}): {format_bytes(rec.memory.total_bytes)} predicted "
+        f"({headroom_verdict(rec.headroom_bytes, report.gpu)}): {format_bytes(rec.memory.total_bytes)} predicted "
         f"({format_bytes_range(rec.memory.low_bytes, rec.memory.high_bytes)})."
     )
 
@@ -135,7 +135,7 @@ def _memory_block(report: PlanReport) -> dict[str, Any] | None:
     width = max(len(row.name) for row in table.rows)
     lines = [f"{row.name:<{width}}  {row.amount:>14}" for row in table.rows]
     head = f"*VRAM breakdown* {_esc(memory.subtitle)}\n"
-    tail = f"\nHeadroom: {format_bytes(tier.headroom_bytes, 1)} ({headroom_verdict(tier.headroom_bytes)})"
+    tail = f"\nHeadroom: {format_bytes(tier.headroom_bytes, 1)} ({headroom_verdict(tier.headroom_bytes, report.gpu)})"
     body = "```" + _esc("\n".join(lines)) + "```"
     room = LIMITS["section_text"] - len(head) - len(tail)
     if len(body) > room:

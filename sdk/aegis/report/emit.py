@@ -123,6 +123,7 @@ def _context(report: PlanReport) -> dict[str, Any]:
     packing, packing_reason = _packing(report)
     model_name = report.model.model_id.rstrip("/").split("/")[-1]
     multi = report.multi_gpu if report.gpu_count > 1 else None
+    fsdp = multi is not None and multi.assumed == "fsdp"
     fallbacks = [
         f"{i}. {config_diff(cfg, t.config)} -> {format_bytes(t.memory.total_bytes, 1)} ({t.summary})"
         for i, t in enumerate(report.fallbacks, 1)
@@ -160,7 +161,9 @@ def _context(report: PlanReport) -> dict[str, Any]:
         "fallbacks": [_one_line(f) for f in fallbacks],
         "stack_label": _one_line(stack_text(report)),
         "stack": report.stack,
-        "kbit_prep": report.stack.kbit_prep_effective,
+        "fsdp": fsdp,
+        # sharded QLoRA is planned without k-bit preparation (`aegis.memory.estimate.FSDP_QLORA_NOTE`)
+        "kbit_prep": report.stack.kbit_prep_effective and not (fsdp and cfg.method == "qlora"),
         "use_reentrant": report.stack.checkpointing == "reentrant",
         **_precision(cfg.precision, cfg.method),
     }

@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable
 
 from aegis.units import GIB
-from aegis.schema import ALL_LINEAR_TARGETS, LORA_GATE_TARGETS, Method, Optimizer, TrainConfig
+from aegis.schema import ALL_LINEAR_TARGETS, GPU, LORA_GATE_TARGETS, Method, Optimizer, TrainConfig
 
 __all__ = [
     "GB",
@@ -195,11 +195,14 @@ def targets_label(targets: Iterable[str], known: Iterable[str] = ()) -> str:
     return label
 
 
-def headroom_verdict(headroom_bytes: int) -> str:
-    """One word on a headroom: ``'comfortable'``, ``'tight'`` (< 1 GiB) or ``'does not fit'``."""
+def headroom_verdict(headroom_bytes: int, gpu: GPU | None = None) -> str:
+    """One word on a headroom: ``'comfortable'``, ``'tight'`` or ``'does not fit'``. Tight is under the headroom the
+    solver's recommended tier keeps on ``gpu`` (`aegis.solver.comfort_bytes`), or under 1 GiB with no GPU."""
+    from aegis.solver import comfort_bytes
+
     if headroom_bytes < 0:
         return "does not fit"
-    if headroom_bytes < _TIGHT_HEADROOM_BYTES:
+    if headroom_bytes < (comfort_bytes(gpu) if gpu is not None else _TIGHT_HEADROOM_BYTES):
         return "tight"
     return "comfortable"
 
