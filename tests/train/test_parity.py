@@ -380,10 +380,10 @@ def test_eager_attention_backward_equals_autodiff(dtype) -> None:
     mask = jnp.asarray(mask)
     for softcap in (None, 1.5):
         def ours(q, k, v, softcap=softcap):
-            return jnp.sum(eager_attention(q, k, v, mask, 0.35, softcap, groups).astype(jnp.float32) * g)
+            return jnp.sum(eager_attention(q, k, v, mask, None, 0.35, softcap, groups).astype(jnp.float32) * g)
 
         def reference(q, k, v, softcap=softcap):
-            return jnp.sum(_eager_forward(q, k, v, mask, 0.35, softcap, groups)[0].astype(jnp.float32) * g)
+            return jnp.sum(_eager_forward(q, k, v, mask, None, 0.35, softcap, groups, 0.0)[0].astype(jnp.float32) * g)
 
         got = jax.grad(ours, argnums=(0, 1, 2))(qg, kt, vt)
         want = jax.grad(reference, argnums=(0, 1, 2))(qg, kt, vt)

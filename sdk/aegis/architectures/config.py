@@ -36,6 +36,8 @@ __all__ = [
     "max_position_embeddings",
     "rms_norm_eps",
     "lm_head_bias",
+    "attention_dropout",
+    "residual_dropout",
     "attention_biases",
     "mlp_bias",
     "sliding_window",
@@ -166,6 +168,19 @@ def lm_head_bias(config: dict[str, Any]) -> bool:
     """Whether the LM head has a bias: Phi-MoE's ``lm_head_bias`` (default False); no other family has one."""
     entry = _entry(config)
     return entry is not None and entry.lm_head_bias_key is not None and bool(value(config, entry.lm_head_bias_key))
+
+
+def attention_dropout(config: dict[str, Any]) -> float:
+    """``attention_dropout`` (on the attention probabilities in training), or its transformers default."""
+    return float(value(config, "attention_dropout") or 0.0)
+
+
+def residual_dropout(config: dict[str, Any]) -> float:
+    """Dropout on each sublayer's output before its residual add, where the family has one (Seed-OSS
+    ``residual_dropout``), else 0."""
+    entry = _entry(config)
+    key = entry.residual_dropout_key if entry is not None else None
+    return float(value(config, key) or 0.0) if key else 0.0
 
 
 def rms_norm_eps(config: dict[str, Any]) -> float:

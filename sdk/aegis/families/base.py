@@ -282,12 +282,11 @@ class Family:
 
     def residual_dropout(self, c: dict[str, Any]) -> float:
         """Dropout probability on each sublayer's output before the residual add (Seed-OSS), else 0."""
-        key = self.entry.residual_dropout_key
-        return float(arch.value(c, key) or 0.0) if key else 0.0
+        return arch.residual_dropout(c)
 
     def attention_dropout(self, c: dict[str, Any]) -> float:
         """``attention_dropout`` of the config, or its transformers default (the registry lists it for every family)."""
-        return float(arch.value(c, "attention_dropout") or 0.0)
+        return arch.attention_dropout(c)
 
     def kv_cache_elements(self, c: dict[str, Any]) -> int:
         """Elements the KV cache holds per token and layer: keys and values of every kv head (MLA: its latent)."""

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aegis.train.models.layers import Ctx, attention_block, mlp_block, moe_block, rms_norm
+from aegis.train.models.layers import Ctx, attention_block, dropout, mlp_block, moe_block, rms_norm
 from aegis.train.models.rope import cos_sin
 from aegis.train.models.spec import FULL_WINDOW, ArchSpec, layer_stacks, param_shapes, stack_spec
 from aegis.train.nf4 import NF4Tensor
@@ -55,7 +55,12 @@ def standard_layer(
     eps, gemma = spec.rms_norm_eps, spec.gemma_norm
     h = rms_norm(x, p["input_layernorm"]["weight"], eps, gemma=gemma)
     h = attention_block(spec, p["self_attn"], h, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lora.get("self_attn"))
-    ff = moe_block if spec.moe is not None else mlp_block
+    h = _residual_dropout(spec, h, ctx, "attention")
+    block = moe_block if spec.moe is not None else mlp_block
+
+    def ff(spec: ArchSpec, p: Any, h: jax.Array, ctx: Ctx, lora: Any) -> jax.Array:
+        return _residual_dropout(spec, block(spec, p, h, ctx, lora), ctx, "mlp")
+
     if spec.sandwich_norms:
         h = rms_norm(h, p["post_attention_layernorm"]["weight"], eps, gemma=gemma)
         x = x + h
@@ -66,6 +71,13 @@ def standard_layer(
     x = x + h
     h = rms_norm(x, p["post_attention_layernorm"]["weight"], eps, gemma=gemma)
     return x + ff(spec, p["mlp"], h, ctx, lora.get("mlp"))
+
+
+def _residual_dropout(spec: ArchSpec, h: jax.Array, ctx: Ctx, where: str) -> jax.Array:
+    """Seed-OSS: a sublayer's output dropped (training) before its residual add."""
+    if spec.residual_dropout <= 0.0:
+        return h
+    return dropout(h, spec.residual_dropout, ctx.train_rng(f"residual_dropout.{where}"))
 
 
 def segment_positions(segment_ids: jax.Array) -> jax.Array:

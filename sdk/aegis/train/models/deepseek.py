@@ -169,7 +169,8 @@ def mla_attention(
         idx = jnp.arange(s)
         mask = jnp.broadcast_to((idx[:, None] >= idx[None, :])[None], (b, s, s))
     qt, kt, vt = (t.transpose(0, 2, 1, 3) for t in (query, key, v))  # [b, heads, s, d]
-    out = eager_attention(qt, kt, vt, mask, spec.attn_scale, None, 1)  # [b, heads, s, v]
+    drop_key = ctx.train_rng("attention_dropout") if spec.attention_dropout > 0.0 else None
+    out = eager_attention(qt, kt, vt, mask, drop_key, spec.attn_scale, None, 1, spec.attention_dropout)  # [b, h, s, v]
     out = out.transpose(0, 2, 1, 3).reshape(b, s, heads * v_dim)
     return linear(p["o_proj"], out, ctx, _sub(lora, "o_proj"), "o_proj")
 

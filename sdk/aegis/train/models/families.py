@@ -136,6 +136,8 @@ def _base(config: dict[str, Any], **kw: Any) -> dict[str, Any]:
         o_bias=o_bias,
         mlp_bias=arch.mlp_bias(config),
         tie_embeddings=arch.tie_word_embeddings(config),
+        attention_dropout=arch.attention_dropout(config),
+        residual_dropout=arch.residual_dropout(config),
         **kw,
     )
 

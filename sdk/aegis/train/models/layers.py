@@ -101,6 +101,15 @@ def rms_norm(
     return weight.astype(x.dtype) * normed.astype(x.dtype)
 
 
+def dropout(x: jax.Array, p: float, key: jax.Array | None) -> jax.Array:
+    """``torch.nn.functional.dropout`` in training: each element zeroed with probability ``p``, the rest scaled by
+    ``1 / (1 - p)``, in ``x``'s dtype; ``x`` itself without a key (eval) or with ``p`` 0."""
+    if key is None or p <= 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - p, x.shape)
+    return jnp.where(keep, x / jnp.asarray(1.0 - p, x.dtype), jnp.zeros((), x.dtype))
+
+
 def _nf4_matmul(x: jax.Array, w: NF4Tensor, dtype: Any) -> jax.Array:
     return jnp.einsum("...i,oi->...o", x, dequantize(w, dtype))
 
@@ -139,11 +148,7 @@ def linear(p: dict[str, Any], x: jax.Array, ctx: Ctx, lora: dict[str, Any] | Non
     if lora:
         a = lora["lora_A"]["weight"].astype(ctx.dtype)  # [r, in]
         b = lora["lora_B"]["weight"].astype(ctx.dtype)  # [out, r]
-        xin = x
-        key = ctx.sub_rng(name)
-        if key is not None:
-            keep = jax.random.bernoulli(key, 1.0 - ctx.lora_dropout, x.shape)
-            xin = jnp.where(keep, x / (1.0 - ctx.lora_dropout), 0).astype(x.dtype)
+        xin = dropout(x, ctx.lora_dropout, ctx.sub_rng(name))
         y = y + _matmul(_matmul(xin, a, ctx.dtype), b, ctx.dtype) * jnp.asarray(ctx.lora_scale, ctx.dtype)
     return y
 
@@ -188,8 +193,10 @@ def attention_block(
         k = rms_norm(k, p["k_norm"]["weight"], spec.rms_norm_eps, gemma=spec.gemma_norm)
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
+    # training with attention dropout: the explicit-scores path (the fused kernels here take no dropout)
+    drop_key = ctx.train_rng("attention_dropout") if spec.attention_dropout > 0.0 else None
 
-    if ctx.attention != "xla":
+    if ctx.attention != "xla" and drop_key is None:
         out = jax.nn.dot_product_attention(
             q,
             k,
@@ -212,7 +219,8 @@ def attention_block(
     qg = q.reshape(b, s, hkv, groups, hd).transpose(0, 2, 3, 1, 4).reshape(b, hkv, groups * s, hd)
     kt = k.transpose(0, 2, 1, 3)  # [b, hkv, s, hd]
     vt = v.transpose(0, 2, 1, 3)
-    out = eager_attention(qg, kt, vt, mask, spec.attn_scale, spec.attn_softcap, groups)  # [b, hkv, groups*s, hd]
+    out = eager_attention(qg, kt, vt, mask, drop_key, spec.attn_scale, spec.attn_softcap, groups,
+                          spec.attention_dropout)  # [b, hkv, groups*s, hd]
     out = out.reshape(b, hkv, groups, s, hd).transpose(0, 3, 1, 2, 4).reshape(b, s, spec.q_size)
     return linear(p["o_proj"], out, ctx, _sub(lora, "o_proj"), "o_proj")
 
@@ -236,8 +244,13 @@ def _transposed(x: jax.Array) -> jax.Array:
     return jax.lax.optimization_barrier(jnp.swapaxes(x, 2, 3))
 
 
+def _attention_keep(key: jax.Array, p: float, shape: tuple[int, ...]) -> jax.Array:
+    return jax.random.bernoulli(key, 1.0 - p, shape)
+
+
 def _eager_forward(
-    qg: jax.Array, kt: jax.Array, vt: jax.Array, mask: jax.Array, scale: float, softcap: float | None, groups: int
+    qg: jax.Array, kt: jax.Array, vt: jax.Array, mask: jax.Array, drop_key: jax.Array | None, scale: float,
+    softcap: float | None, groups: int, drop: float,
 ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
     b, h, gs, _ = qg.shape
     s = kt.shape[2]
@@ -249,35 +262,46 @@ def _eager_forward(
     scores = scores.astype(jnp.float32).reshape(b, h, groups, s, s)
     scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).reshape(b, h, gs, s)
-    return _bmm_nn(probs.astype(vt.dtype), vt), probs, capped
+    p = probs.astype(vt.dtype)
+    if drop_key is not None:
+        p = jnp.where(_attention_keep(drop_key, drop, p.shape), p / jnp.asarray(1.0 - drop, p.dtype), 0)
+    return _bmm_nn(p, vt), probs, capped
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+@partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
 def eager_attention(
-    qg: jax.Array, kt: jax.Array, vt: jax.Array, mask: jax.Array, scale: float, softcap: float | None, groups: int
+    qg: jax.Array, kt: jax.Array, vt: jax.Array, mask: jax.Array, drop_key: jax.Array | None, scale: float,
+    softcap: float | None, groups: int, drop: float = 0.0,
 ) -> jax.Array:
     """transformers' eager attention on grouped queries ``qg [b, hkv, groups*s, hd]`` and keys/values
     ``[b, hkv, s, hd]``: scores in the compute dtype, optional tanh soft-cap, mask, softmax in float32,
-    probabilities cast back for the value matmul.
+    probabilities cast back, then (training, with ``drop_key``) dropped with probability ``drop``, for the value
+    matmul.
 
     The backward pass is written out (a custom VJP with the same residuals autodiff keeps: q, k, v and
     the float32 probabilities) so that its four matmuls are plain ``A @ B`` / ``A @ B^T`` GEMMs on
     explicitly transposed operands; autodiff's transposed-operand dots run several times slower on
-    XLA:CPU.
+    XLA:CPU. The dropout mask is not a residual: the backward draws it again from the key.
     """
-    return _eager_forward(qg, kt, vt, mask, scale, softcap, groups)[0]
+    return _eager_forward(qg, kt, vt, mask, drop_key, scale, softcap, groups, drop)[0]
 
 
-def _eager_fwd(qg, kt, vt, mask, scale, softcap, groups):  # noqa: ANN001, ANN202
-    out, probs, capped = _eager_forward(qg, kt, vt, mask, scale, softcap, groups)
-    return out, (qg, kt, vt, mask, probs, capped)
+def _eager_fwd(qg, kt, vt, mask, drop_key, scale, softcap, groups, drop):  # noqa: ANN001, ANN202
+    out, probs, capped = _eager_forward(qg, kt, vt, mask, drop_key, scale, softcap, groups, drop)
+    return out, (qg, kt, vt, mask, drop_key, probs, capped)
 
 
-def _eager_bwd(scale, softcap, groups, res, g):  # noqa: ANN001, ANN202
-    qg, kt, vt, mask, probs, capped = res
+def _eager_bwd(scale, softcap, groups, drop, res, g):  # noqa: ANN001, ANN202
+    qg, kt, vt, mask, drop_key, probs, capped = res
     p = probs.astype(vt.dtype)
+    keep = None
+    if drop_key is not None:  # the barrier keeps XLA from sharing the forward's mask (alive until here) by CSE
+        keep = _attention_keep(jax.lax.optimization_barrier(drop_key), drop, p.shape)
+        p = jnp.where(keep, p / jnp.asarray(1.0 - drop, p.dtype), 0)
     dv = _bmm_nn(_transposed(p), g.astype(vt.dtype))
     dp = _bmm_nt(g.astype(vt.dtype), vt).astype(jnp.float32)
+    if keep is not None:  # through the dropout, in the dtype it ran in
+        dp = jnp.where(keep, (dp.astype(vt.dtype) / jnp.asarray(1.0 - drop, vt.dtype)).astype(jnp.float32), 0.0)
     ds = probs * (dp - jnp.sum(dp * probs, axis=-1, keepdims=True))  # softmax backward
     b, h, gs, s = ds.shape
     # masked scores get no gradient (they are constants in the forward), also in rows that attend to nothing
@@ -288,7 +312,7 @@ def _eager_bwd(scale, softcap, groups, res, g):  # noqa: ANN001, ANN202
     ds = ds * jnp.asarray(scale, ds.dtype)
     dq = _bmm_nn(ds, kt)
     dk = _bmm_nn(_transposed(ds), qg)
-    return dq, dk, dv, None
+    return dq, dk, dv, None, None
 
 
 eager_attention.defvjp(_eager_fwd, _eager_bwd)

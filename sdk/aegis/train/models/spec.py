@@ -92,6 +92,8 @@ class ArchSpec:
     router_name: str = "gate"  # the router's key under ``mlp`` (Phi-MoE's nn.Linear ``router``, which PEFT wraps)
     layer_norm: bool = False  # Phi-MoE: LayerNorm (weight and bias) in place of every RMSNorm
     lm_head_bias: bool = False  # Phi-MoE: lm_head.bias [vocab]
+    attention_dropout: float = 0.0  # training: dropout on the attention probabilities (Granite 3.0, Seed-OSS: 0.1)
+    residual_dropout: float = 0.0  # training: dropout on each sublayer's output before its residual add (Seed-OSS)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
