@@ -202,6 +202,13 @@ def test_every_id_and_alias_finds_its_entry(entry):
     ("mistral-7b", "mistralai/Mistral-7B-v0.3"),
     ("deepseek-r1:7b", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"),
     ("smollm2:135m", "HuggingFaceTB/SmolLM2-135M"),
+    ("yi:34b", "01-ai/Yi-34B"),                            # the base, now bundled beside Yi-34B-Chat
+    ("yi-1.5-9b", "01-ai/Yi-1.5-9B"),
+    ("yi-1.5-34b-chat", "01-ai/Yi-1.5-34B-Chat"),          # not the -Chat-16K entry, whose stem it is
+    ("qwen2:7b", "Qwen/Qwen2-7B"),
+    ("granite-3.0-8b", "ibm-granite/granite-3.0-8b-base"),  # the base is listed before the instruct
+    ("granite3.1-moe:3b", "ibm-granite/granite-3.1-3b-a800m-base"),
+    ("qwen3-coder:480b", "Qwen/Qwen3-Coder-480B-A35B-Instruct"),
 ])
 def test_the_naming_rule(name, model_id):
     assert catalog.find_model(name).id == model_id

@@ -89,6 +89,9 @@ RIGHT = [
     ("mistral-small3.1:24b", "mistralai/Mistral-Small-3.1-24B-Instruct-2503"), ("qwen2:57b", "Qwen/Qwen2-57B-A14B"),
     ("qwen2:72b", "Qwen/Qwen2-72B"), ("yi1.5:34b", "01-ai/Yi-1.5-34B"), ("granite3.3:8b", "ibm-granite/granite-3.3-8b-instruct"),
     ("phi3:medium", "microsoft/Phi-3-medium-4k-instruct"), ("qwen2-72b-instruct", "Qwen/Qwen2-72B-Instruct"),
+    ("yi-1.5-9b", "01-ai/Yi-1.5-9B"), ("yi:34b", "01-ai/Yi-34B"), ("qwen2:7b", "Qwen/Qwen2-7B"),
+    ("granite3.1-moe:3b", "ibm-granite/granite-3.1-3b-a800m-base"), ("granite-3.1-8b", "ibm-granite/granite-3.1-8b-base"),
+    ("qwen3-coder:480b", "Qwen/Qwen3-Coder-480B-A35B-Instruct"),
 ]
 
 

@@ -375,7 +375,9 @@ def test_the_report_names_the_config_used_for_a_sibling_variant():
     ("llama-3.1-8b-instuct", "meta-llama/Llama-3.1-8B-Instruct", "spelling of 'instuct' corrected"),
     ("Qwen2.5-7B-Instrcut", "Qwen/Qwen2.5-7B-Instruct", "spelling of 'instrcut' corrected"),
     ("yi:34b-v1.5", "01-ai/Yi-1.5-34B", "Ollama's v1.5 tag is the version"),
-    ("yi:34b-chat-v1.5-q4_0", "01-ai/Yi-1.5-34B", "Ollama's v1.5 tag is the version"),
+    ("yi:34b-chat-v1.5-q4_0", "01-ai/Yi-1.5-34B-Chat", "Ollama's v1.5 tag is the version"),
+    ("yi:9b-v1.5", "01-ai/Yi-1.5-9B", "Ollama's v1.5 tag is the version"),
+    ("yi:9b-chat-v1.5-q4_0", "01-ai/Yi-1.5-9B-Chat", "Ollama's v1.5 tag is the version"),
 ])
 def test_an_instruct_slip_and_an_ollama_version_tag_are_read_within_family_and_size(name, model, said) -> None:
     found = match_model(name)
@@ -398,14 +400,67 @@ def test_a_version_alone_asks_which_model_of_it() -> None:
 
 
 def test_a_name_without_a_suffix_read_as_an_instruct_entry_says_whose_weights_a_run_trains() -> None:
-    """'yi-34b' names the bundled Yi-34B-Chat config: the note says the run trains those weights and how to name
-    the base; the base's Hub id plans with the same shapes and keeps its own weights."""
-    found = match_model("yi-34b")
-    assert found.model_id == "01-ai/Yi-34B-Chat" and found.weights_id == "01-ai/Yi-34B-Chat"
+    """'granite-3.2-8b' names the bundled granite-3.2-8b-instruct config (no base of 3.2 is bundled): the note says
+    the run trains those weights and how to name the base; the base's Hub id plans with the instruct's shapes, says
+    so, and keeps its own weights."""
+    found = match_model("granite-3.2-8b")
+    assert found.model_id == "ibm-granite/granite-3.2-8b-instruct" and found.weights_id == found.model_id
     assert "a run trains its weights" in found.note and "base checkpoint's Hub id" in found.note
-    base = match_model("01-ai/Yi-34B")
-    assert base.model_id == "01-ai/Yi-34B-Chat" and base.weights_id == "01-ai/Yi-34B" and "config used for" in base.note
+    base = match_model("ibm-granite/granite-3.2-8b-base")
+    assert base.model_id == "ibm-granite/granite-3.2-8b-instruct" and base.weights_id == "ibm-granite/granite-3.2-8b-base"
+    assert "config used for" in base.note
     assert match_model("qwen2.5-7b").note == "" and match_model("Qwen/Qwen2.5-7B-Instruct").note == ""
+
+
+@pytest.mark.parametrize(("name", "model_id"), [
+    # the first Yi release: the base checkpoints are bundled now, so the bare name is the base
+    ("yi-34b", "01-ai/Yi-34B"), ("yi:34b", "01-ai/Yi-34B"), ("01-ai/Yi-34B", "01-ai/Yi-34B"),
+    ("yi-34b-chat", "01-ai/Yi-34B-Chat"), ("yi:6b", "01-ai/Yi-6B"), ("01-ai/Yi-6B", "01-ai/Yi-6B"),
+    ("yi-6b-200k", "01-ai/Yi-6B-200K"), ("yi-34b-200k", "01-ai/Yi-34B-200K"), ("yi-9b-200k", "01-ai/Yi-9B-200K"),
+    # Yi-1.5 9B and its chat/long-context checkpoints, each its own Hub file
+    ("yi-1.5-9b", "01-ai/Yi-1.5-9B"), ("yi1.5:9b", "01-ai/Yi-1.5-9B"),
+    ("yi-1.5-9b-chat", "01-ai/Yi-1.5-9B-Chat"), ("01-ai/Yi-1.5-9B-Chat", "01-ai/Yi-1.5-9B-Chat"),
+    ("yi-1.5-9b-chat-16k", "01-ai/Yi-1.5-9B-Chat-16K"), ("yi-1.5-9b-32k", "01-ai/Yi-1.5-9B-32K"),
+    # the -Chat name is the -Chat checkpoint, never the -Chat-16K one (whose stem it is)
+    ("yi-1.5-34b-chat", "01-ai/Yi-1.5-34B-Chat"), ("yi-1.5-34b-chat-16k", "01-ai/Yi-1.5-34B-Chat-16K"),
+    # Qwen2 bases beside the -Instruct entries
+    ("qwen2-7b", "Qwen/Qwen2-7B"), ("qwen2:7b", "Qwen/Qwen2-7B"), ("qwen2-7b-instruct", "Qwen/Qwen2-7B-Instruct"),
+    ("qwen2:0.5b", "Qwen/Qwen2-0.5B"), ("qwen2-1.5b-instruct", "Qwen/Qwen2-1.5B-Instruct"),
+    # Granite 3.x: the bare name is the -base checkpoint where one is bundled
+    ("granite-3.0-8b", "ibm-granite/granite-3.0-8b-base"), ("granite-3.0-8b-instruct", "ibm-granite/granite-3.0-8b-instruct"),
+    ("granite-3.0-2b", "ibm-granite/granite-3.0-2b-base"), ("granite-3.1-8b", "ibm-granite/granite-3.1-8b-base"),
+    ("granite3.1:8b", "ibm-granite/granite-3.1-8b-base"), ("granite-3.2-8b-instruct", "ibm-granite/granite-3.2-8b-instruct"),
+    ("granite3.1-moe:3b", "ibm-granite/granite-3.1-3b-a800m-base"),
+    ("granite-3.0-3b-a800m", "ibm-granite/granite-3.0-3b-a800m-base"),
+    ("Qwen/Qwen3-Coder-480B-A35B-Instruct", "Qwen/Qwen3-Coder-480B-A35B-Instruct"),
+])
+def test_the_new_yi_qwen2_granite_checkpoints_resolve_to_their_own_configs(name, model_id) -> None:
+    found = match_model(name)
+    assert found.model_id == model_id and found.weights_id == model_id and found.note == "", found
+    assert parse_request_lenient(f"lora {name} on h100").request.model == model_id
+
+
+def test_qwen3_coder_480b_by_its_ollama_name() -> None:
+    """Only the -Instruct checkpoint is published: the name without a suffix is it, and says so."""
+    for name in ("qwen3-coder:480b", "qwen3-coder-480b-a35b"):
+        found = match_model(name)
+        assert found.model_id == found.weights_id == "Qwen/Qwen3-Coder-480B-A35B-Instruct"
+        assert "a run trains its weights" in found.note
+    assert match_model("qwen3-coder:30b").model_id == "Qwen/Qwen3-Coder-30B-A3B-Instruct"
+
+
+@pytest.mark.parametrize(("name", "config", "weights"), [
+    ("granite-3.1-8b-instruct", "ibm-granite/granite-3.1-8b-base", "ibm-granite/granite-3.1-8b-base"),
+    ("ibm-granite/granite-3.1-8b-instruct", "ibm-granite/granite-3.1-8b-base", "ibm-granite/granite-3.1-8b-instruct"),
+    ("ibm-granite/granite-3.0-2b-instruct", "ibm-granite/granite-3.0-2b-base", "ibm-granite/granite-3.0-2b-instruct"),
+    ("granite-3.1-3b-a800m-instruct", "ibm-granite/granite-3.1-3b-a800m-base", "ibm-granite/granite-3.1-3b-a800m-base"),
+])
+def test_a_granite_instruct_not_bundled_is_planned_with_its_base_config_only_with_a_note(name, config, weights) -> None:
+    """Granite 3.0-3.2 -instruct files have vocabulary 49,155, the -base 49,152: never a silent swap. The match names
+    the config used and says to pass the checkpoint's own config.json where the vocabulary differs."""
+    found = match_model(name)
+    assert (found.model_id, found.weights_id) == (config, weights)
+    assert found.note.startswith(f"{config} (config used for {name})") and "vocabulary differ" in found.note
 
 
 def test_the_report_says_how_a_name_was_read() -> None:

@@ -384,8 +384,24 @@ _YI_AWQ_SET = {"quantization_config": (None, "removed: the copy is of 01.AI's AW
 _YI_AWQ_NOTE = ("keras-llm-robot's copy of the config.json of 01-ai/{repo}, 01.AI's own AWQ release of this chat model "
                 "(transformers 4.35.0; torch_dtype float16 is the AWQ compute dtype), with quantization_config left out. "
                 "Its shape keys are the first Yi release's (vocabulary 64,000, rope_theta 5,000,000, rms_norm_eps 1e-5, "
-                "4,096 positions); the base checkpoint is read with this config (an instruct/base sibling). The 200K-context "
-                "variants are other configs and are not listed.")
+                "4,096 positions). The base checkpoint (01-ai/{base}) and its 200K-context variant are entries of their own "
+                "(pytorchKQI's copies of their Hub files): same layer shapes, another checkpoint.")
+_KQI_LLMS = f"{_KQI}@4adb1daaa5cc32993c3150f58ec984d073c1d4cb:llms"
+_KQI_LLMS_NOTE = ("pytorchKQI's copy of the Hub config.json: its llms/<org>/<name>/config.json folder keeps the Hub files "
+                  "of about 200 checkpoints as the Hub writes them (2-space JSON, sorted keys); its Yi-1.5-6B, Yi-1.5-34B "
+                  "and Qwen2-72B files equal the copies those entries cite key for key. Commit 4adb1daa is on the "
+                  "repository's pull-request ref refs/pull/76/head (also in pull/77 and pull/80), not on master (which "
+                  "has no llms/ folder): a public commit, not a merged one")
+YI9B = ("01.AI blog 'Dive deeper into Yi-9B' (01-ai.github.io/blog/dive-deeper-into-yi-9b): 'We're thrilled to "
+        "introduce the Yi-9B and its 200K variant'; 'Yi-9B has approximately 8.8B parameters'")
+QWEN2_DENSE = ("Qwen2 blog 'Hello Qwen2' (Jun 2024), model table of parameters and non-embedding parameters, as "
+               "reproduced at besthub.dev ('What's New in Qwen2?'): 'Qwen2-0.5B (0.49 B total parameters, 0.35 B "
+               "non-embedding) Qwen2-1.5B (1.54 B total, 1.31 B non-embedding) Qwen2-7B (7.07 B total, 5.98 B "
+               "non-embedding)'")
+QWEN2_7B_TABLE = ("the blog's Qwen2-7B figures are the weights' count less one 152,064 x 3,584 matrix (544,997,376), as "
+                  "if the embedding were tied: 7,615,616,512 - 544,997,376 = 7,070,619,136 and 6,525,621,760 - "
+                  "544,997,376 = 5,980,624,384; this config unties it (tie_word_embeddings false), and the Hub gives the "
+                  "same shapes' -Instruct weights as 7.62B")
 _DINOML = "hlky/dinoml_v2@6b8c0acb3a19f77188401b57db6e403aa92534f3:agents/plans/transformers"
 OLMO3 = ("Olmo 3 technical report (arXiv 2512.13961), abstract: 'a family of state-of-the-art, fully-open language "
          "models at the 7B and 32B parameter scales'")
@@ -405,8 +421,31 @@ GRANITE3_ACTIVE = ("The planner's active count (8 of 32 experts per layer, atten
                    "embedding) is 0.43B; without the embedding it is 0.38B: IBM's '400M' rounds either way, it "
                    "does not say which it counts.")
 _GRANITE_MOE_NOTE = ("nano-lamma's copy of the Hub repository of {card} (config.json kept with the model card, tokenizer "
-                     "and generation_config files; transformers {tv}). The -base checkpoint and the 3B-A800M size "
-                     "are not listed: their configs were not available offline to compare.")
+                     "and generation_config files; transformers {tv}). The -base checkpoint of this size is not listed "
+                     "(another file: vocabulary 49,152, not 49,155).")
+
+
+def granite3(cell: str) -> str:
+    """GRANITE3's table, citing the column of another size ('8B '#Parameters 8.1B'')."""
+    return GRANITE3.replace("1B-A400M '#Parameters 1.3B', '#Active Parameters 400M'", cell)
+
+
+_GRANITE_SRC = f"{_DINOML}/granite/_sources/ibm-granite__{{name}}.config.json"
+_GRANITEMOE_SRC = f"{_DINOML}/granitemoe/_sources/ibm-granite_{{name}}_config.json"
+_GRANITE_NOTE = ("A model-porting plan's copy of the Hub config.json, saved beside a metadata.json that records the Hub "
+                 "commit it was read at ({sha}); transformers {tv}. The same folder's granite-3.3-8b-instruct copy "
+                 "equals vllm-spyre's (the granite-3.3-8b-instruct entry) key for key but transformers_version.")
+_GRANITEMOE_NOTE = ("A model-porting plan's copy of the Hub config.json (transformers {tv}; no Hub commit recorded for "
+                    "this folder); its 3.0-1B-A400M-base copy has the shape keys of nano-lamma's -instruct copy (the "
+                    "granite-3.0-1b-a400m-instruct entry) but vocabulary 49,152.")
+GRANITE_BASE_VOCAB = ("Granite 3.0-3.2 -instruct files have vocabulary 49,155 against the -base's 49,152 (the "
+                      "catalog's 3.0-8b, 3.2-8b and 1B-A400M instruct files): an -instruct name is planned with this "
+                      "config only with a note saying so; pass its own config.json for its exact vocabulary.")
+GRANITE3_3B_ACTIVE = ("The planner's active count (8 of 40 experts per layer, attention, router and the tied 49,152 x "
+                      "1,536 embedding) is 0.88B; without the embedding it is 0.81B: IBM's '800M' rounds either way, "
+                      "it does not say which it counts.")
+QWEN3_CODER_480B = ("Qwen3-Coder-480B-A35B-Instruct model card (Hub), 'Model Overview': 'Number of Parameters: 480B in "
+                    "total and 35B activated'")
 QWEN3_CODER = ("Qwen3-Coder-30B-A3B-Instruct model card (as the Continue notes copy it, and the card's own 'Model "
                "Overview'): 'Number of Parameters: 30.5B in total and 3.3B activated'")
 _PHI35_MOE = "xinyuwei-david/david-share@e1ccd3ef5cafccf747810d6ae64a5d4a6975c152:Deep-Learning/Phi-3.5-MoE-and-Mini-Fine-tuning/readme.md"
@@ -463,6 +502,20 @@ ROWS += [
              "AutoConfig.from_pretrained('google/gemma-3-270m') in the same test; its '_name_or_path' (a test "
              "placeholder, 'openai-community/gpt2') is left out. Tied embeddings (Gemma3TextConfig's default). The "
              "-it checkpoint is not listed: its config was not available offline to compare."),
+    row("Qwen/Qwen2-0.5B", "qwen2", "0.5b", "base", (GITHUB, f"{_KQI_LLMS}/Qwen/Qwen2-0.5B/config.json"),
+        P("0.49B", QWEN2_DENSE), P("0.35B", QWEN2_DENSE, counts="non_embedding"),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.40.1; eos 151643 and 131072 positions: the base checkpoint's file). "
+             "The Qwen2-0.5B-Instruct entry (torchtune's builder) has the same shapes."),
+    row("Qwen/Qwen2-1.5B", "qwen2", "1.5b", "base", (GITHUB, f"{_KQI_LLMS}/Qwen/Qwen2-1.5B/config.json"),
+        P("1.54B", QWEN2_DENSE), P("1.31B", QWEN2_DENSE, counts="non_embedding"),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.40.1; eos 151643 and 131072 positions: the base checkpoint's file). "
+             "The Qwen2-1.5B-Instruct entry (torchtune's builder) has the same shapes."),
+    row("Qwen/Qwen2-7B", "qwen2", "7b", "base", (GITHUB, f"{_KQI_LLMS}/Qwen/Qwen2-7B/config.json"),
+        P("7.07B", QWEN2_DENSE, disagrees=QWEN2_7B_TABLE),
+        P("5.98B", QWEN2_DENSE, counts="non_embedding", disagrees=QWEN2_7B_TABLE),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.37.2; eos 151643 and 131072 positions: the base checkpoint's file). "
+             "The Qwen2-7B-Instruct entry (torchtune's builder) has the same shapes; the planner's count, "
+             "7,615,616,512, rounds to its 7.62B."),
     row("Qwen/Qwen2-57B-A14B", "qwen2", "57b-a14b", "base",
         (GITHUB, f"{_TRTLLM}@08b2040cf2c07e4d057af1da8fef88e4e497767d:tests/unittest/_torch/modeling/"
                  "test_modeling_qwen_moe.py#QWEN2_57B_A14B_CONFIG"),
@@ -526,12 +579,50 @@ ROWS += [
                             "(instruct/base siblings)."),
     row("01-ai/Yi-1.5-34B", "yi-1.5", "34b", "base", (GITHUB, f"{_KQI}@963269026663521e774249c3828f9e000bb2a405:"
                                                             "example/evaluate.py#Yi_1_5_34B"),
-        P("34B", YI15), note=f"{_KQI_NOTE} (transformers 4.37.2). The -Chat checkpoints are read with this config "
-                             "(instruct/base siblings); Yi-1.5-9B is not listed: its config was not available offline."),
+        P("34B", YI15), note=f"{_KQI_NOTE} (transformers 4.37.2). Yi-1.5-34B-Chat and -Chat-16K are entries of "
+                             "their own (pytorchKQI's copies of their Hub files)."),
+    row("01-ai/Yi-1.5-34B-Chat", "yi-1.5", "34b", "instruct", (GITHUB, f"{_KQI_LLMS}/01-ai/Yi-1.5-34B-Chat/config.json"),
+        P("34B", YI15),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.40.0). The Yi-1.5-34B base file's keys and values but use_cache "
+             "false: the same shapes. Listed so that the -Chat name is its own checkpoint, never -Chat-16K's."),
+    row("01-ai/Yi-1.5-34B-Chat-16K", "yi-1.5", "34b", "instruct",
+        (GITHUB, f"{_KQI_LLMS}/01-ai/Yi-1.5-34B-Chat-16K/config.json"), P("34B", YI15),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.40.0). Yi-1.5-34B's shapes with 16,384 positions (rope_theta "
+             "5,000,000 unchanged, no pad_token_id)."),
+    row("01-ai/Yi-1.5-9B", "yi-1.5", "9b", "base", (GITHUB, f"{_KQI_LLMS}/01-ai/Yi-1.5-9B/config.json"),
+        P("9B", YI15),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.37.2). Yi-9B's shapes with Yi-1.5's rope_theta 5,000,000: the "
+             "planner's count, 8,829,407,232, is the one LLaMA-Factory logged for Yi-9B (the 01-ai/Yi-9B entry). "
+             "-Chat, -Chat-16K and -32K are entries of their own."),
+    row("01-ai/Yi-1.5-9B-Chat", "yi-1.5", "9b", "instruct", (GITHUB, f"{_KQI_LLMS}/01-ai/Yi-1.5-9B-Chat/config.json"),
+        P("9B", YI15),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.40.0). The Yi-1.5-9B base file's keys and values but use_cache "
+             "false: the same shapes."),
+    row("01-ai/Yi-1.5-9B-Chat-16K", "yi-1.5", "9b", "instruct",
+        (GITHUB, f"{_KQI_LLMS}/01-ai/Yi-1.5-9B-Chat-16K/config.json"), P("9B", YI15),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.40.0). Yi-1.5-9B's shapes with 16,384 positions (rope_theta "
+             "5,000,000 unchanged, no pad_token_id)."),
+    row("01-ai/Yi-1.5-9B-32K", "yi-1.5", "9b", "base", (GITHUB, f"{_KQI_LLMS}/01-ai/Yi-1.5-9B-32K/config.json"),
+        P("9B", YI15),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.37.1). Yi-1.5-9B's shapes with 32,768 positions (rope_theta "
+             "5,000,000 unchanged, no pad_token_id)."),
+    row("01-ai/Yi-6B", "yi", "6b", "base", (GITHUB, f"{_KQI_LLMS}/01-ai/Yi-6B/config.json"), P("6B", YI1),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.34.0). The first Yi release's base checkpoint; the Yi-6B-Chat entry "
+             "has its layer shapes."),
     row("01-ai/Yi-6B-Chat", "yi", "6b", "instruct", (GITHUB, f"{_KLR}/Yi-6B-Chat-4bits/config.json"),
-        P("6B", YI1), set=_YI_AWQ_SET, note=_YI_AWQ_NOTE.format(repo="Yi-6B-Chat-4bits")),
+        P("6B", YI1), set=_YI_AWQ_SET, note=_YI_AWQ_NOTE.format(repo="Yi-6B-Chat-4bits", base="Yi-6B")),
+    row("01-ai/Yi-6B-200K", "yi", "6b", "base", (GITHUB, f"{_KQI_LLMS}/01-ai/Yi-6B-200K/config.json"), P("6B", YI1),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.34.0). Yi-6B's shapes with 200,000 positions and rope_theta "
+             "10,000,000."),
+    row("01-ai/Yi-34B", "yi", "34b", "base", (GITHUB, f"{_KQI_LLMS}/01-ai/Yi-34B/config.json"), P("34B", YI1),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.34.0). The first Yi release's base checkpoint; the Yi-34B-Chat entry "
+             "has its layer shapes."),
     row("01-ai/Yi-34B-Chat", "yi", "34b", "instruct", (GITHUB, f"{_KLR}/Yi-34B-Chat-4bits/config.json"),
-        P("34B", YI1), set=_YI_AWQ_SET, note=_YI_AWQ_NOTE.format(repo="Yi-34B-Chat-4bits")),
+        P("34B", YI1), set=_YI_AWQ_SET, note=_YI_AWQ_NOTE.format(repo="Yi-34B-Chat-4bits", base="Yi-34B")),
+    row("01-ai/Yi-34B-200K", "yi", "34b", "base", (GITHUB, f"{_KQI_LLMS}/01-ai/Yi-34B-200K/config.json"),
+        P("34B", YI1),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.34.0). Yi-34B's shapes with 200,000 positions and rope_theta "
+             "10,000,000."),
     row("01-ai/Yi-9B", "yi", "9b", "base",
         (GITHUB, "ustcchx/Yi-9B-Understanding-Shopping-Concepts@09089d5fa6efe1910f44b1b02ae004cc5520debf:"
                  "slurm-out/export-post-pt-slurm.out"),
@@ -541,6 +632,10 @@ ROWS += [
              "file Yi-9B/config.json' then 'Model config LlamaConfig {...}') in a LLaMA-Factory export log, kept as "
              "printed: _name_or_path is the local folder and transformers_version (4.39.0) the library that printed "
              "it. Yi-9B has rope_theta 10,000 and rms_norm_eps 1e-6, not Yi-6B/34B's 5,000,000 and 1e-5."),
+    row("01-ai/Yi-9B-200K", "yi", "9b", "base", (GITHUB, f"{_KQI_LLMS}/01-ai/Yi-9B-200K/config.json"),
+        P("8.8B", YI9B),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.37.2). Yi-9B's shapes with 262,144 positions and rope_theta "
+             "10,000,000; the planner's count equals Yi-9B's, 8,829,407,232."),
     row(("allenai/Olmo-3-7B-Instruct", "allenai/Olmo-3-7B-Think"), "olmo-3", "7b", "instruct",
         (GITHUB, f"{_DINOML}/olmo3/_sources/hf_config_snapshots.md"),
         P("7B", OLMO3), set=_OLMO3_SET, note=_OLMO3_NOTE.format(
@@ -587,6 +682,14 @@ ROWS += [
         note="fastllm's copy of the Hub config.json (transformers 4.52.3); sagui-nlp/nanoGPT-moe@2675cf4c69f867983cca63c"
              "64bb7c46dfef122a1 keeps the same file at the same path, key for key. Qwen3-30B-A3B's shapes with 262,144 "
              "positions and rope_theta 1e7."),
+    row("Qwen/Qwen3-Coder-480B-A35B-Instruct", "qwen3-coder", "480b-a35b", "coder",
+        (GITHUB, f"{_AIC}/Qwen--Qwen3-Coder-480B-A35B-Instruct_config.json"),
+        P("480B", QWEN3_CODER_480B), P("35B", QWEN3_CODER_480B, "active"),
+        note="NVIDIA aiconfigurator's copy of the Hub config.json (transformers 4.51.0), at the commit the gpt-oss-120b "
+             "entry cites; the file is unchanged since it was added (2025-11-03). It has the key set of fastllm's "
+             "Qwen3-Coder-30B-A3B-Instruct copy (decoder_sparse_step, qkv_bias, use_qk_norm, "
+             "shared_expert_intermediate_size 0, 262,144 positions, rope_theta 1e7): 62 layers, hidden 6,144, 96 "
+             "query and 8 KV heads of 128, 160 experts of width 2,560, 8 per token, untied embeddings."),
     row("mistralai/Mistral-Small-24B-Instruct-2501", "mistral-small-3", "24b", "instruct",
         (GITHUB, "OpenMOSE/RWKV-LM-RLHF@c394e06d2ea0fdad4679af83b9dd77b517a87f49:main/tokenizer/mistralsmall3/"
                  "params.json"),
@@ -603,15 +706,37 @@ ROWS += [
              "vocab_size, rope_theta; no sliding window), other keys MistralConfig's defaults. The count equals "
              "the weight index's exactly. The -Base-2501 checkpoint is read with this config (an instruct/base "
              "sibling)."),
+    row("ibm-granite/granite-3.0-2b-base", "granite-3.0", "2b", "base",
+        (GITHUB, _GRANITE_SRC.format(name="granite-3.0-2b-base")), P("2.5B", granite3("2B '#Parameters 2.5B'")),
+        note=_GRANITE_NOTE.format(sha="a8462c21f5e1f27be4536dc36d6cc789da23fbd6", tv="4.45.0.dev0")
+        + " The -instruct checkpoint is not listed: its config was not available offline. " + GRANITE_BASE_VOCAB),
+    row("ibm-granite/granite-3.0-8b-base", "granite-3.0", "8b", "base",
+        (GITHUB, _GRANITE_SRC.format(name="granite-3.0-8b-base")), P("8.1B", granite3("8B '#Parameters 8.1B'")),
+        note=_GRANITE_NOTE.format(sha="4fad7f8ad56393dcef4e34e37a35962bd091f320", tv="4.45.0.dev0")
+        + " The granite-3.0-8b-instruct entry has its layer shapes and vocabulary 49,155 (this file: 49,152)."),
+    row("ibm-granite/granite-3.1-8b-base", "granite-3.1", "8b", "base",
+        (GITHUB, _GRANITE_SRC.format(name="granite-3.1-8b-base")), P("8.1B", granite3("8B '#Parameters 8.1B'")),
+        note=_GRANITE_NOTE.format(sha="39975ba909950a1bad8fa1cb6981d4d048b75553", tv="4.46.0")
+        + " 3.0-8B-base's shapes with 131,072 positions and rope_theta 1e7. The -instruct checkpoint is not listed: "
+          "its config was not available offline. " + GRANITE_BASE_VOCAB),
+    row("ibm-granite/granite-3.2-8b-instruct", "granite-3.2", "8b", "instruct",
+        (GITHUB, _GRANITE_SRC.format(name="granite-3.2-8b-instruct")),
+        P("8B", "IBM Granite-3.2-8B-Instruct model card (as Replicate's official ibm-granite/granite-3.2-8b-instruct "
+                "page copies it): 'Granite-3.2-8B-Instruct is a 8-billion parameter 128K context length language "
+                "model fine-tuned for reasoning and instruction-following capabilities'"),
+        note=_GRANITE_NOTE.format(sha="610d8c6ee9c84ce51f6dfd7bc5c0215d95d49695", tv="4.47.0")
+        + " granite-3.1-8b-base's file but vocabulary 49,155; the planner's count, 8,170,848,256, equals the "
+          "safetensors total of granite-3.0-8b-instruct (same shapes). The 2B size is not listed: its config was "
+          "not available offline."),
     row("ibm-granite/granite-3.0-8b-instruct", "granite-3.0", "8b", "instruct",
         (GITHUB, "Meng0329/skills4s@93891ee28e95647f9a97f04360663ae8491406fd:models/granite-3.0-8b-instruct/config.json"),
         P("8,170,848,256", "the same folder's model.safetensors.index.json: total_size 16,341,696,512 bytes of bf16 "
                            "tensors (no lm_head.weight: tied)"),
-        P("8.1B", GRANITE3.replace("1B-A400M '#Parameters 1.3B', '#Active Parameters 400M'", "8B '#Parameters 8.1B'")),
+        P("8.1B", granite3("8B '#Parameters 8.1B'")),
         note="skills4s' copy of the Hub repository (config.json with the model card and weight index; transformers "
              "4.46.0.dev0). Its attention_dropout is 0.1: dropout is active in training (CUDA's SDPA kernels apply "
-             "it in the kernel). The 2B size, the -base checkpoint and the 3.1/3.2 releases are not listed: their "
-             "configs were not available offline."),
+             "it in the kernel). The -base checkpoint (vocabulary 49,152) is an entry of its own; the 2B "
+             "-instruct is not listed: its config was not available offline."),
     row("ibm-granite/granite-3.0-1b-a400m-instruct", "granite-3.0-moe", "1b-a400m", "instruct",
         (GITHUB, f"{_NANO}@1c27d8306a329a7520cf214a60e129beb8bb1d82:models/granite-3.0-1b-a400m-instruct/config.json"),
         P("1.3B", GRANITE3), P("400M", GRANITE3, counts="active"),
@@ -621,14 +746,28 @@ ROWS += [
         P("1.3B", GRANITE3), P("400M", GRANITE3, counts="active"),
         note=_GRANITE_MOE_NOTE.format(card="Granite-3.1-1B-A400M-Instruct", tv="4.47.0") + " " + GRANITE3_ACTIVE
         + " 3.1 raises the context to 131,072 positions (rope_theta 1.5e6); the shapes are 3.0's."),
+    row("ibm-granite/granite-3.0-3b-a800m-base", "granite-3.0-moe", "3b-a800m", "base",
+        (GITHUB, _GRANITEMOE_SRC.format(name="granite-3.0-3b-a800m-base")),
+        P("3.3B", granite3("3B-A800M '#Parameters 3.3B', '#Active Parameters 800M'")),
+        P("800M", granite3("3B-A800M '#Parameters 3.3B', '#Active Parameters 800M'"), counts="active"),
+        note=_GRANITEMOE_NOTE.format(tv="4.45.0.dev0") + " " + GRANITE3_3B_ACTIVE
+        + " The -instruct checkpoint is not listed: its config was not available offline. " + GRANITE_BASE_VOCAB),
+    row("ibm-granite/granite-3.1-3b-a800m-base", "granite-3.1-moe", "3b-a800m", "base",
+        (GITHUB, _GRANITEMOE_SRC.format(name="granite-3.1-3b-a800m-base")),
+        P("3.3B", granite3("3B-A800M '#Parameters 3.3B', '#Active Parameters 800M'")),
+        P("800M", granite3("3B-A800M '#Parameters 3.3B', '#Active Parameters 800M'"), counts="active"),
+        note=_GRANITEMOE_NOTE.format(tv="4.46.0") + " " + GRANITE3_3B_ACTIVE
+        + " 3.0's shapes with 131,072 positions, rope_theta 1e7 and attention_dropout 0.1. The -instruct checkpoint "
+          "is not listed: its config was not available offline. " + GRANITE_BASE_VOCAB),
     row("ibm-granite/granite-3.3-8b-instruct", "granite-3.3", "8b", "instruct",
         (GITHUB, "vllm-project/vllm-spyre@f6a83ce12faf6e99e51c8380fba6a90359825e09:tests/fixtures/model_configs/"
                  "ibm-granite/granite-3.3-8b-instruct/config.json"),
         P("8B", "IBM Granite-3.3-8B-Instruct, 'an 8-billion-parameter, decoder-only Transformer model' (as summarised at "
                 "emergentmind.com/topics/ibm-granite-3-3-8b-instruct-model; the 3.x 8B instruct cards: 'a 8-billion "
                 "parameter 128K context length language model')"),
-        note="vllm-spyre's test fixture copy of the Hub config.json (transformers 4.53.3). The -base checkpoint and "
-             "the 3.0/3.1/3.2 and 2B releases are not listed: their configs were not available offline."),
+        note="vllm-spyre's test fixture copy of the Hub config.json (transformers 4.53.3); hlky/dinoml_v2's copy "
+             "(the granite-3.2-8b-instruct entry's folder) equals it key for key but transformers_version (4.49.0). "
+             "The -base checkpoint and the 2B size are not listed: their configs were not available offline."),
 ]
 
 # DeepSeek-V2 / V3 (MLA + MoE). The Hub configs are kept as two public repositories copy them; the authors' own
