@@ -240,6 +240,8 @@ def test_flash_attention_gpus_keep_softmax_stats_not_scores():
         assert _activations(estimate_jax(prof, cfg, gpu=gpu)) == _activations(estimate_jax(prof, cfg, platform="gpu"))
     gemma2 = aegis.resolve_model("gemma-2-2b")  # soft-capped attention logits
     assert _activations(estimate_jax(gemma2, tc, gpu="h100")) == _activations(estimate_jax(gemma2, tc, platform="gpu"))
+    granite = aegis.resolve_model("granite-3.0-8b-instruct")  # attention dropout 0.1: trained on explicit scores
+    assert _activations(estimate_jax(granite, tc, gpu="h100")) == _activations(estimate_jax(granite, tc, platform="gpu"))
 
 
 def test_unsupported_settings_raise_errors_that_name_the_fix():

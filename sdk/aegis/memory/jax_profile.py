@@ -392,11 +392,13 @@ def estimate_jax(
     lora_ranks = 0
     if cfg.method != "full":
         lora_ranks = cfg.lora_config.rank * (len(trainable_shapes) // 2)
-    # the engine's attention="auto" (any planned attention but eager) runs cuDNN flash attention where it applies
+    # the engine's attention="auto" (any planned attention but eager) runs cuDNN flash attention where it applies;
+    # a model with attention dropout trains on the explicit scores (the fused kernels take no dropout)
     flash = (
         plat == "gpu"
         and gpu_obj is not None
         and cfg.attention != "eager"
+        and sh.fam.attention_dropout(profile.config) == 0.0
         and cudnn_flash_attention(
             gpu_obj.compute_capability,
             head_dim=sh.head_dim,
