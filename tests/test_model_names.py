@@ -401,15 +401,40 @@ def test_a_version_alone_asks_which_model_of_it() -> None:
 
 def test_a_name_without_a_suffix_read_as_an_instruct_entry_says_whose_weights_a_run_trains() -> None:
     """'granite-3.2-8b' names the bundled granite-3.2-8b-instruct config (no base of 3.2 is bundled): the note says
-    the run trains those weights and how to name the base; the base's Hub id plans with the instruct's shapes, says
-    so, and keeps its own weights."""
+    the run trains those weights and how to name the base. A sibling's Hub id plans with the bundled shapes, says
+    so, and keeps its own weights, where the line's bundled instruct/base pairs share their shapes (Gemma 3); in a
+    line where they do not (Granite: instruct adds tokens), it is read from the Hub."""
     found = match_model("granite-3.2-8b")
     assert found.model_id == "ibm-granite/granite-3.2-8b-instruct" and found.weights_id == found.model_id
     assert "a run trains its weights" in found.note and "base checkpoint's Hub id" in found.note
-    base = match_model("ibm-granite/granite-3.2-8b-base")
-    assert base.model_id == "ibm-granite/granite-3.2-8b-instruct" and base.weights_id == "ibm-granite/granite-3.2-8b-base"
+    base = match_model("google/gemma-3-12b-pt")
+    assert base.model_id == "google/gemma-3-12b-it" and base.weights_id == "google/gemma-3-12b-pt"
     assert "config used for" in base.note
+    assert match_model("ibm-granite/granite-3.2-8b-base").source == "hub"
     assert match_model("qwen2.5-7b").note == "" and match_model("Qwen/Qwen2.5-7B-Instruct").note == ""
+
+
+@pytest.mark.parametrize("name", ["granite-3.1-8b-instruct", "granite-3.2-8b-base", "granite-3.1-3b-a800m-instruct",
+                                  "granite3.1-moe:3b-instruct"])
+def test_a_sibling_whose_line_changes_shapes_between_instruct_and_base_is_refused(name) -> None:
+    """Granite's instruct checkpoints have 3 more vocabulary rows than their bases (both bundled for 3.0 8B, read
+    from their config.json files here): an instruct name is not planned with a bundled base's shapes, nor the other
+    way round; the error says why and what to pass."""
+    cfg = {i: catalog.read_model_config(catalog.model_entry(i)) for i in
+           ("ibm-granite/granite-3.0-8b-instruct", "ibm-granite/granite-3.0-8b-base")}
+    assert cfg["ibm-granite/granite-3.0-8b-instruct"]["vocab_size"] != cfg["ibm-granite/granite-3.0-8b-base"]["vocab_size"]
+    with pytest.raises(UnknownModelError, match="does not share its layer shapes.*vocab_size.*config.json"):
+        match_model(name)
+    model, issue = _parsed(name)  # the parser gives the same answer
+    assert model is None and "does not share its layer shapes" in issue
+
+
+@pytest.mark.parametrize("repo", ["ibm-granite/granite-3.1-8b-instruct", "ibm-granite/granite-3.0-2b-instruct"])
+def test_a_granite_instruct_hub_id_reads_its_own_config(repo) -> None:
+    """Named by its Hub id, a Granite instruct checkpoint whose base alone is bundled is its own model, read from
+    the Hub (offline: the one-line error that says to connect once), not its base's shapes."""
+    found = match_model(repo)
+    assert (found.model_id, found.source) == (repo, "hub")
 
 
 @pytest.mark.parametrize(("name", "model_id"), [
@@ -447,20 +472,6 @@ def test_qwen3_coder_480b_by_its_ollama_name() -> None:
         assert found.model_id == found.weights_id == "Qwen/Qwen3-Coder-480B-A35B-Instruct"
         assert "a run trains its weights" in found.note
     assert match_model("qwen3-coder:30b").model_id == "Qwen/Qwen3-Coder-30B-A3B-Instruct"
-
-
-@pytest.mark.parametrize(("name", "config", "weights"), [
-    ("granite-3.1-8b-instruct", "ibm-granite/granite-3.1-8b-base", "ibm-granite/granite-3.1-8b-base"),
-    ("ibm-granite/granite-3.1-8b-instruct", "ibm-granite/granite-3.1-8b-base", "ibm-granite/granite-3.1-8b-instruct"),
-    ("ibm-granite/granite-3.0-2b-instruct", "ibm-granite/granite-3.0-2b-base", "ibm-granite/granite-3.0-2b-instruct"),
-    ("granite-3.1-3b-a800m-instruct", "ibm-granite/granite-3.1-3b-a800m-base", "ibm-granite/granite-3.1-3b-a800m-base"),
-])
-def test_a_granite_instruct_not_bundled_is_planned_with_its_base_config_only_with_a_note(name, config, weights) -> None:
-    """Granite 3.0-3.2 -instruct files have vocabulary 49,155, the -base 49,152: never a silent swap. The match names
-    the config used and says to pass the checkpoint's own config.json where the vocabulary differs."""
-    found = match_model(name)
-    assert (found.model_id, found.weights_id) == (config, weights)
-    assert found.note.startswith(f"{config} (config used for {name})") and "vocabulary differ" in found.note
 
 
 def test_the_report_says_how_a_name_was_read() -> None:

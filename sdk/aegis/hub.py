@@ -332,6 +332,8 @@ def match_model(name: str) -> ModelMatch:
         cached = _match_cache(asked, exact_variant=True) if _variant_note(name, found[0], asked) else None
         if cached:
             return cached
+        if _is_sibling(asked, found[0]) and (differ := _siblings_differ(found[0].id)):
+            raise UnknownModelError(_differ_message(name, found[0].id, differ))
         return ModelMatch(model_id=found[0].id, source="catalog", note=_variant_note(name, found[0], asked),
                           checkpoint=_listed_checkpoint(found[0].id, asked))
     for other, how in _rewrites(name, asked):  # each rewrite removes what triggered it: no loop
@@ -398,6 +400,8 @@ def _match_hub_id(repo_id: str) -> ModelMatch:
     same = [k for k in _catalog()[0] if k.org == org.lower() and any(asked.same_model(n) for n in k.full)]
     if len(same) == 1:  # a sibling repo of the bundled config: its own weights, planned with that config
         sibling = repo_id.lower() != same[0].id.lower()  # its own weights, planned with the sibling's shapes
+        if sibling and _siblings_differ(same[0].id):  # not in this line: its own config.json, from the Hub
+            return ModelMatch(model_id=repo_id, source="hub")
         return ModelMatch(model_id=same[0].id, source="catalog", note=_shared_note(repo_id, same[0].id) if sibling else "",
                           checkpoint=repo_id if sibling else None)
     return ModelMatch(model_id=repo_id, source="hub")
@@ -431,6 +435,49 @@ def _variant_note(name: str, known: _Known, asked: _Name) -> str:
     if set(asked.variant) <= theirs:
         return ""
     return _shared_note(name, known.id)
+
+
+def _is_sibling(asked: _Name, known: _Known) -> bool:
+    """Whether ``asked`` names another checkpoint than ``known`` by its instruct/base suffix alone."""
+    return bool(set(asked.variant) - set(known.full[0].variant))
+
+
+_SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+               "num_key_value_heads")
+
+
+@lru_cache(maxsize=64)
+def _siblings_differ(model_id: str) -> str:
+    """Evidence that instruct and base siblings of ``model_id``'s line do not keep each other's layer shapes: a
+    bundled pair of the line (same release, same size, one instruct, one base) whose shapes differ ('' when every
+    such pair agrees, or there is none). Granite's instruct checkpoints add tokens to the base vocabulary."""
+    entry = catalog.model_entry(model_id)
+    line = _key(entry.family or model_id.split("/", 1)[-1])[:1] if entry is not None else ()
+    groups: dict[tuple[str, str], dict[bool, Any]] = {}
+    for other in catalog.models():
+        if not other.family or _key(other.family)[:1] != line:
+            continue
+        parsed = _parse_name(other.id.split("/", 1)[-1])
+        instruct = bool(set(parsed.variant) & _INSTRUCT_WORDS) or other.variant == "instruct"
+        same = (other.family, other.size, parsed.version, parsed.words)  # one release: v0.2 and v0.3 are two
+        groups.setdefault(same, {}).setdefault(instruct, other)
+    for pair in groups.values():
+        if len(pair) < 2:
+            continue
+        base, tuned = (catalog.read_model_config(pair[k]) for k in (False, True))
+        diff = [k for k in _SHAPE_KEYS if base.get(k) != tuned.get(k)]
+        if diff:
+            k = diff[0]
+            return (f"{pair[True].id} has {k} {tuned.get(k):,} where {pair[False].id} has {base.get(k):,}"
+                    if isinstance(tuned.get(k), int) and isinstance(base.get(k), int) else
+                    f"{pair[True].id} and {pair[False].id} differ in {k}")
+    return ""
+
+
+def _differ_message(name: str, model_id: str, evidence: str) -> str:
+    return (f"unknown model {name!r}: not bundled, and its bundled sibling {model_id} does not share its layer shapes "
+            f"(instruct and base differ in this line: {evidence}); pass its own config.json (a path), or its Hub id "
+            "when online")
 
 
 def _shared_note(name: str, model_id: str) -> str:
