@@ -244,6 +244,7 @@ def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: d
     use_ddp = ddp.recommended is not None and speed(ddp, _DDP_EFFICIENCY) >= speed(fsdp, _FSDP_EFFICIENCY)
     chosen = ddp if use_ddp else fsdp
     reason = ("DDP fits with comfortable headroom and needs no weight gathering" if use_ddp else
+              "FSDP FULL_SHARD needs the least per GPU, though neither fits" if fsdp.recommended is None else
               "FSDP FULL_SHARD: sharding weights, grads and optimizer states over the GPUs is what makes it fit"
               if ddp.recommended is None else
               "FSDP allows a faster config than DDP (a larger micro batch, or fewer memory savings)")
