@@ -123,3 +123,26 @@ def test_the_emitted_fsdp_qlora_script_loads_one_dtype_per_layer(tmp_path):
     model = runpy.run_path(str(script), run_name="aegis_emitted")["load_model"](str(_llama_folder(tmp_path / "m")))
     frozen = {p.dtype for n, p in model.named_parameters() if "lora_" not in n}
     assert frozen == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("precision", ["bf16_mixed", "fp16_mixed"])
+def test_mixed_precision_fsdp_gathers_layers_in_the_compute_dtype(loaded, precision):
+    """Under mixed precision the Trainer's FSDP gathers the fp32 master weights in the dtype accelerate's plugin sets
+    as its ``param_dtype``: a gathered layer is the layer's parameters at that element size, not at fp32's."""
+    import torch
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from aegis.families import get_family, layer_shapes
+    from aegis.memory._dtypes import placement
+    from aegis.memory.components import layer_storage_bytes
+
+    _, profile, _ = loaded
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+    plugin.set_mixed_precision(precision.split("_")[0])
+    gathered_dtype = plugin.mixed_precision_policy.param_dtype
+    cfg = TrainConfig(method="full", precision=precision, micro_batch_size=1, seq_len=128)
+    assert placement(cfg).base_bytes == torch.float32.itemsize  # fp32 master weights
+    layer = layer_shapes(get_family(profile.config), profile.config)[0]
+    hf_layer = LlamaForCausalLM(LlamaConfig(**CONFIG)).model.layers[0].to(gathered_dtype)
+    assert layer_storage_bytes(layer, cfg, placement(cfg)) == _storage(hf_layer.parameters())

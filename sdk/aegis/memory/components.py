@@ -109,10 +109,13 @@ def sizes(profile: ModelProfile, cfg: TrainConfig, place: Placement) -> Sizes:
 
 
 def layer_storage_bytes(layer: LayerShape, cfg: TrainConfig, place: Placement) -> int:
-    """Bytes of one decoder layer's parameters as stored: what FSDP all-gathers for the layer. QLoRA's quantised
-    weights are their packed NF4 data (two 4-bit codes per byte, whatever the storage dtype); the rest is held at
-    its element size."""
+    """Bytes of one decoder layer's parameters as FSDP all-gathers them. QLoRA's quantised weights are their packed
+    NF4 data (two 4-bit codes per byte, whatever the storage dtype); the rest is held at its element size, except
+    under mixed precision, where the Trainer's FSDP (accelerate's ``set_mixed_precision``: ``MixedPrecision``
+    ``param_dtype``) gathers parameters in the 16-bit compute dtype."""
     unq = place.unquantized_bytes if cfg.method == "qlora" else place.base_bytes
+    if place.autocast:
+        unq = 2
     total = (layer.norm_params + layer.router_params) * unq
     for lin in layer.linears:
         elements = lin.in_features * lin.out_features
