@@ -234,7 +234,7 @@ def _device_level(profile: ModelProfile, gpu: GPU, solution: Solution) -> Soluti
 def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: dict) -> tuple[Solution, MultiGPU]:
     fsdp = solve(profile, gpu, fsdp_shards=n, **kwargs)
     ref = (ddp.recommended or fsdp.recommended or ddp.smallest).config
-    ddp_bytes = estimate(profile, ref, gpu=gpu).total_bytes
+    ddp_bytes = estimate(profile, ref, gpu=gpu, ddp=True).total_bytes
     fsdp_bytes = estimate(profile, ref, gpu=gpu, fsdp_shards=n).total_bytes
     def speed(solution: Solution, efficiency: tuple[float, float]) -> tuple[bool, float]:
         """Whether the config is as asked (no memory savings), then its speed per GPU with scaling."""

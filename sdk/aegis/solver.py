@@ -68,8 +68,9 @@ class Solution:
     """The recommended config trades something asked for memory (8-bit optimizer, chunked loss, lower rank)."""
 
 
-def _tier(profile: ModelProfile, gpu: GPU, cfg: TrainConfig, name: str, summary: str, fsdp: int, eval_seq: int | None) -> Tier:
-    est = estimate(profile, cfg, gpu=gpu, fsdp_shards=fsdp, eval_seq_len=eval_seq)
+def _tier(profile: ModelProfile, gpu: GPU, cfg: TrainConfig, name: str, summary: str, fsdp: int, eval_seq: int | None,
+          ddp: bool = False) -> Tier:
+    est = estimate(profile, cfg, gpu=gpu, fsdp_shards=fsdp, eval_seq_len=eval_seq, ddp=ddp)
     room = headroom_bytes(est, gpu)
     return Tier(name=name, config=cfg, memory=est, headroom_bytes=room, fits=room >= 0, summary=summary,
                 relative_speed=relative_speed(cfg))
@@ -118,7 +119,8 @@ def solve(
 
     def tier(cfg: TrainConfig, name: str = "", summary: str = "") -> Tier:
         if cfg not in cache:
-            cache[cfg] = _tier(profile, gpu, cfg, name, summary, fsdp_shards, eval_seq_len)
+            cache[cfg] = _tier(profile, gpu, cfg, name, summary, fsdp_shards, eval_seq_len,
+                               ddp=gpu_count > 1 and fsdp_shards == 1)
         return cache[cfg].model_copy(update={"name": name, "summary": summary})
 
     def largest(ckpt: bool, room: int, **extra) -> int | None:

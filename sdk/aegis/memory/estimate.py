@@ -78,6 +78,7 @@ def estimate_memory(
     eval_seq_len: int | None = None,
     eval_batch_size: int | None = None,
     fsdp_shards: int = 1,
+    ddp: bool = False,
     gradient_accumulation_steps: int = 1,
     framework: Framework = "hf",
     stack: StackProfile | None = None,
@@ -86,6 +87,9 @@ def estimate_memory(
     lora_dropout: float | None = None,
 ) -> MemoryEstimate:
     """Predict the peak memory of a training step. Raises `InvalidConfigError` on impossible settings.
+
+    ``fsdp_shards`` > 1 sizes one GPU of a FULL_SHARD FSDP run; ``ddp`` one GPU of a DDP run (the same as one GPU,
+    plus DDP's gradient buckets).
 
     ``stack`` (or its fields ``trainer``/``transformers_version``) names the software the run uses
     (`aegis.schema.StackProfile`; default HF Trainer on transformers 5); ``lora_dropout`` the LoRA dropout.
@@ -114,7 +118,7 @@ def estimate_memory(
     except ValueError as err:
         raise InvalidConfigError(_first_error(err)) from err
     return estimate(profile, cfg, gpu=gpu, eval_seq_len=eval_seq_len, eval_batch_size=eval_batch_size, fsdp_shards=fsdp_shards,
-                    framework=framework)
+                    ddp=ddp, framework=framework)
 
 
 def _first_error(err: ValueError) -> str:
@@ -134,11 +138,14 @@ def estimate(
     eval_seq_len: int | None = None,
     eval_batch_size: int | None = None,
     fsdp_shards: int = 1,
+    ddp: bool = False,
     framework: Framework = "hf",
 ) -> MemoryEstimate:
     """`estimate_memory` for a resolved profile and a full `TrainConfig`."""
+    if ddp and fsdp_shards > 1:
+        raise InvalidConfigError("ddp and fsdp_shards > 1 are two ways to use several GPUs: choose one")
     if framework == "jax":
-        if fsdp_shards != 1:
+        if fsdp_shards != 1 or ddp:
             raise InvalidConfigError("the JAX engine runs on one device: drop fsdp_shards or use framework='hf'")
         from aegis.memory.jax_profile import estimate_jax
 
@@ -201,6 +208,9 @@ def estimate(
     if cfg.method == "full":
         head_grad = (profile.lm_head_params or profile.embedding_params) * gb
     states, states_formula = optimizer_state_bytes(cfg, sz.trainable_params, place.state_bytes)
+    # DDP (gradient_as_bucket_view off, its default and the HF Trainer's) keeps flat all-reduce buckets the size of
+    # every trainable gradient beside the gradients themselves, from its construction on
+    buckets = sz.trainable_params * gb if ddp else 0
     temp, temp_formula = optimizer_temp_bytes(cfg, sz.decay_params, place.state_bytes)
 
     # FSDP shards parameters; an NF4 weight's quantisation state (absmax, code book) is not one and stays whole
@@ -223,7 +233,7 @@ def estimate(
     moments: list[_Moment] = []
     moments.append(_Moment("start of backward (loss)", {
         "weights": weights, "adapters": adapters, "optimizer": states, "gathered": gathered, "casts": casts,
-        "activations": act_total + int(tokens * head_saved) + (0 if cfg.gradient_checkpointing else sum(fixed)),
+        "buckets": buckets, "activations": act_total + int(tokens * head_saved) + (0 if cfg.gradient_checkpointing else sum(fixed)),
         "masks": masks, "logits": loss_total,
     }))
     d = 2 if place.autocast else place.stream_bytes
@@ -235,14 +245,14 @@ def estimate(
         recompute = tokens * per_layer[i] + fixed[i]
         moments.append(_Moment(f"backward of layer {i}", {
             "weights": weights, "adapters": adapters, "optimizer": states, "gathered": gathered, "casts": casts,
-            "activations": int(below + recompute + tokens * (ckpt_saved if cfg.gradient_checkpointing else 0)),
+            "buckets": buckets, "activations": int(below + recompute + tokens * (ckpt_saved if cfg.gradient_checkpointing else 0)),
             "masks": masks,
             "gradients": grads_so_far,
             "backward temporaries": int(tokens * transient_per_token),
         }))
         grads_so_far += trainable_per_layer[i] * gb // n
     moments.append(_Moment("optimizer step", {
-        "weights": weights, "adapters": adapters, "optimizer": states, "gradients": grads_total,
+        "weights": weights, "adapters": adapters, "optimizer": states, "gradients": grads_total, "buckets": buckets,
         "optimizer temporaries": temp,
     }))
     peak = max(moments, key=lambda m: m.total)
@@ -285,6 +295,8 @@ def estimate(
         "optimizer temporaries": ("Optimizer-step temporaries", temp_formula, "foreach AdamW allocates a state-sized buffer"),
         "casts": ("Autocast weight copies", "bf16 copies of fp32 weights used in autocast matmuls, kept for backward",
                   "torch.autocast casts fp32 weights per forward"),
+        "buckets": ("DDP gradient buckets", f"{sz.trainable_params:,} trainable x {gb} B",
+                    "DDP's all-reduce buffers, as large as the gradients (gradient_as_bucket_view off)"),
         "gathered": ("FSDP gathered layers", f"2 x {gathered_layer:,} B: the largest layer's parameters as stored"
                      + (" (NF4 packed 2 per byte in bf16 storage; norms and biases bf16)" if cfg.method == "qlora" else ""),
                      "the current and the prefetched layer, unsharded"),
@@ -298,7 +310,7 @@ def estimate(
     overhead = gpu_obj.overhead_bytes if gpu_obj else DEFAULT_OVERHEAD_BYTES
     dynamic = int(_DYNAMIC_FRACTION * tensor + _DYNAMIC_FLOOR)
     total = tensor + overhead
-    eval_peak = _eval_peak(profile, fam, cfg, place, static=weights + adapters + states,
+    eval_peak = _eval_peak(profile, fam, cfg, place, static=weights + adapters + states + buckets,
                            seq=eval_seq_len or s, batch=eval_batch_size or b, width=width) + overhead
     notes = (f"peak at the {peak.name}",)
     if cfg is not asked:
