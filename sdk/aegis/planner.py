@@ -247,10 +247,11 @@ def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: d
               "FSDP FULL_SHARD needs the least per GPU, though neither fits" if fsdp.recommended is None else
               "FSDP FULL_SHARD: sharding weights, grads and optimizer states over the GPUs is what makes it fit"
               if ddp.recommended is None else
-              "FSDP allows a faster config than DDP (a larger micro batch, or fewer memory savings)")
+              "FSDP allows a faster config than DDP: a larger micro batch, or fewer memory savings")
     eff = _DDP_EFFICIENCY if use_ddp else _FSDP_EFFICIENCY
+    at = f"micro batch {ref.micro_batch_size}, checkpointing {'ON' if ref.gradient_checkpointing else 'OFF'}"
     return chosen, MultiGPU(gpu_count=n, ddp_bytes=ddp_bytes, fsdp_bytes=fsdp_bytes, assumed="ddp" if use_ddp else "fsdp",
-                            reason=reason, efficiency_low=eff[0], efficiency_high=eff[1])
+                            reason=reason, compared_at=at, efficiency_low=eff[0], efficiency_high=eff[1])
 
 
 def _nothing_fits(profile: ModelProfile, gpu: GPU, gpu_count: int, solution: Solution, kwargs: dict) -> str:

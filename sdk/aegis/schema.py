@@ -549,6 +549,8 @@ class MultiGPU(Frozen):
     fsdp_bytes: int = Field(description="Per-GPU peak fully sharded (weights, grads, optimizer states / N + gathered layer + buffers).")
     assumed: Literal["ddp", "fsdp"] = Field(description="Which one the recommendation assumes.")
     reason: str
+    compared_at: str = Field(default="", description="The one configuration both figures are for, e.g. "
+                                                     "'micro batch 1, checkpointing ON' (the recommended tier may differ).")
     efficiency_low: float = Field(description="Scaling efficiency range used for time estimates.")
     efficiency_high: float
 

@@ -655,7 +655,8 @@ def _multi_gpu(report: PlanReport) -> Section:
             "applied to the single-GPU throughput in the estimates below",
         ),
     ]
-    return Section("multi_gpu", "Multi-GPU", f"({mg.gpu_count} x {_gpu_short(report)})", tuple(items))
+    at = f", both at {mg.compared_at}" if mg.compared_at else ""
+    return Section("multi_gpu", "Multi-GPU", f"({mg.gpu_count} x {_gpu_short(report)}{at})", tuple(items))
 
 
 def _estimates(report: PlanReport, explain: bool) -> Section:
