@@ -181,9 +181,10 @@ def models(
 
     def source(entry: catalog.CatalogModel) -> str:
         src = entry.source
-        if src.library == "github":  # repo@commit file#entry (the full path and commit are in --json)
+        if src.library == "github":  # repo@commit (the file's path, the full commit and #entry are in --json)
             repo, _, where = src.entry.partition(":")
-            text = f"{repo}@{src.version[:7]} {where.rsplit('/', 1)[-1]}"
+            entry_key = where.partition("#")[2]
+            text = f"{repo}@{src.version[:7]}" + (f" #{entry_key}" if entry_key else "")
         else:
             text = "Hub config.json" if src.library == "hub" else f"{src.library} {src.version} {src.entry}"
         return text + (f" (+{len(src.overrides)} set)" if src.overrides else "")

@@ -82,8 +82,11 @@ def _table(headers: list[str], rows: list[list[str]], fmt: Fmt, title: str) -> s
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
-    for h in headers:
-        table.add_column(h)
+    for i, h in enumerate(headers):  # the first column names the row: whole; the others fold, never cut to '…'
+        if i == 0:
+            table.add_column(h, no_wrap=True, min_width=max((len(r[0]) for r in rows), default=len(h)))
+        else:
+            table.add_column(h, overflow="fold")
     for r in rows:
         table.add_row(*r)
     console = Console(width=120, record=True, force_terminal=False, color_system=None)
