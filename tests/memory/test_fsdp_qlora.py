@@ -116,6 +116,7 @@ def test_the_emitted_fsdp_qlora_script_loads_one_dtype_per_layer(tmp_path):
             if k.arg in ("fsdp", "fsdp_config")}
     assert args["fsdp"] is True  # transformers 5 (the stack planned here); 4.x takes "full_shard auto_wrap"
     assert args["fsdp_config"]["transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]
+    assert args["fsdp_config"]["version"] == 1  # PEFT's documented FSDP-QLoRA path (FSDP2 needs patches for NF4)
     assert set(args) <= set(transformers.TrainingArguments.__dataclass_fields__)
     assert "torchrun --nproc_per_node 2 train_hf.py" in source
     script = tmp_path / "train_hf.py"
