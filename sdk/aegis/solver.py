@@ -153,7 +153,7 @@ def solve(
             else "checkpointing OFF: not needed at this headroom"
         recommended = tier(rec_cfg, "recommended", f"fastest config with >= {gib(comfort)} headroom; {why}")
     else:  # no micro batch fits as asked: the fewest memory savings that make one fit
-        rec_cfg, why = _with_savings(make, tier, largest, ckpt_options, method, lora, comfort)
+        rec_cfg, why = _with_savings(make, largest, ckpt_options, lora, comfort)
         if rec_cfg is not None:
             recommended, savings = tier(rec_cfg, "recommended", why), True
     agg_cfg = best_for(0)
@@ -171,7 +171,7 @@ def solve(
                     savings=savings)
 
 
-def _savings(start: TrainConfig, method: Method, lora: LoRAConfig | None) -> list[tuple[str, dict]]:
+def _savings(start: TrainConfig, lora: LoRAConfig | None) -> list[tuple[str, dict]]:
     """The memory savings that cost no quality or little, cheapest first (applied cumulatively)."""
     steps: list[tuple[str, dict]] = []
     if start.optimizer == "adamw":
@@ -184,7 +184,7 @@ def _savings(start: TrainConfig, method: Method, lora: LoRAConfig | None) -> lis
     return steps
 
 
-def _with_savings(make, tier, largest, ckpt_options, method: Method, lora: LoRAConfig | None,
+def _with_savings(make, largest, ckpt_options, lora: LoRAConfig | None,
                   comfort: int) -> tuple[TrainConfig | None, str]:
     """The recommended config when no micro batch fits as asked: the fewest savings (`_savings`) after which one
     keeps the comfortable headroom, at the largest micro batch that then does; else the fewest after which one fits
@@ -192,7 +192,7 @@ def _with_savings(make, tier, largest, ckpt_options, method: Method, lora: LoRAC
     extra: dict = {}
     applied: list[str] = []
     tight: tuple[TrainConfig, str] | None = None
-    for summary, change in _savings(make(1, True), method, lora):
+    for summary, change in _savings(make(1, True), lora):
         extra.update(change)
         applied.append(summary.split(":")[0])
         for room in (comfort, 0):
@@ -220,7 +220,7 @@ def _fallback_chain(start: TrainConfig, tier, make, method: Method, lora: LoRACo
                       {"micro_batch_size": mb}))
     if not start.gradient_checkpointing:
         steps.append(("gradient checkpointing ON: ~25% slower, same quality", {"gradient_checkpointing": True}))
-    steps += _savings(start, method, start.lora if lora is not None else None)
+    steps += _savings(start, start.lora if lora is not None else None)
     chain: list[Tier] = []
     current = start
     previous_bytes = tier(start).memory.total_bytes
