@@ -802,3 +802,18 @@ ROWS += [
                                    "compression")},
         note="mlc-llm's MODEL_PRESETS copy of the Hub config.json (transformers 4.33.1), with q_lora_rank null put back."),
 ]
+
+# Phi-1.5 / Phi-2 (model_type phi: parallel attention + MLP on one LayerNorm, partial RoPE, lm_head bias).
+PHI2 = ("Microsoft Research blog 'Phi-2: The surprising power of small language models' (Dec 2023): 'we are "
+        "releasing Phi-2, a 2.7 billion-parameter language model'; the microsoft/phi-2 model card: 'Phi-2 is a "
+        "Transformer with 2.7 billion parameters'")
+
+ROWS += [
+    row("microsoft/phi-2", "phi-2", "2.7b", "base",
+        (GITHUB, "henryhmko/VLM_interpretability@53ca1a97573e0a0133c7c3949a9caa84a44a2449:phi-2/config.json"),
+        P("2.7B", PHI2), sole_size=PHI2 + "; one size, a base model",
+        note="A copy of the Hub config.json of the transformers 4.37 revision (model_type phi, PhiForCausalLM; the "
+             "auto_map to the repository's own configuration_phi/modeling_phi is a leftover transformers does not "
+             "need: it has PhiForCausalLM since 4.36). resid_pdrop 0.1: a dropout on the attention and MLP outputs "
+             "in training. Phi-2 has no instruct checkpoint from Microsoft."),
+]

@@ -228,6 +228,19 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "rms_norm_eps": 1e-5,
         "rope_theta": 1000000.0,
     },
+    "phi": {  # parallel attention + plain MLP on one LayerNorm; partial_rotary_factor and hidden_act left to defaults
+        **{k: v for k, v in _COMMON.items() if k != "rms_norm_eps"},
+        "model_type": "phi",
+        "layer_norm_eps": 1e-5,
+    },
+    "phi_qk": {  # qk_layernorm (per-head LayerNorms with biases), a quarter of each head rotated
+        **{k: v for k, v in _COMMON.items() if k != "rms_norm_eps"},
+        "model_type": "phi",
+        "num_key_value_heads": 4,
+        "qk_layernorm": True,
+        "partial_rotary_factor": 0.25,
+        "layer_norm_eps": 1e-5,
+    },
 }
 
 

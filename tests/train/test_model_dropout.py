@@ -1,5 +1,5 @@
 """The model's own dropouts in training (Granite 3.0's attention dropout; Seed-OSS's attention and residual
-dropouts): transformers in train mode, given the engine's masks, gives the engine's logits and gradients; eval
+dropouts; Phi's attention, residual and embedding dropouts; Phi-3's resid_pdrop): transformers in train mode, given the engine's masks, gives the engine's logits and gradients; eval
 runs none; the hand-written attention backward matches autodiff through the same mask."""
 
 from __future__ import annotations
@@ -21,16 +21,25 @@ from family_checks import tokens
 CASES = {
     "granite": {"attention_dropout": 0.3},
     "seed_oss": {"attention_dropout": 0.3, "residual_dropout": 0.2},
+    "phi": {"attention_dropout": 0.3, "resid_pdrop": 0.2, "embd_pdrop": 0.1},
+    "phi3": {"attention_dropout": 0.3, "resid_pdrop": 0.2},  # Phi-3 drops both sublayer outputs too
 }
 
 
 def _engine_masks(model, rng: jax.Array, b: int, s: int) -> list[tuple[str, np.ndarray]]:
     """The masks the engine draws in one training forward, in the order transformers applies its dropouts: per
     layer the attention probabilities ``[b, heads, s, s]`` (the engine draws them per kv head, its query heads
-    grouped), then, with residual dropout, the attention and the MLP outputs ``[b, s, d]``."""
+    grouped), then, with residual dropout, the attention and the MLP outputs ``[b, s, d]``; an embedding dropout
+    (Phi) comes before the layers."""
+    from aegis.train.models.decoder import _EMBEDDING_DROPOUT_STREAM
+
     spec = model.spec
     hkv, groups = spec.num_kv_heads, spec.num_heads // spec.num_kv_heads
     out = []
+    if spec.embedding_dropout:  # Phi: the embeddings first, before any layer
+        key = jax.random.fold_in(rng, _EMBEDDING_DROPOUT_STREAM)
+        out.append(("embedding", np.asarray(jax.random.bernoulli(key, 1.0 - spec.embedding_dropout,
+                                                                  (b, s, spec.hidden_size)))))
     for layer in range(spec.num_layers):
         ctx = Ctx(dtype=jnp.float32, rng=jax.random.fold_in(rng, layer))
         keep = jax.random.bernoulli(ctx.train_rng("attention_dropout"), 1.0 - spec.attention_dropout,
@@ -78,9 +87,10 @@ def test_training_forward_and_gradients_match_transformers_given_the_same_masks(
     np.testing.assert_allclose(np.asarray(logits), hf_logits.detach().numpy(), rtol=1e-4, atol=1e-4)
     assert not np.allclose(np.asarray(logits), np.asarray(model.apply(params, jnp.asarray(ids))), atol=1e-3)
     grads = jax.grad(engine_loss)(params)
-    q = grads["model"]["layers"]["self_attn"]["q_proj"]["weight"]  # [L, out, in], stacked per layer
+    proj = "qkv_proj" if model.spec.fused_qkv else "q_proj"
+    q = grads["model"]["layers"]["self_attn"][proj]["weight"]  # [L, out, in], stacked per layer
     for layer in range(model.spec.num_layers):
-        ref = hf.model.layers[layer].self_attn.q_proj.weight.grad.numpy()
+        ref = getattr(hf.model.layers[layer].self_attn, proj).weight.grad.numpy()
         np.testing.assert_allclose(np.asarray(q[layer]), ref, rtol=2e-3, atol=2e-5)
 
 

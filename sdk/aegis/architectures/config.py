@@ -38,6 +38,7 @@ __all__ = [
     "lm_head_bias",
     "attention_dropout",
     "residual_dropout",
+    "embedding_dropout",
     "attention_biases",
     "mlp_bias",
     "sliding_window",
@@ -76,11 +77,14 @@ def model_type(config: dict[str, Any]) -> str:
 
 
 def value(config: dict[str, Any], key: str) -> Any:
-    """``config[key]`` when present (even ``null``), else transformers' class default for the model type."""
+    """``config[key]`` when present (even ``null``), else transformers' class default for the model type (a field
+    default, or one its ``__post_init__`` sets)."""
     if key in config:
         return config[key]
     entry = _entry(config)
-    return entry.defaults.get(key) if entry is not None else None
+    if entry is None:
+        return None
+    return entry.defaults[key] if key in entry.defaults else entry.post_init_defaults.get(key)
 
 
 def _int(config: dict[str, Any], key: str, raw: Any) -> int:
@@ -139,7 +143,7 @@ def attention_biases(config: dict[str, Any]) -> tuple[bool, bool]:
         bias = bool(config.get("attention_bias"))
         return bias, bias
     return (_bias(config, entry, entry.attention, ("q_a_proj", "q_proj", "qkv_proj")),
-            _bias(config, entry, entry.attention, ("o_proj",)))
+            _bias(config, entry, entry.attention, ("o_proj", "dense")))
 
 
 def mlp_bias(config: dict[str, Any]) -> bool:
@@ -147,7 +151,7 @@ def mlp_bias(config: dict[str, Any]) -> bool:
     entry = _entry(config)
     if entry is None:
         return bool(config.get("mlp_bias"))
-    return _bias(config, entry, entry.mlp, ("gate_proj", "gate_up_proj"))
+    return _bias(config, entry, entry.mlp, ("gate_proj", "gate_up_proj", "fc1"))
 
 
 # ----- embeddings, norms, positions -------------------------------------------------------------------
@@ -165,9 +169,12 @@ def max_position_embeddings(config: dict[str, Any], fallback: int = 4096) -> int
 
 
 def lm_head_bias(config: dict[str, Any]) -> bool:
-    """Whether the LM head has a bias: Phi-MoE's ``lm_head_bias`` (default False); no other family has one."""
+    """Whether the LM head has a bias: always in Phi, per ``lm_head_bias`` in Phi-MoE (default False); no other
+    family has one."""
     entry = _entry(config)
-    return entry is not None and entry.lm_head_bias_key is not None and bool(value(config, entry.lm_head_bias_key))
+    if entry is None:
+        return False
+    return entry.lm_head_bias or (entry.lm_head_bias_key is not None and bool(value(config, entry.lm_head_bias_key)))
 
 
 def attention_dropout(config: dict[str, Any]) -> float:
@@ -183,8 +190,17 @@ def residual_dropout(config: dict[str, Any]) -> float:
     return float(value(config, key) or 0.0) if key else 0.0
 
 
+def embedding_dropout(config: dict[str, Any]) -> float:
+    """Dropout on the token embeddings in training, where the family has one (Phi ``embd_pdrop``), else 0."""
+    entry = _entry(config)
+    key = entry.embedding_dropout_key if entry is not None else None
+    return float(value(config, key) or 0.0) if key else 0.0
+
+
 def rms_norm_eps(config: dict[str, Any]) -> float:
-    eps = value(config, "rms_norm_eps")
+    """The norms' epsilon (``rms_norm_eps``; Phi's LayerNorm ``layer_norm_eps``), or its transformers default."""
+    entry = _entry(config)
+    eps = value(config, entry.norm_eps_key if entry is not None else "rms_norm_eps")
     return float(eps if eps is not None else 1e-6)
 
 

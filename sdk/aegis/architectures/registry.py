@@ -255,6 +255,9 @@ class Architecture(_Model):
     ``transformers/models/<type>/`` and the type in ``CONFIG_MAPPING_NAMES`` (every minor release from 4.27 scanned;
     ``tests/architectures/test_registry.py`` checks the installed version is not older)."""
     defaults: dict[str, Any]
+    post_init_defaults: dict[str, Any] = Field(default_factory=dict)
+    """Defaults a transformers config sets in ``__post_init__`` for keys that are not its dataclass fields (Phi's
+    ``kwargs.setdefault("partial_rotary_factor", 0.5)``), read like ``defaults``."""
     dense_width_default: int | None = None
     """``intermediate_size`` class default where it matters (DeepSeek's dense layers)."""
     vars: dict[str, str] = Field(default_factory=dict)
@@ -270,9 +273,18 @@ class Architecture(_Model):
     sdpa: bool = True
     gemma_norm: bool = False
     layer_norm: bool = False
+    norm_eps_key: str = "rms_norm_eps"
+    """Config key of the norms' epsilon (Phi: ``layer_norm_eps``)."""
     pre_norms: bool = True
     post_norms: bool = False
+    parallel_block: bool = False
+    """Attention and MLP read the same normed input and both add to the residual (Phi: one ``input_layernorm``,
+    ``x + attn(ln(x)) + mlp(ln(x))``)."""
+    mlp_kind: Literal["gated", "plain"] = "gated"
+    """``gated``: ``down(act(gate(x)) * up(x))``; ``plain``: the two-matrix MLP ``fc2(act(fc1(x)))`` (Phi)."""
     qk_norm: bool = False
+    qk_norm_key: str | None = None
+    """Config key that switches the q/k norms on (Phi's ``qk_layernorm``); ``qk_norm`` when None."""
     attention_sinks: bool = False
     attention_softcap_key: str | None = None
     logit_softcap_key: str | None = None
@@ -281,12 +293,28 @@ class Architecture(_Model):
     """Config key of a dropout on each sublayer's output before its residual add (Seed-OSS ``residual_dropout``):
     in training its bool mask is saved for backward."""
     lm_head_bias_key: str | None = None
+    lm_head_bias: bool = False
+    """The LM head always has a bias (Phi); ``lm_head_bias_key`` names a config switch instead (Phi-MoE)."""
+    embedding_dropout_key: str | None = None
+    """Config key of a dropout on the token embeddings in training (Phi ``embd_pdrop``)."""
     engine: Engine
 
     @field_validator("kv_cache_elements")
     @classmethod
     def _expression(cls, v: str) -> str:
         return _check_expr(v)
+
+    @property
+    def output_projection(self) -> str:
+        """Short name of the attention's output projection, the last linear of ``attention`` (``o_proj``; Phi:
+        ``dense``)."""
+        return [p.short_name for p in self.attention if p.kind == "linear"][-1]
+
+    def has_qk_norm(self, config: dict[str, Any]) -> bool:
+        """Whether the layers norm q and k (a fixed fact of the family, or ``qk_norm_key`` of the config)."""
+        from aegis.architectures import config as arch
+
+        return self.qk_norm or (self.qk_norm_key is not None and bool(arch.value(config, self.qk_norm_key)))
 
     def names(self, config: dict[str, Any], **given: Any) -> Vars:
         return Vars(self, config, **given)

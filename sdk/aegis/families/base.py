@@ -101,8 +101,10 @@ class Family:
         """A norm before attention and before the MLP (all but OLMo 2)."""
         self.post_norms = entry.post_norms
         """A norm on the attention and MLP outputs before the residual add (Gemma 2/3, OLMo 2)."""
-        self.qk_norm = entry.qk_norm
-        """RMSNorm on the q and k projections (per head: Qwen3, Gemma 3; over the whole width: OLMo 2)."""
+        self.parallel_block = entry.parallel_block
+        """Attention and MLP read one normed input, both added to the residual (Phi)."""
+        self.plain_mlp = entry.mlp_kind == "plain"
+        """The two-matrix MLP ``fc2(act(fc1(x)))`` (Phi) instead of the gated one."""
         self.shared_expert_gate = bool(moe and moe.shared and moe.shared.gated)
         """A sigmoid gate scales the shared expert's output (Qwen2-MoE); DeepSeek adds it ungated."""
         self.attention_sinks = entry.attention_sinks
@@ -272,6 +274,19 @@ class Family:
         return self._vector_params(self.entry.final_norm, self._names(c))
 
     # -- activation-model knobs ----------------------------------------------------------------------
+    def qk_norm(self, c: dict[str, Any]) -> bool:
+        """A norm on the q and k projections (RMSNorm per head: Qwen3, Gemma 3; over the whole width: OLMo 2;
+        Phi's per-head LayerNorm when ``qk_layernorm``)."""
+        return self.entry.has_qk_norm(c)
+
+    def hidden_act(self, c: dict[str, Any]) -> str:
+        """The MLP activation's ``ACT2FN`` name (``hidden_act``, or Gemma's ``hidden_activation``)."""
+        return str(c.get("hidden_activation") or arch.value(c, "hidden_act") or "silu")
+
+    def embedding_dropout(self, c: dict[str, Any]) -> float:
+        """Dropout probability on the token embeddings in training (Phi ``embd_pdrop``), else 0."""
+        return arch.embedding_dropout(c)
+
     def logit_softcap(self, c: dict[str, Any]) -> float | None:
         key = self.entry.logit_softcap_key
         return arch.value(c, key) if key else None

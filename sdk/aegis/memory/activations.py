@@ -44,6 +44,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from aegis.architectures import config as arch
+from aegis.errors import InvalidConfigError
 from aegis.families import Family, LayerShape
 
 __all__ = ["Setting", "layer_activation_terms", "terms_by_layer", "layer_fixed_saved_bytes", "fixed_saved_by_layer",
@@ -151,6 +152,29 @@ def _mlp(acc: _Acc, s: Setting, fam: Family, x_bytes: int, hidden: int, width: i
     return _linears(acc, s, d, width, [(lin_names("down_proj"), hidden)], label)
 
 
+ACT_SAVED_WIDTHS: dict[str, int] = {
+    "gelu": 1, "gelu_pytorch_tanh": 1, "relu": 1, "silu": 1, "swish": 1, "gelu_new": 4, "gelu_fast": 6,
+}
+"""Tensors of the MLP's width that ``ACT2FN[name]`` saves for backward, its input included. One aten op (GELU,
+ReLU, SiLU) saves its input (ReLU its output); ``NewGELUActivation`` is
+``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))`` in eager ops: ``pow`` saves x, ``tanh`` its output,
+the last ``mul`` both of its operands (``0.5 * x`` and ``1 + tanh``); ``FastGELUActivation``
+(``0.5 * x * (1 + tanh(x * 0.7978845608 * (1 + 0.044715 * x * x))))``) saves x, ``0.044715 * x``, the tanh argument's
+two factors, the tanh output and the final mul's two operands."""
+
+
+def _plain_mlp(acc: _Acc, s: Setting, fam: Family, c: dict, x_bytes: int, hidden: int, width: int, lin_names, *,
+               input_saved: bool) -> int:
+    """The two-matrix MLP ``fc2(act(fc1(x)))`` (Phi): fc1 shares the block's input with attention in a parallel
+    block (``input_saved``); the activation saves `ACT_SAVED_WIDTHS` tensors of fc1's width."""
+    act = fam.hidden_act(c)
+    if act not in ACT_SAVED_WIDTHS:
+        raise InvalidConfigError(f"hidden_act {act!r}: the activation model knows {', '.join(sorted(ACT_SAVED_WIDTHS))}")
+    d = _linears(acc, s, x_bytes, hidden, [(lin_names("fc1"), width)], "MLP", input_saved=input_saved)
+    acc.add("MLP", ACT_SAVED_WIDTHS[act] * d * width)
+    return _linears(acc, s, d, width, [(lin_names("fc2"), hidden)], "MLP")
+
+
 def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) -> dict[str, float]:
     """Bytes per token saved for backward by one decoder layer (no checkpointing)."""
     acc = _Acc()
@@ -178,9 +202,9 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
     projections = ([(lin_names("qkv_proj"), q_w + 2 * kv_w)] if fused_qkv else
                    [(lin_names("q_proj"), q_w), (lin_names("k_proj"), kv_w), (lin_names("v_proj"), kv_w)])
     d = _linears(acc, s, y, h, projections, "attention projections")
-    if fam.qk_norm:
-        d_q = _norm(acc, s, d, q_w, gemma=gemma, label="q/k norms")
-        _norm(acc, s, d, kv_w, gemma=gemma, label="q/k norms")
+    if fam.qk_norm(c):
+        d_q = _norm(acc, s, d, q_w, gemma=gemma, label="q/k norms", layer_norm=fam.layer_norm)
+        _norm(acc, s, d, kv_w, gemma=gemma, label="q/k norms", layer_norm=fam.layer_norm)
         d = d_q
     if s.sdpa_autocast and not s.eager:
         d = 2
@@ -208,16 +232,21 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
         acc.add("attention (q, k, v, out)", d * (q_w + k_w + v_w) + d * q_w + 4 * heads)  # + log-sum-exp
     # SDPA kernels write their output in [b, s, heads, d] layout: the transpose + contiguous before o_proj
     # is free, so o_proj's input is the very tensor SDPA saved. Eager attention makes a copy.
-    d_o = _linears(acc, s, d, q_w, [(lin_names("o_proj"), h)], "attention projections", input_saved=not s.eager)
+    o_proj = lin_names(fam.entry.output_projection)
+    d_o = _linears(acc, s, d, q_w, [(o_proj, h)], "attention projections", input_saved=not s.eager)
     if fam.post_norms:
         _norm(acc, s, d_o, h, gemma=gemma, label="norms")
     if fam.residual_dropout(c) > 0:  # Seed-OSS: dropout on the attention and MLP outputs, a bool mask each
         acc.add("residual dropout", 2 * s.dropout_mask_bytes * h)
-    # MLP block
-    y = _norm(acc, s, x, h, gemma=gemma, label="norms", layer_norm=fam.layer_norm) if fam.pre_norms else x
+    # MLP block (a parallel block's MLP reads the attention's normed input, saved once for both)
+    shared_input = fam.parallel_block
+    if not shared_input:
+        y = _norm(acc, s, x, h, gemma=gemma, label="norms", layer_norm=fam.layer_norm) if fam.pre_norms else x
     if layer.num_experts:
         _moe(acc, s, fam, c, layer, y, h, lin_names)
         d_m = 2 if s.autocast else max(y, s.expert_weight_bytes)
+    elif fam.plain_mlp:
+        d_m = _plain_mlp(acc, s, fam, c, y, h, layer.mlp_intermediate, lin_names, input_saved=shared_input)
     else:
         d_m = _mlp(acc, s, fam, y, h, layer.mlp_intermediate, "MLP", lin_names, fused="gate_up_proj" in names)
     if fam.post_norms:
@@ -326,6 +355,8 @@ def head_saved_bytes_per_token(fam: Family, c: dict, s: Setting) -> float:
     y = _norm(acc, s, s.stream_bytes, fam.hidden(c), gemma=fam.gemma_norm, label="head", layer_norm=fam.layer_norm)
     if s.base_trainable:
         acc.add("head", (2 if s.autocast and y != 2 else y) * fam.hidden(c))
+    if fam.embedding_dropout(c) > 0:  # Phi's embd_pdrop: the bool mask of the embeddings' dropout
+        acc.add("head", s.dropout_mask_bytes * fam.hidden(c))
     return sum(acc.terms.values())
 
 

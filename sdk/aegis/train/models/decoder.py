@@ -25,12 +25,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aegis.train.models.layers import Ctx, attention_block, dropout, mlp_block, moe_block, rms_norm
+from aegis.train.models.layers import Ctx, attention_block, dropout, layer_norm, mlp_block, moe_block, rms_norm
 from aegis.train.models.rope import cos_sin
 from aegis.train.models.spec import FULL_WINDOW, ArchSpec, layer_stacks, param_shapes, stack_spec
 from aegis.train.nf4 import NF4Tensor
 
-__all__ = ["Model", "standard_layer", "segment_positions", "attention_mask", "LayerFn"]
+__all__ = ["Model", "standard_layer", "parallel_layer", "segment_positions", "attention_mask", "LayerFn"]
+
+_EMBEDDING_DROPOUT_STREAM = 2**31 - 1
+"""``fold_in`` data of the embedding dropout's key: the layers fold in their index (0 .. L - 1)."""
 
 UNROLL_MAX_LAYERS = 8
 """``scan_layers=None`` unrolls models this shallow; deeper ones scan (see ``tools/bench/bench_engine.py``)."""
@@ -73,8 +76,28 @@ def standard_layer(
     return x + ff(spec, p["mlp"], h, ctx, lora.get("mlp"))
 
 
+def parallel_layer(
+    spec: ArchSpec,
+    p: dict[str, Any],
+    x: jax.Array,
+    *,
+    cos: jax.Array,
+    sin: jax.Array,
+    mask: jax.Array,
+    ctx: Ctx,
+    lora: dict[str, Any] | None = None,
+) -> jax.Array:
+    """Phi's layer: one LayerNorm feeds attention and the MLP side by side, ``x + drop(attn(h)) + drop(mlp(h))``."""
+    lora = lora or {}
+    h = layer_norm(x, p["input_layernorm"], spec.rms_norm_eps)
+    a = attention_block(spec, p["self_attn"], h, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lora.get("self_attn"))
+    a = _residual_dropout(spec, a, ctx, "attention")
+    m = _residual_dropout(spec, mlp_block(spec, p["mlp"], h, ctx, lora.get("mlp")), ctx, "mlp")
+    return a + m + x
+
+
 def _residual_dropout(spec: ArchSpec, h: jax.Array, ctx: Ctx, where: str) -> jax.Array:
-    """Seed-OSS: a sublayer's output dropped (training) before its residual add."""
+    """Seed-OSS, Phi: a sublayer's output dropped (training) before its residual add."""
     if spec.residual_dropout <= 0.0:
         return h
     return dropout(h, spec.residual_dropout, ctx.train_rng(f"residual_dropout.{where}"))
@@ -273,11 +296,11 @@ class Model:
         x = jnp.take(params["model"]["embed_tokens"]["weight"], input_ids, axis=0).astype(self.dtype)
         if self.spec.embed_scale is not None:
             x = x * jnp.asarray(self.spec.embed_scale, self.dtype)
+        if self.spec.embedding_dropout > 0.0 and rng is not None:  # Phi's embd_pdrop, training only
+            x = dropout(x, self.spec.embedding_dropout, jax.random.fold_in(rng, _EMBEDDING_DROPOUT_STREAM))
         x = self._layers(params, x, positions, segment_ids, lora, rng)
         spec = self.spec
         if spec.layer_norm:
-            from aegis.train.models.moe_more import layer_norm
-
             return layer_norm(x, params["model"]["norm"], spec.rms_norm_eps)
         return rms_norm(
             x, params["model"]["norm"]["weight"], spec.rms_norm_eps, gemma=spec.gemma_norm,

@@ -24,7 +24,7 @@ import numpy as np
 from aegis.architectures import config as arch
 from aegis.architectures import registry
 from aegis.errors import UnsupportedArchitectureError
-from aegis.train.models.decoder import LayerFn, standard_layer
+from aegis.train.models.decoder import LayerFn, parallel_layer, standard_layer
 from aegis.train.models.deepseek import deepseek_layer, spec_deepseek
 from aegis.train.models.llama_variants import (
     granite_layer,
@@ -129,7 +129,7 @@ def _base(config: dict[str, Any], **kw: Any) -> dict[str, Any]:
         head_dim=head_dim,
         intermediate_size=config.get("intermediate_size") or 0,
         rms_norm_eps=arch.rms_norm_eps(config),
-        hidden_act=config.get("hidden_act") or config.get("hidden_activation") or "silu",
+        hidden_act=config.get("hidden_act") or config.get("hidden_activation") or arch.value(config, "hidden_act") or "silu",
         initializer_range=float(config.get("initializer_range", 0.02)),
         attn_scale=head_dim**-0.5,
         qkv_bias=qkv_bias,
@@ -138,6 +138,7 @@ def _base(config: dict[str, Any], **kw: Any) -> dict[str, Any]:
         tie_embeddings=arch.tie_word_embeddings(config),
         attention_dropout=arch.attention_dropout(config),
         residual_dropout=arch.residual_dropout(config),
+        embedding_dropout=arch.embedding_dropout(config),
         **kw,
     )
 
@@ -190,6 +191,17 @@ def _spec_qwen3(config: dict[str, Any]) -> ArchSpec:
 
 def _spec_phi3(config: dict[str, Any]) -> ArchSpec:
     return _spec_dense(config, **_layout(config))
+
+
+def _spec_phi(config: dict[str, Any]) -> ArchSpec:
+    """Phi-1/1.5/2: LayerNorms with biases, one per layer feeding attention and the plain MLP in parallel
+    (``PhiDecoderLayer``), q/k/v and ``dense`` with biases, partial RoPE (``partial_rotary_factor``, default 0.5),
+    an ``lm_head`` bias; resid_pdrop and embd_pdrop in training."""
+    entry = registry.get("phi")
+    return _spec_dense(
+        config, layer_norm=entry.layer_norm, parallel_block=entry.parallel_block, plain_mlp=entry.mlp_kind == "plain",
+        o_name=entry.output_projection, qk_norm=entry.has_qk_norm(config), lm_head_bias=arch.lm_head_bias(config),
+    )
 
 
 def _spec_smollm3(config: dict[str, Any]) -> ArchSpec:
@@ -329,16 +341,27 @@ _SPECS: dict[str, Callable[[dict[str, Any]], ArchSpec]] = {
     "llama": _spec_llama, "smollm3": _spec_smollm3, "mistral": _spec_mistral, "qwen2": _spec_qwen2, "qwen3": _spec_qwen3, "phi3": _spec_phi3,
     "gemma2": _spec_gemma2, "gemma3": _spec_gemma3, "gemma": spec_gemma, "olmo2": spec_olmo2, "olmo3": spec_olmo3,
     "granite": spec_granite, "granitemoe": spec_granitemoe, "mixtral": _spec_mixtral, "qwen2_moe": _spec_qwen2_moe, "qwen3_moe": _spec_qwen3_moe,
-    "deepseek": spec_deepseek, "gpt_oss": spec_gpt_oss, "phimoe": spec_phimoe,
+    "deepseek": spec_deepseek, "gpt_oss": spec_gpt_oss, "phimoe": spec_phimoe, "phi": _spec_phi,
 }
 """The registry's ``engine.spec`` names -> the spec builders (the forward pass's choices are code)."""
 _LAYERS: dict[str, LayerFn] = {
     "standard": standard_layer, "olmo2": olmo2_layer, "granite": granite_layer, "deepseek": deepseek_layer,
-    "gpt_oss": gpt_oss_layer, "phimoe": phimoe_layer,
+    "gpt_oss": gpt_oss_layer, "phimoe": phimoe_layer, "parallel": parallel_layer,
 }
 _RECIPES: dict[str, Callable[[str, ArchSpec], Recipe]] = {
     "gpt_oss": gpt_oss_recipe, "phimoe": phimoe_recipe, "granitemoe": granitemoe_recipe,
 }
+
+
+def _final_norm_renamed(recipe: Callable[[str, ArchSpec], Recipe], final: str) -> Callable[[str, ArchSpec], Recipe]:
+    """``recipe`` with the engine's ``model.norm.*`` stored as ``<final>.*`` (the registry's ``final_norm`` path)."""
+
+    def renamed(name: str, spec: ArchSpec) -> Recipe:
+        if name.startswith("model.norm."):
+            return Recipe((final + name[len("model.norm"):],))
+        return recipe(name, spec)
+
+    return renamed
 
 
 def _family(entry: registry.Architecture) -> Family:
@@ -352,6 +375,9 @@ def _family(entry: registry.Architecture) -> Family:
         recipe = _expert_recipe(*moe.checkpoint_experts, rename=rename)
     elif entry.engine.recipe != "identity":
         recipe = _RECIPES[entry.engine.recipe]
+    final = entry.final_norm[0].path.rsplit(".", 1)[0]
+    if final != "model.norm":  # the final norm's checkpoint name (Phi: model.final_layernorm)
+        recipe = _final_norm_renamed(recipe, final)
     return Family(
         entry.model_type if entry.model_type != "gemma3_text" else "gemma3",
         (entry.model_type,),

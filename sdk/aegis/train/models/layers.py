@@ -101,6 +101,15 @@ def rms_norm(
     return weight.astype(x.dtype) * normed.astype(x.dtype)
 
 
+def layer_norm(x: jax.Array, p: dict[str, Any], eps: float) -> jax.Array:
+    """``nn.LayerNorm``: mean and variance over the last axis in float32, then weight and bias."""
+    xf = x.astype(jnp.float32)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
+    normed = (xf - mean) * jax.lax.rsqrt(var + eps)
+    return (normed * p["weight"].astype(jnp.float32) + p["bias"].astype(jnp.float32)).astype(x.dtype)
+
+
 def dropout(x: jax.Array, p: float, key: jax.Array | None) -> jax.Array:
     """``torch.nn.functional.dropout`` in training: each element zeroed with probability ``p``, the rest scaled by
     ``1 / (1 - p)``, in ``x``'s dtype; ``x`` itself without a key (eval) or with ``p`` 0."""
@@ -188,7 +197,10 @@ def attention_block(
     q = q.reshape(b, s, spec.num_heads, hd)
     k = k.reshape(b, s, hkv, hd)
     v = v.reshape(b, s, hkv, hd)
-    if spec.qk_norm:
+    if spec.qk_norm and spec.layer_norm:  # Phi's qk_layernorm: LayerNorm over each head
+        q = layer_norm(q, p["q_layernorm"], spec.rms_norm_eps)
+        k = layer_norm(k, p["k_layernorm"], spec.rms_norm_eps)
+    elif spec.qk_norm:
         q = rms_norm(q, p["q_norm"]["weight"], spec.rms_norm_eps, gemma=spec.gemma_norm)
         k = rms_norm(k, p["k_norm"]["weight"], spec.rms_norm_eps, gemma=spec.gemma_norm)
     q = apply_rope(q, cos, sin)
@@ -207,7 +219,8 @@ def attention_block(
             local_window_size=None if mask is not None or ctx.window is None else (ctx.window - 1, 0),
             implementation="cudnn" if ctx.attention == "cudnn" else "xla",
         )
-        return linear(p["o_proj"], out.reshape(b, s, spec.q_size), ctx, _sub(lora, "o_proj"), "o_proj")
+        o = spec.o_name
+        return linear(p[o], out.reshape(b, s, spec.q_size), ctx, _sub(lora, o), o)
     if mask is None:
         idx = jnp.arange(s)
         dist = idx[:, None] - idx[None, :]
@@ -222,7 +235,7 @@ def attention_block(
     out = eager_attention(qg, kt, vt, mask, drop_key, spec.attn_scale, spec.attn_softcap, groups,
                           spec.attention_dropout)  # [b, hkv, groups*s, hd]
     out = out.reshape(b, hkv, groups, s, hd).transpose(0, 3, 1, 2, 4).reshape(b, s, spec.q_size)
-    return linear(p["o_proj"], out, ctx, _sub(lora, "o_proj"), "o_proj")
+    return linear(p[spec.o_name], out, ctx, _sub(lora, spec.o_name), spec.o_name)
 
 
 _BATCH_DIMS = ((0, 1), (0, 1))
@@ -327,8 +340,12 @@ def mlp_block(
     *,
     prefix: str = "",
 ) -> jax.Array:
-    """Gated MLP ``down(act(gate(x)) * up(x))``; Phi-3's fused ``gate_up_proj`` is split in halves."""
+    """Gated MLP ``down(act(gate(x)) * up(x))``; Phi-3's fused ``gate_up_proj`` is split in halves; Phi's plain
+    ``fc2(act(fc1(x)))``."""
     act = activation(spec.hidden_act)
+    if "fc1" in p:
+        h = linear(p["fc1"], x, ctx, _sub(lora, "fc1"), prefix + "fc1")
+        return linear(p["fc2"], act(h), ctx, _sub(lora, "fc2"), prefix + "fc2")
     if "gate_up_proj" in p:
         gate, up = jnp.split(
             linear(p["gate_up_proj"], x, ctx, _sub(lora, "gate_up_proj"), prefix + "gate_up_proj"), 2, -1

@@ -44,7 +44,16 @@ import numpy as np
 
 from aegis.architectures import config as arch
 from aegis.errors import CheckpointError, UnsupportedArchitectureError
-from aegis.train.models.layers import Ctx, _grouped_matmul, _sub, activation, attention_block, linear, rms_norm
+from aegis.train.models.layers import (
+    Ctx,
+    _grouped_matmul,
+    _sub,
+    activation,
+    attention_block,
+    layer_norm,
+    linear,
+    rms_norm,
+)
 from aegis.train.models.rope import RopeSpec, apply_rope
 from aegis.train.models.spec import ArchSpec, MoESpec
 
@@ -158,15 +167,6 @@ def spec_phimoe(config: dict[str, Any]) -> ArchSpec:
 
 
 # ----- blocks -------------------------------------------------------------------------------------------
-
-
-def layer_norm(x: jax.Array, p: dict[str, Any], eps: float) -> jax.Array:
-    """``nn.LayerNorm``: mean and variance over the last axis in float32, then weight and bias."""
-    xf = x.astype(jnp.float32)
-    mean = jnp.mean(xf, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
-    normed = (xf - mean) * jax.lax.rsqrt(var + eps)
-    return (normed * p["weight"].astype(jnp.float32) + p["bias"].astype(jnp.float32)).astype(x.dtype)
 
 
 def sink_attention(

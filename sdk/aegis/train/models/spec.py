@@ -94,6 +94,10 @@ class ArchSpec:
     lm_head_bias: bool = False  # Phi-MoE: lm_head.bias [vocab]
     attention_dropout: float = 0.0  # training: dropout on the attention probabilities (Granite 3.0, Seed-OSS: 0.1)
     residual_dropout: float = 0.0  # training: dropout on each sublayer's output before its residual add (Seed-OSS)
+    embedding_dropout: float = 0.0  # training: dropout on the token embeddings (Phi embd_pdrop)
+    parallel_block: bool = False  # Phi: x + attn(ln(x)) + mlp(ln(x)), one input_layernorm per layer
+    plain_mlp: bool = False  # Phi: mlp.fc2(act(mlp.fc1(x))), both with biases
+    o_name: str = "o_proj"  # the attention output projection's name (Phi: ``dense``)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -118,8 +122,9 @@ def _legacy_rope(config: dict[str, Any], default_theta: float) -> dict[str, Any]
     """The flat rope-parameters dict from either layout (``rope_scaling`` wins over ``rope_parameters``)."""
     params = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
     params.setdefault("rope_theta", config.get("rope_theta", default_theta))
-    if config.get("partial_rotary_factor") is not None:
-        params.setdefault("partial_rotary_factor", config["partial_rotary_factor"])
+    partial = arch.value(config, "partial_rotary_factor")  # the config's, else the family's default (Phi: 0.5)
+    if partial is not None:
+        params.setdefault("partial_rotary_factor", partial)
     return params
 
 
@@ -219,10 +224,13 @@ def layer_shapes(spec: ArchSpec) -> dict[str, Any]:
         attn["k_proj"] = _linear(spec.kv_size, d, spec.qkv_bias)
         attn["v_proj"] = _linear(spec.kv_size, d, spec.qkv_bias)
     if spec.mla is None:
-        attn["o_proj"] = _linear(d, spec.q_size, spec.o_bias)
+        attn[spec.o_name] = _linear(d, spec.q_size, spec.o_bias)
     if spec.attn_sinks:
         attn["sinks"] = (spec.num_heads,)
-    if spec.qk_norm:
+    if spec.qk_norm and spec.layer_norm:  # Phi's qk_layernorm: a LayerNorm per head, named q/k_layernorm
+        attn["q_layernorm"] = {"weight": (spec.head_dim,), "bias": (spec.head_dim,)}
+        attn["k_layernorm"] = {"weight": (spec.head_dim,), "bias": (spec.head_dim,)}
+    elif spec.qk_norm:
         attn["q_norm"] = {"weight": (spec.head_dim,)}
         attn["k_norm"] = {"weight": (spec.head_dim,)}
     elif spec.qk_norm_full:
@@ -231,11 +239,14 @@ def layer_shapes(spec: ArchSpec) -> dict[str, Any]:
 
     if spec.moe is None:
         i = spec.intermediate_size
-        if spec.fused_gate_up:
+        if spec.plain_mlp:
+            mlp = {"fc1": _linear(i, d, spec.mlp_bias), "fc2": _linear(d, i, spec.mlp_bias)}
+        elif spec.fused_gate_up:
             mlp: dict[str, Any] = {"gate_up_proj": _linear(2 * i, d, spec.mlp_bias)}
         else:
             mlp = {"gate_proj": _linear(i, d, spec.mlp_bias), "up_proj": _linear(i, d, spec.mlp_bias)}
-        mlp["down_proj"] = _linear(d, i, spec.mlp_bias)
+        if not spec.plain_mlp:
+            mlp["down_proj"] = _linear(d, i, spec.mlp_bias)
     else:
         m = spec.moe
         mlp = {
@@ -269,6 +280,8 @@ def layer_shapes(spec: ArchSpec) -> dict[str, Any]:
         "post_attention_layernorm": {"weight": (d,)},
         "mlp": mlp,
     }
+    if spec.parallel_block:
+        del layer["post_attention_layernorm"]
     if spec.post_norms_only:
         del layer["input_layernorm"]
         layer["post_feedforward_layernorm"] = {"weight": (d,)}
@@ -277,7 +290,8 @@ def layer_shapes(spec: ArchSpec) -> dict[str, Any]:
         layer["post_feedforward_layernorm"] = {"weight": (d,)}
     if spec.layer_norm:
         for key in ("input_layernorm", "post_attention_layernorm"):
-            layer[key]["bias"] = (d,)
+            if key in layer:
+                layer[key]["bias"] = (d,)
     return layer
 
 
