@@ -209,12 +209,20 @@ def test_every_id_and_alias_finds_its_entry(entry):
     ("granite-3.0-8b", "ibm-granite/granite-3.0-8b-base"),  # the base is listed before the instruct
     ("granite3.1-moe:3b", "ibm-granite/granite-3.1-3b-a800m-base"),
     ("qwen3-coder:480b", "Qwen/Qwen3-Coder-480B-A35B-Instruct"),
+    ("deepseek-coder:6.7b", "deepseek-ai/deepseek-coder-6.7b-base"),  # a specialised line named without its variant
+    ("deepseek-coder-v1.5:7b", "deepseek-ai/deepseek-coder-7b-base-v1.5"),
+    ("deepseek-llm:67b", "deepseek-ai/deepseek-llm-67b-base"),
+    ("deepseek-math:7b", "deepseek-ai/deepseek-math-7b-base"),
+    ("qwen1.5:7b", "Qwen/Qwen1.5-7B"),
+    ("qwen-1.5-110b", "Qwen/Qwen1.5-110B"),
+    ("codeqwen1.5:7b", "Qwen/CodeQwen1.5-7B"),
 ])
 def test_the_naming_rule(name, model_id):
     assert catalog.find_model(name).id == model_id
 
 
-@pytest.mark.parametrize("name", ["qwen2.5", "mistral", "gemma3", "llama", "phi3", "qwen3-moe", "falcon-7b"])
+@pytest.mark.parametrize("name", ["qwen2.5", "mistral", "gemma3", "llama", "phi3", "qwen3-moe", "falcon-7b", "qwen:7b",
+                                  "deepseek-coder:7b", "qwen1.5"])
 def test_names_without_a_size_or_of_another_model_name_nothing(name):
     assert catalog.find_model(name) is None
 

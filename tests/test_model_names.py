@@ -378,6 +378,11 @@ def test_the_report_names_the_config_used_for_a_sibling_variant():
     ("yi:34b-chat-v1.5-q4_0", "01-ai/Yi-1.5-34B-Chat", "Ollama's v1.5 tag is the version"),
     ("yi:9b-v1.5", "01-ai/Yi-1.5-9B", "Ollama's v1.5 tag is the version"),
     ("yi:9b-chat-v1.5-q4_0", "01-ai/Yi-1.5-9B-Chat", "Ollama's v1.5 tag is the version"),
+    ("yi:6b-chat-v1.5-q4_0", "01-ai/Yi-1.5-6B-Chat", "Ollama's v1.5 tag is the version"),
+    # Ollama's 'qwen' and 'codeqwen' are Qwen1.5 and CodeQwen1.5: their tags say so
+    ("qwen:7b-chat-v1.5-q4_0", "Qwen/Qwen1.5-7B-Chat", "Ollama's v1.5 tag is the version"),
+    ("qwen:110b-chat-v1.5-q4_K_M", "Qwen/Qwen1.5-110B-Chat", "Ollama's v1.5 tag is the version"),
+    ("codeqwen:7b-chat-v1.5-q4_0", "Qwen/CodeQwen1.5-7B-Chat", "Ollama's v1.5 tag is the version"),
 ])
 def test_an_instruct_slip_and_an_ollama_version_tag_are_read_within_family_and_size(name, model, said) -> None:
     found = match_model(name)
@@ -463,6 +468,64 @@ def test_the_new_yi_qwen2_granite_checkpoints_resolve_to_their_own_configs(name,
     found = match_model(name)
     assert found.model_id == model_id and found.weights_id == model_id and found.note == "", found
     assert parse_request_lenient(f"lora {name} on h100").request.model == model_id
+
+
+_DS = "deepseek-ai/deepseek"
+
+
+@pytest.mark.parametrize(("name", "model_id"), [
+    # DeepSeek-Coder 1.3B / 6.7B / 33B: Hub ids, names, Ollama's deepseek-coder:<size>; the bare name is the base
+    (f"{_DS}-coder-6.7b-instruct", f"{_DS}-coder-6.7b-instruct"),
+    ("deepseek-coder-6.7b-instruct", f"{_DS}-coder-6.7b-instruct"),
+    ("deepseek-coder:6.7b", f"{_DS}-coder-6.7b-base"), ("deepseek-coder-6.7b", f"{_DS}-coder-6.7b-base"),
+    ("deepseek-coder:1.3b", f"{_DS}-coder-1.3b-base"), ("deepseek-coder:33b", f"{_DS}-coder-33b-base"),
+    ("deepseek-coder:33b-instruct", f"{_DS}-coder-33b-instruct"),
+    ("deepseek-coder:6.7b-instruct-q4_K_M", f"{_DS}-coder-6.7b-instruct"),
+    # DeepSeek-Coder-v1.5 7B (continued from DeepSeek LLM 7B): its own line, named with its version
+    ("deepseek-coder-v1.5:7b", f"{_DS}-coder-7b-base-v1.5"),
+    ("deepseek-coder-7b-instruct-v1.5", f"{_DS}-coder-7b-instruct-v1.5"),
+    ("deepseek-coder-v1.5-7b-instruct", f"{_DS}-coder-7b-instruct-v1.5"),
+    # DeepSeek LLM and DeepSeekMath (-rl is its own checkpoint, not -instruct's)
+    ("deepseek-llm:7b", f"{_DS}-llm-7b-base"), ("deepseek-llm:67b", f"{_DS}-llm-67b-base"),
+    ("deepseek-llm-67b-chat", f"{_DS}-llm-67b-chat"), ("deepseek-math:7b", f"{_DS}-math-7b-base"),
+    ("deepseek-math-7b-instruct", f"{_DS}-math-7b-instruct"), ("deepseek-math-7b-rl", f"{_DS}-math-7b-rl"),
+    # Qwen1.5, its MoE and CodeQwen1.5: base before -Chat
+    ("qwen1.5:0.5b", "Qwen/Qwen1.5-0.5B"), ("qwen1.5-500m", "Qwen/Qwen1.5-0.5B"), ("qwen1.5-1.8b", "Qwen/Qwen1.5-1.8B"),
+    ("qwen1.5:7b", "Qwen/Qwen1.5-7B"), ("qwen-1.5-72b", "Qwen/Qwen1.5-72B"), ("qwen1.5:110b", "Qwen/Qwen1.5-110B"),
+    ("Qwen1.5-32B-Chat", "Qwen/Qwen1.5-32B-Chat"), ("qwen1.5-14b-chat", "Qwen/Qwen1.5-14B-Chat"),
+    ("Qwen/Qwen1.5-4B-Chat", "Qwen/Qwen1.5-4B-Chat"), ("qwen1.5-moe:a2.7b", "Qwen/Qwen1.5-MoE-A2.7B"),
+    ("qwen1.5-moe-a2.7b-chat", "Qwen/Qwen1.5-MoE-A2.7B-Chat"), ("codeqwen1.5:7b", "Qwen/CodeQwen1.5-7B"),
+    ("codeqwen1.5-7b-chat", "Qwen/CodeQwen1.5-7B-Chat"),
+    # Qwen2-57B-A14B-Instruct and Yi-1.5 6B-Chat / 34B-32K beside their bases
+    ("qwen2-57b-a14b-instruct", "Qwen/Qwen2-57B-A14B-Instruct"), ("qwen2:57b", "Qwen/Qwen2-57B-A14B"),
+    ("yi-1.5-6b-chat", "01-ai/Yi-1.5-6B-Chat"), ("yi1.5:6b", "01-ai/Yi-1.5-6B"),
+    ("yi-1.5-34b-32k", "01-ai/Yi-1.5-34B-32K"),
+])
+def test_deepseek_qwen15_codeqwen_checkpoints_resolve_to_their_own_configs(name, model_id) -> None:
+    found = match_model(name)
+    assert found.model_id == model_id and found.weights_id == model_id and found.note == "", found
+    assert parse_request_lenient(f"lora {name} on h100").request.model == model_id
+
+
+@pytest.mark.parametrize("name", [
+    "deepseek-coder-7b", "deepseek-coder:7b",  # the 6.7B, or Coder-v1.5 7B (another line): the name says neither
+    "deepseek-coder-v1.5:6.7b", "deepseek-coder-13b", "deepseek-llm-13b", "deepseek-math:6.7b",
+    "qwen1.5-3b", "qwen1.5:8b", "codeqwen1.5-14b", "yi-1.5-6b-chat-16k",
+    "qwen:7b", "qwen-14b",  # no release: 'Qwen-7B' and 'Qwen-14B' are also the first Qwen's Hub names
+])
+def test_neighbouring_sizes_and_release_less_names_of_the_new_lines_are_refused(name) -> None:
+    with pytest.raises(UnknownModelError) as err:
+        match_model(name)
+    model, issue = _parsed(name)
+    assert model is None and issue == str(err.value) and "config.json" in issue
+
+
+def test_a_variant_word_of_a_new_line_is_its_instruct_checkpoint_and_says_so() -> None:
+    """DeepSeek-Coder's -instruct and -base keep each other's layer shapes (both bundled): 'deepseek-coder-6.7b-chat'
+    is the -instruct checkpoint, planned with its own config, and the note says how the name was read."""
+    found = match_model("deepseek-coder-6.7b-chat")
+    assert found.model_id == f"{_DS}-coder-6.7b-instruct" and found.note.startswith(f"{found.model_id} (config used for")
+    assert match_model("qwen1.5-7b-instruct").model_id == "Qwen/Qwen1.5-7B-Chat"
 
 
 def test_qwen3_coder_480b_by_its_ollama_name() -> None:

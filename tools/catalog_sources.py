@@ -521,8 +521,16 @@ ROWS += [
                  "test_modeling_qwen_moe.py#QWEN2_57B_A14B_CONFIG"),
         P("57.41B", QWEN2), P("56.32B", QWEN2, counts="non_embedding"), P("14B", QWEN2_MOE, counts="active"),
         note="TensorRT-LLM's test copy of the Hub config.json (transformers 4.40.1; eos 151643 and 131072 positions: "
-             "the base checkpoint's file). The -Instruct checkpoint is not listed: its config was not available "
-             "offline to compare."),
+             "the base checkpoint's file). Qwen2-57B-A14B-Instruct is an entry of its own (pytorchKQI's copy of its "
+             "Hub file: the same shapes)."),
+    row("Qwen/Qwen2-57B-A14B-Instruct", "qwen2", "57b-a14b", "instruct",
+        (GITHUB, f"{_KQI_LLMS}/Qwen/Qwen2-57B-A14B-Instruct/config.json"),
+        P("57.41B", QWEN2), P("56.32B", QWEN2, counts="non_embedding"), P("14B", QWEN2_MOE, counts="active"),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.40.1; the file has no trailing newline). The Qwen2-57B-A14B base "
+             "file's shapes (64 experts of width 2,560, 8 per token, a shared expert of width 20,480) with 32,768 "
+             "positions and sliding_window 65,536 (unused: use_sliding_window false); the blog's figures are for "
+             "the size, whose card says 'For each size, we release the base language model and the aligned chat "
+             "model'."),
     row("Qwen/Qwen2-72B", "qwen2", "72b", "base", (GITHUB, f"{_KQI}@3ad135e48fc4dcaaa9bf454fc386560dcd05a155:"
                                                            "example/evaluate.py#Qwen2_72B"),
         P("72.71B", QWEN2), P("70.21B", QWEN2, counts="non_embedding"),
@@ -575,12 +583,16 @@ ROWS += [
              "SmolLM3-3B-Base is not listed: its config was not available offline to compare."),
     row("01-ai/Yi-1.5-6B", "yi-1.5", "6b", "base", (GITHUB, f"{_KQI}@963269026663521e774249c3828f9e000bb2a405:"
                                                           "example/evaluate.py#Yi_1_5_6B"),
-        P("6B", YI15), note=f"{_KQI_NOTE} (transformers 4.37.2). The -Chat checkpoints are read with this config "
-                            "(instruct/base siblings)."),
+        P("6B", YI15), note=f"{_KQI_NOTE} (transformers 4.37.2). Yi-1.5-6B-Chat is an entry of its own (pytorchKQI's "
+                            "copy of its Hub file: the same shapes)."),
+    row("01-ai/Yi-1.5-6B-Chat", "yi-1.5", "6b", "instruct", (GITHUB, f"{_KQI_LLMS}/01-ai/Yi-1.5-6B-Chat/config.json"),
+        P("6B", YI15),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.40.0). The Yi-1.5-6B base file's keys and values but use_cache "
+             "false: the same shapes."),
     row("01-ai/Yi-1.5-34B", "yi-1.5", "34b", "base", (GITHUB, f"{_KQI}@963269026663521e774249c3828f9e000bb2a405:"
                                                             "example/evaluate.py#Yi_1_5_34B"),
-        P("34B", YI15), note=f"{_KQI_NOTE} (transformers 4.37.2). Yi-1.5-34B-Chat and -Chat-16K are entries of "
-                             "their own (pytorchKQI's copies of their Hub files)."),
+        P("34B", YI15), note=f"{_KQI_NOTE} (transformers 4.37.2). Yi-1.5-34B-Chat, -Chat-16K and -32K are entries "
+                             "of their own (pytorchKQI's copies of their Hub files)."),
     row("01-ai/Yi-1.5-34B-Chat", "yi-1.5", "34b", "instruct", (GITHUB, f"{_KQI_LLMS}/01-ai/Yi-1.5-34B-Chat/config.json"),
         P("34B", YI15),
         note=f"{_KQI_LLMS_NOTE} (transformers 4.40.0). The Yi-1.5-34B base file's keys and values but use_cache "
@@ -588,6 +600,10 @@ ROWS += [
     row("01-ai/Yi-1.5-34B-Chat-16K", "yi-1.5", "34b", "instruct",
         (GITHUB, f"{_KQI_LLMS}/01-ai/Yi-1.5-34B-Chat-16K/config.json"), P("34B", YI15),
         note=f"{_KQI_LLMS_NOTE} (transformers 4.40.0). Yi-1.5-34B's shapes with 16,384 positions (rope_theta "
+             "5,000,000 unchanged, no pad_token_id)."),
+    row("01-ai/Yi-1.5-34B-32K", "yi-1.5", "34b", "base", (GITHUB, f"{_KQI_LLMS}/01-ai/Yi-1.5-34B-32K/config.json"),
+        P("34B", YI15),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.37.1). Yi-1.5-34B's shapes with 32,768 positions (rope_theta "
              "5,000,000 unchanged, no pad_token_id)."),
     row("01-ai/Yi-1.5-9B", "yi-1.5", "9b", "base", (GITHUB, f"{_KQI_LLMS}/01-ai/Yi-1.5-9B/config.json"),
         P("9B", YI15),
@@ -770,6 +786,108 @@ ROWS += [
              "The -base checkpoint and the 2B size are not listed: their configs were not available offline."),
 ]
 
+# DeepSeek LLM, DeepSeek-Coder (and v1.5), DeepSeekMath, Qwen1.5 and CodeQwen1.5: the Hub files as pytorchKQI keeps them
+# (``_KQI_LLMS``). All are LlamaForCausalLM or Qwen2ForCausalLM (transformers builds them natively); each -instruct /
+# -chat / -rl checkpoint is its own file (its eos token differs), with its base's shapes.
+DEEPSEEK_CODER = ("DeepSeek Coder project page (deepseekcoder.github.io): 'Various model sizes (1.3B, 5.7B, 6.7B and 33B) "
+                  "to support different requirements'; the paper (arXiv 2401.14196), abstract: 'a range of open-source "
+                  "code models with sizes from 1.3B to 33B'")
+DEEPSEEK_LLM = ("DeepSeek LLM: Scaling Open-Source Language Models with Longtermism (arXiv 2401.02954), abstract: 'two "
+                "commonly used open-source configurations, 7B and 67B'")
+DEEPSEEK_MATH = ("DeepSeek-Math README (deepseek-ai/DeepSeek-Math): 'DeepSeekMath is initialized with DeepSeek-Coder-v1.5 "
+                 "7B and continues pre-training on math-related tokens ... DeepSeekMath 7B has achieved an impressive "
+                 "score of 51.7% on the competition-level MATH benchmark'; 'we release checkpoints of base, instruct, "
+                 "and RL models'")
+QWEN15 = ("Qwen blog 'Introducing Qwen1.5' (qwenlm.github.io/blog/qwen1.5, Feb 2024, its list as updated for the later "
+          "32B and 110B releases): 'we are open-sourcing base and chat models across six sizes: 0.5B, 1.8B, 4B, 7B, "
+          "14B, 32B, 72B, and 110B'")
+QWEN15_MOE_BLOG = ("Qwen blog 'Qwen1.5-MoE: Matching 7B Model Performance with 1/3 Activated Parameters' "
+                   "(qwenlm.github.io/blog/qwen-moe): 'Compared to Qwen1.5-7B, which contains 6.5 billion "
+                   "non-embedding parameters'")
+QWEN15_MOE_CARD = ("Qwen1.5-MoE-A2.7B-Chat model card (Hub; as Ollama's zutto/qwen1.5-moe-a2.7b-chat page copies it): "
+                   "'It has 14.3B parameters in total and 2.7B activated parameters during runtime'")
+CODEQWEN15 = ("Qwen team's CodeQwen1.5 announcement, Chinese edition (developer.aliyun.com/article/1484838): "
+              "'CodeQwen1.5 基于 Qwen 语言模型初始化,拥有 7B 参数的模型' (initialised from the Qwen language model, a model "
+              "of 7B parameters)")
+_DSC_NOTE = ("{kqi} (transformers {tv}). Vocabulary 32,256 and 16,384 positions (linear RoPE scaling, factor 4, over "
+             "rope_theta 100,000). {sibling}")
+_DS7_NOTE = ("{kqi} (transformers {tv}). DeepSeek LLM 7B's shapes (30 layers, hidden 4,096, vocabulary 102,400, 4,096 "
+             "positions). {more}")
+_QWEN15_NOTE = "{kqi} (transformers {tv}). {more}"
+
+
+def _kqi(org_name: str) -> tuple[str, str]:
+    return (GITHUB, f"{_KQI_LLMS}/{org_name}/config.json")
+
+
+ROWS += [
+    # DeepSeek-Coder (1.3B / 6.7B / 33B) and DeepSeek-Coder-v1.5 7B (continued from DeepSeek LLM 7B: another line)
+    *(row(f"deepseek-ai/deepseek-coder-{size}-{kind}", "deepseek-coder", size, "coder",
+          _kqi(f"deepseek-ai/deepseek-coder-{size}-{kind}"), P(size.upper(), DEEPSEEK_CODER),
+          note=_DSC_NOTE.format(kqi=_KQI_LLMS_NOTE, tv=tv, sibling=(
+              "The -instruct checkpoint (eos 32021) is an entry of its own with these shapes." if kind == "base" else
+              f"The deepseek-coder-{size}-base file's shapes; eos 32021 (<|EOT|>)."
+              + (" Its _name_or_path is a DeepSeek-internal path, as on the Hub." if size == "6.7b" else ""))))
+      for size, kind, tv in (("1.3b", "base", "4.34.1"), ("1.3b", "instruct", "4.33.1"),
+                             ("6.7b", "base", "4.34.1"), ("6.7b", "instruct", "4.34.1"),
+                             ("33b", "base", "4.34.1"), ("33b", "instruct", "4.33.1"))),
+    row("deepseek-ai/deepseek-coder-7b-base-v1.5", "deepseek-coder-v1.5", "7b", "coder",
+        _kqi("deepseek-ai/deepseek-coder-7b-base-v1.5"), P("7B", DEEPSEEK_MATH),
+        note=_DS7_NOTE.format(kqi=_KQI_LLMS_NOTE, tv="4.35.2", more=(
+            "Not the 6.7B DeepSeek-Coder (vocabulary 32,256, 32 layers): 'deepseek-coder-7b' names neither. The "
+            "-instruct-v1.5 checkpoint is an entry of its own with these shapes."))),
+    row("deepseek-ai/deepseek-coder-7b-instruct-v1.5", "deepseek-coder-v1.5", "7b", "coder",
+        _kqi("deepseek-ai/deepseek-coder-7b-instruct-v1.5"), P("7B", DEEPSEEK_MATH),
+        note=_DS7_NOTE.format(kqi=_KQI_LLMS_NOTE, tv="4.35.2", more="The -base-v1.5 file's shapes; eos 100015.")),
+    # DeepSeek LLM 7B / 67B
+    *(row(f"deepseek-ai/deepseek-llm-{size}-{kind}", "deepseek-llm", size, "base" if kind == "base" else "instruct",
+          _kqi(f"deepseek-ai/deepseek-llm-{size}-{kind}"), P(size.upper(), DEEPSEEK_LLM),
+          note=f"{_KQI_LLMS_NOTE} (transformers 4.33.1). " + (
+              "Token ids bos 1 / eos 2 as the Hub file has them (the -chat file: 100000 / 100001). The -chat "
+              "checkpoint is an entry of its own with these shapes." if kind == "base" else
+              f"The deepseek-llm-{size}-base file's shapes; bos 100000, eos 100001."))
+      for size, kind in (("7b", "base"), ("7b", "chat"), ("67b", "base"), ("67b", "chat"))),
+    # DeepSeekMath 7B (continued from DeepSeek-Coder-v1.5 7B)
+    row("deepseek-ai/deepseek-math-7b-base", "deepseek-math", "7b", "math", _kqi("deepseek-ai/deepseek-math-7b-base"),
+        P("7B", DEEPSEEK_MATH),
+        note=_DS7_NOTE.format(kqi=_KQI_LLMS_NOTE, tv="4.33.1", more=(
+            "The -instruct and -rl checkpoints are entries of their own with these shapes."))),
+    row("deepseek-ai/deepseek-math-7b-instruct", "deepseek-math", "7b", "math",
+        _kqi("deepseek-ai/deepseek-math-7b-instruct"), P("7B", DEEPSEEK_MATH),
+        note=_DS7_NOTE.format(kqi=_KQI_LLMS_NOTE, tv="4.33.1", more="The -base file, key for key.")),
+    row("deepseek-ai/deepseek-math-7b-rl", "deepseek-math", "7b", "math", _kqi("deepseek-ai/deepseek-math-7b-rl"),
+        P("7B", DEEPSEEK_MATH),
+        note=_DS7_NOTE.format(kqi=_KQI_LLMS_NOTE, tv="4.33.1", more=(
+            "The -instruct model after GRPO reinforcement learning: the -base file's shapes, with a stray "
+            "moe_intermediate_size key that LlamaConfig does not read."))),
+    # Qwen1.5 (Qwen2ForCausalLM; the base and -Chat files differ in eos, 72B also in rms_norm_eps)
+    *(row(f"Qwen/Qwen1.5-{size}{suffix}", "qwen1.5", size.lower(), "instruct" if suffix else "base",
+          _kqi(f"Qwen/Qwen1.5-{size}{suffix}"), P(size, QWEN15),
+          *((P("6.5B", QWEN15_MOE_BLOG, counts="non_embedding"),) if size == "7B" else ()),
+          note=_QWEN15_NOTE.format(kqi=_KQI_LLMS_NOTE, tv=file_tv, more=(
+              ("The -Chat checkpoint is an entry of its own with these shapes (eos 151645)." if not suffix else
+               f"The Qwen1.5-{size} base file's shapes; eos 151645 (<|im_end|>).") + extra)))
+      for size, base_tv, chat_tv, extra in (
+          ("0.5B", "4.37.0", "4.37.0", " Tied input and output embeddings."),
+          ("1.8B", "4.37.0", "4.37.0", ""), ("4B", "4.37.0", "4.37.0", ""), ("7B", "4.37.0", "4.37.0", ""),
+          ("14B", "4.37.0", "4.37.0", ""),
+          ("32B", "4.37.2", "4.37.2", " Grouped-query attention (8 KV heads), new in this size."),
+          ("72B", "4.37.0", "4.37.0", " The base file has rms_norm_eps 1e-5, the -Chat file 1e-6."),
+          ("110B", "4.37.0", "4.37.2", " Grouped-query attention (8 KV heads)."))
+      for suffix, file_tv in (("", base_tv), ("-Chat", chat_tv))),
+    row("Qwen/Qwen1.5-MoE-A2.7B-Chat", "qwen1.5-moe", "a2.7b", "instruct", _kqi("Qwen/Qwen1.5-MoE-A2.7B-Chat"),
+        P("14.3B", QWEN15_MOE_CARD), P("2.7B", QWEN15_MOE_CARD, counts="active"),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.39.0.dev0; keys in Qwen's own order, not sorted). The vendored "
+             "Qwen1.5-MoE-A2.7B base file's shapes with 32,768 positions (the base: 8,192) and eos 151645."),
+    # CodeQwen1.5 7B (Qwen2ForCausalLM, its own 92,416-token vocabulary, 4 KV heads, 65,536 positions)
+    row("Qwen/CodeQwen1.5-7B", "codeqwen1.5", "7b", "coder", _kqi("Qwen/CodeQwen1.5-7B"), P("7B", CODEQWEN15),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.39.3). The -Chat checkpoint is an entry of its own with these shapes."),
+    row("Qwen/CodeQwen1.5-7B-Chat", "codeqwen1.5", "7b", "coder", _kqi("Qwen/CodeQwen1.5-7B-Chat"),
+        P("7B", CODEQWEN15),
+        note=f"{_KQI_LLMS_NOTE} (transformers 4.39.3; the file has no trailing newline). The CodeQwen1.5-7B base file, "
+             "key for key."),
+]
+
 # DeepSeek-V2 / V3 (MLA + MoE). The Hub configs are kept as two public repositories copy them; the authors' own
 # inference/configs/config_{16B,236B,671B}.json in deepseek-ai/DeepSeek-V3 (@9b4e9788e4a3a731f7567338ed15d3ec549ce03b,
 # their ModelArgs names) agree with each copy on every shape key.
@@ -808,12 +926,53 @@ PHI2 = ("Microsoft Research blog 'Phi-2: The surprising power of small language 
         "releasing Phi-2, a 2.7 billion-parameter language model'; the microsoft/phi-2 model card: 'Phi-2 is a "
         "Transformer with 2.7 billion parameters'")
 
+PHI15 = ("microsoft/phi-1_5 model card: 'The language model Phi-1.5 is a Transformer with 1.3 billion parameters' "
+         "(also arXiv 2309.05463)")
+PHI_AUTO_MAP = ("the revision before Microsoft removed its four auto_map lines (pointing at the repository's own "
+                "configuration_phi/modeling_phi, which transformers has not needed since 4.36); every other key is the "
+                "current file's")
+
 ROWS += [
     row("microsoft/phi-2", "phi-2", "2.7b", "base",
         (GITHUB, "henryhmko/VLM_interpretability@53ca1a97573e0a0133c7c3949a9caa84a44a2449:phi-2/config.json"),
         P("2.7B", PHI2), sole_size=PHI2 + "; one size, a base model",
-        note="A copy of the Hub config.json of the transformers 4.37 revision (model_type phi, PhiForCausalLM; the "
-             "auto_map to the repository's own configuration_phi/modeling_phi is a leftover transformers does not "
-             "need: it has PhiForCausalLM since 4.36). resid_pdrop 0.1: a dropout on the attention and MLP outputs "
-             "in training. Phi-2 has no instruct checkpoint from Microsoft."),
+        note=f"A copy of the Hub config.json (transformers 4.37.0), {PHI_AUTO_MAP}. The same repository's "
+             "model.safetensors.index.json gives total_size 5,559,367,680 bytes in fp16: 2,779,683,840 parameters, "
+             "the planner's count. resid_pdrop 0.1: a dropout on the attention and MLP outputs in training. Phi-2 has "
+             "no instruct checkpoint from Microsoft."),
+    row("microsoft/phi-1_5", "phi-1.5", "1.3b", "base",
+        (GITHUB, "Xu0615/AI_Doctor@10ca7c97ee51379af9b62dfbdeb80a2908a58a26:pretrained/pretrained/microsoft/phi-1_5/"
+                 "config.json"),
+        P("1.3B", PHI15, disagrees="Microsoft's 1.3B leaves out the input embedding: 1,418,270,720 less its "
+                                   "104,857,600 (51,200 x 2,048) is 1,313,413,120"),
+        sole_size=PHI15 + "; one size, a base model",
+        note=f"A full snapshot of the Hub repository (README, tokenizer, remote-code files); its config.json is "
+             f"{PHI_AUTO_MAP}. Same shapes as Phi-1, whose config was not available offline."),
+]
+
+# StarCoder2 (model_type starcoder2): LayerNorms and biases, plain GELU MLP (c_fc/c_proj), one sliding window.
+_DINOML_SC2 = "hlky/dinoml_v2@6b8c0acb3a19f77188401b57db6e403aa92534f3:agents/plans/transformers/starcoder2/_sources"
+STARCODER2 = ("StarCoder2 paper (arXiv 2402.19173) abstract: 'We train StarCoder2 models with 3B, 7B, and 15B "
+              "parameters'")
+SC2_NOTE = ("dinoml_v2's snapshot of the Hub config.json (its _sources folder, removed from the repository's later "
+            "commits), the size the Hub's file listing gives ({size} bytes, '{commit}')")
+
+ROWS += [
+    row("bigcode/starcoder2-3b", "starcoder2", "3b", "base", (GITHUB, f"{_DINOML_SC2}/bigcode__starcoder2-3b.config.json"),
+        P("3B", STARCODER2),
+        note=SC2_NOTE.format(size=700, commit="add dropout (#6)") + "; AshishKumar4/dew's test fixture (Hub revision "
+             "733247c5) has the same keys and values. No tie_word_embeddings key: tied, Starcoder2Config's default. "
+             "Attention, residual and embedding dropout 0.1 in training."),
+    row("bigcode/starcoder2-7b", "starcoder2", "7b", "base", (GITHUB, f"{_DINOML_SC2}/bigcode__starcoder2-7b.config.json"),
+        P("7B", STARCODER2),
+        note=SC2_NOTE.format(size=893, commit="add dropout (#7)") + "; it keeps GPT-BigCode keys transformers ignores "
+             "(activation_function, scale_attn_weights, ...). Tied embeddings (no key: the default). Dropouts 0.1."),
+    row("bigcode/starcoder2-15b", "starcoder2", "15b", "base",
+        (GITHUB, f"{_DINOML_SC2}/bigcode__starcoder2-15b.config.json"), P("15B", STARCODER2),
+        note=SC2_NOTE.format(size=803, commit="add dropout (#13)") + ". Untied embeddings. Dropouts 0.1."),
+    row("bigcode/starcoder2-15b-instruct-v0.1", "starcoder2", "15b", "instruct",
+        (GITHUB, f"{_DINOML_SC2}/bigcode__starcoder2-15b-instruct-v0.1.config.json"),
+        P("15B", STARCODER2 + "; the instruct model is StarCoder2-15B fine-tuned, the same shapes"),
+        note=SC2_NOTE.format(size=800, commit="Upload Starcoder2ForCausalLM") + " (transformers 4.39.0.dev0, "
+             "bfloat16). Its dropouts are 0 (the base file's are 0.1)."),
 ]

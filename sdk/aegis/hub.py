@@ -170,6 +170,7 @@ def _parse_name(name: str) -> _Name:
         if stripped == text:
             break
         text = stripped
+    text = re.sub(r"(?<=\d)_(?=\d)", ".", text)  # Hub ids write decimals with '_': phi-1_5, Qwen-1_8B, internlm2_5
     chunks = [c for c in re.split(r"[\s_:-]+", text) if c]
     known = _families()
     at = next((i for i, c in enumerate(chunks) if _LEAD_RX.match(c) and _LEAD_RX.match(c).group(1) in known), None)

@@ -233,6 +233,12 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "model_type": "phi",
         "layer_norm_eps": 1e-5,
     },
+    "starcoder2": {  # LayerNorms, biases, plain GELU MLP, one sliding window (8) for every layer, tied embeddings
+        **{k: v for k, v in _COMMON.items() if k not in ("rms_norm_eps", "tie_word_embeddings")},
+        "model_type": "starcoder2",
+        "norm_epsilon": 1e-5,
+        "sliding_window": 8,
+    },
     "phi_qk": {  # qk_layernorm (per-head LayerNorms with biases), a quarter of each head rotated
         **{k: v for k, v in _COMMON.items() if k != "rms_norm_eps"},
         "model_type": "phi",

@@ -1,5 +1,5 @@
 """The model's own dropouts in training (Granite 3.0's attention dropout; Seed-OSS's attention and residual
-dropouts; Phi's attention, residual and embedding dropouts; Phi-3's resid_pdrop): transformers in train mode, given the engine's masks, gives the engine's logits and gradients; eval
+dropouts; Phi's attention, residual and embedding dropouts; Phi-3's resid_pdrop; StarCoder2's attention, residual and embedding dropouts): transformers in train mode, given the engine's masks, gives the engine's logits and gradients; eval
 runs none; the hand-written attention backward matches autodiff through the same mask."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ CASES = {
     "seed_oss": {"attention_dropout": 0.3, "residual_dropout": 0.2},
     "phi": {"attention_dropout": 0.3, "resid_pdrop": 0.2, "embd_pdrop": 0.1},
     "phi3": {"attention_dropout": 0.3, "resid_pdrop": 0.2},  # Phi-3 drops both sublayer outputs too
+    "starcoder2": {"attention_dropout": 0.3, "residual_dropout": 0.2, "embedding_dropout": 0.1},
 }
 
 

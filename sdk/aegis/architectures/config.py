@@ -151,7 +151,8 @@ def mlp_bias(config: dict[str, Any]) -> bool:
     entry = _entry(config)
     if entry is None:
         return bool(config.get("mlp_bias"))
-    return _bias(config, entry, entry.mlp, ("gate_proj", "gate_up_proj", "fc1"))
+    first = next((p for p in entry.mlp if p.kind == "linear"), None)  # gate_proj, gate_up_proj, fc1, c_fc
+    return first is not None and bool(registry.evaluate(first.bias, entry.names(config)))
 
 
 # ----- embeddings, norms, positions -------------------------------------------------------------------

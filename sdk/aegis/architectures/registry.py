@@ -305,6 +305,13 @@ class Architecture(_Model):
         return _check_expr(v)
 
     @property
+    def plain_mlp_names(self) -> tuple[str, str]:
+        """Short names of a plain MLP's input and output projections (Phi ``fc1``/``fc2``, StarCoder2
+        ``c_fc``/``c_proj``): the first and last linear of ``mlp``."""
+        names = [p.short_name for p in self.mlp if p.kind == "linear"]
+        return names[0], names[-1]
+
+    @property
     def output_projection(self) -> str:
         """Short name of the attention's output projection, the last linear of ``attention`` (``o_proj``; Phi:
         ``dense``)."""

@@ -104,7 +104,7 @@ class Family:
         self.parallel_block = entry.parallel_block
         """Attention and MLP read one normed input, both added to the residual (Phi)."""
         self.plain_mlp = entry.mlp_kind == "plain"
-        """The two-matrix MLP ``fc2(act(fc1(x)))`` (Phi) instead of the gated one."""
+        """The two-matrix MLP ``out(act(in(x)))`` (Phi, StarCoder2) instead of the gated one."""
         self.shared_expert_gate = bool(moe and moe.shared and moe.shared.gated)
         """A sigmoid gate scales the shared expert's output (Qwen2-MoE); DeepSeek adds it ungated."""
         self.attention_sinks = entry.attention_sinks

@@ -165,14 +165,16 @@ two factors, the tanh output and the final mul's two operands."""
 
 def _plain_mlp(acc: _Acc, s: Setting, fam: Family, c: dict, x_bytes: int, hidden: int, width: int, lin_names, *,
                input_saved: bool) -> int:
-    """The two-matrix MLP ``fc2(act(fc1(x)))`` (Phi): fc1 shares the block's input with attention in a parallel
-    block (``input_saved``); the activation saves `ACT_SAVED_WIDTHS` tensors of fc1's width."""
+    """The two-matrix MLP ``out(act(in(x)))`` (Phi's fc1/fc2, StarCoder2's c_fc/c_proj): the input projection shares
+    the block's input with attention in a parallel block (``input_saved``); the activation saves `ACT_SAVED_WIDTHS`
+    tensors of its width."""
+    fc_in, fc_out = fam.entry.plain_mlp_names
     act = fam.hidden_act(c)
     if act not in ACT_SAVED_WIDTHS:
         raise InvalidConfigError(f"hidden_act {act!r}: the activation model knows {', '.join(sorted(ACT_SAVED_WIDTHS))}")
-    d = _linears(acc, s, x_bytes, hidden, [(lin_names("fc1"), width)], "MLP", input_saved=input_saved)
+    d = _linears(acc, s, x_bytes, hidden, [(lin_names(fc_in), width)], "MLP", input_saved=input_saved)
     acc.add("MLP", ACT_SAVED_WIDTHS[act] * d * width)
-    return _linears(acc, s, d, width, [(lin_names("fc2"), hidden)], "MLP")
+    return _linears(acc, s, d, width, [(lin_names(fc_out), hidden)], "MLP")
 
 
 def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) -> dict[str, float]:

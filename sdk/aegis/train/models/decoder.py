@@ -53,9 +53,16 @@ def standard_layer(
     ctx: Ctx,
     lora: dict[str, Any] | None = None,
 ) -> jax.Array:
-    """Pre-norm residual layer; with ``spec.sandwich_norms`` the Gemma 2/3 four-norm variant."""
+    """Pre-norm residual layer; with ``spec.sandwich_norms`` the Gemma 2/3 four-norm variant; LayerNorms with biases
+    where ``spec.layer_norm`` (StarCoder2)."""
     lora = lora or {}
     eps, gemma = spec.rms_norm_eps, spec.gemma_norm
+    if spec.layer_norm:
+        h = layer_norm(x, p["input_layernorm"], eps)
+        h = attention_block(spec, p["self_attn"], h, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lora.get("self_attn"))
+        x = x + _residual_dropout(spec, h, ctx, "attention")
+        h = layer_norm(x, p["post_attention_layernorm"], eps)
+        return x + _residual_dropout(spec, mlp_block(spec, p["mlp"], h, ctx, lora.get("mlp")), ctx, "mlp")
     h = rms_norm(x, p["input_layernorm"]["weight"], eps, gemma=gemma)
     h = attention_block(spec, p["self_attn"], h, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lora.get("self_attn"))
     h = _residual_dropout(spec, h, ctx, "attention")

@@ -110,7 +110,7 @@ def spec_deepseek(config: dict[str, Any]) -> ArchSpec:
         intermediate_size=arch.mla_dense_intermediate_size(config),
         rms_norm_eps=arch.rms_norm_eps(config),
         hidden_act=config.get("hidden_act") or "silu",
-        initializer_range=float(config.get("initializer_range", 0.02)),
+        initializer_range=float(arch.value(config, "initializer_range") or 0.02),
         attn_scale=scale,
         o_bias=bias,  # q_a_proj, kv_a_proj_with_mqa and o_proj
         mlp_bias=arch.mlp_bias(config),

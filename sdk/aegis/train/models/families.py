@@ -130,7 +130,7 @@ def _base(config: dict[str, Any], **kw: Any) -> dict[str, Any]:
         intermediate_size=config.get("intermediate_size") or 0,
         rms_norm_eps=arch.rms_norm_eps(config),
         hidden_act=config.get("hidden_act") or config.get("hidden_activation") or arch.value(config, "hidden_act") or "silu",
-        initializer_range=float(config.get("initializer_range", 0.02)),
+        initializer_range=float(arch.value(config, "initializer_range") or 0.02),
         attn_scale=head_dim**-0.5,
         qkv_bias=qkv_bias,
         o_bias=o_bias,
@@ -200,8 +200,15 @@ def _spec_phi(config: dict[str, Any]) -> ArchSpec:
     entry = registry.get("phi")
     return _spec_dense(
         config, layer_norm=entry.layer_norm, parallel_block=entry.parallel_block, plain_mlp=entry.mlp_kind == "plain",
-        o_name=entry.output_projection, qk_norm=entry.has_qk_norm(config), lm_head_bias=arch.lm_head_bias(config),
+        plain_mlp_names=entry.plain_mlp_names, o_name=entry.output_projection, qk_norm=entry.has_qk_norm(config), lm_head_bias=arch.lm_head_bias(config),
     )
+
+
+def _spec_starcoder2(config: dict[str, Any]) -> ArchSpec:
+    """StarCoder2: LayerNorms with biases, q/k/v/o and the plain ``c_fc``/``c_proj`` MLP with biases per ``use_bias``,
+    one sliding window for every layer, tied embeddings by default; residual and embedding dropouts in training."""
+    entry = registry.get("starcoder2")
+    return _spec_dense(config, layer_norm=entry.layer_norm, plain_mlp=True, plain_mlp_names=entry.plain_mlp_names)
 
 
 def _spec_smollm3(config: dict[str, Any]) -> ArchSpec:
@@ -342,6 +349,7 @@ _SPECS: dict[str, Callable[[dict[str, Any]], ArchSpec]] = {
     "gemma2": _spec_gemma2, "gemma3": _spec_gemma3, "gemma": spec_gemma, "olmo2": spec_olmo2, "olmo3": spec_olmo3,
     "granite": spec_granite, "granitemoe": spec_granitemoe, "mixtral": _spec_mixtral, "qwen2_moe": _spec_qwen2_moe, "qwen3_moe": _spec_qwen3_moe,
     "deepseek": spec_deepseek, "gpt_oss": spec_gpt_oss, "phimoe": spec_phimoe, "phi": _spec_phi,
+    "starcoder2": _spec_starcoder2,
 }
 """The registry's ``engine.spec`` names -> the spec builders (the forward pass's choices are code)."""
 _LAYERS: dict[str, LayerFn] = {

@@ -340,12 +340,13 @@ def mlp_block(
     *,
     prefix: str = "",
 ) -> jax.Array:
-    """Gated MLP ``down(act(gate(x)) * up(x))``; Phi-3's fused ``gate_up_proj`` is split in halves; Phi's plain
-    ``fc2(act(fc1(x)))``."""
+    """Gated MLP ``down(act(gate(x)) * up(x))``; Phi-3's fused ``gate_up_proj`` is split in halves; the plain
+    ``out(act(in(x)))`` of Phi (``fc1``/``fc2``) and StarCoder2 (``c_fc``/``c_proj``)."""
     act = activation(spec.hidden_act)
-    if "fc1" in p:
-        h = linear(p["fc1"], x, ctx, _sub(lora, "fc1"), prefix + "fc1")
-        return linear(p["fc2"], act(h), ctx, _sub(lora, "fc2"), prefix + "fc2")
+    if spec.plain_mlp and spec.moe is None:
+        fc_in, fc_out = spec.plain_mlp_names
+        h = linear(p[fc_in], x, ctx, _sub(lora, fc_in), prefix + fc_in)
+        return linear(p[fc_out], act(h), ctx, _sub(lora, fc_out), prefix + fc_out)
     if "gate_up_proj" in p:
         gate, up = jnp.split(
             linear(p["gate_up_proj"], x, ctx, _sub(lora, "gate_up_proj"), prefix + "gate_up_proj"), 2, -1

@@ -96,7 +96,8 @@ class ArchSpec:
     residual_dropout: float = 0.0  # training: dropout on each sublayer's output before its residual add (Seed-OSS)
     embedding_dropout: float = 0.0  # training: dropout on the token embeddings (Phi embd_pdrop)
     parallel_block: bool = False  # Phi: x + attn(ln(x)) + mlp(ln(x)), one input_layernorm per layer
-    plain_mlp: bool = False  # Phi: mlp.fc2(act(mlp.fc1(x))), both with biases
+    plain_mlp: bool = False  # Phi, StarCoder2: the two-matrix MLP out(act(in(x))), named by ``plain_mlp_names``
+    plain_mlp_names: tuple[str, str] = ("fc1", "fc2")  # its input and output projections (StarCoder2: c_fc, c_proj)
     o_name: str = "o_proj"  # the attention output projection's name (Phi: ``dense``)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
@@ -240,7 +241,8 @@ def layer_shapes(spec: ArchSpec) -> dict[str, Any]:
     if spec.moe is None:
         i = spec.intermediate_size
         if spec.plain_mlp:
-            mlp = {"fc1": _linear(i, d, spec.mlp_bias), "fc2": _linear(d, i, spec.mlp_bias)}
+            fc_in, fc_out = spec.plain_mlp_names
+            mlp = {fc_in: _linear(i, d, spec.mlp_bias), fc_out: _linear(d, i, spec.mlp_bias)}
         elif spec.fused_gate_up:
             mlp: dict[str, Any] = {"gate_up_proj": _linear(2 * i, d, spec.mlp_bias)}
         else:

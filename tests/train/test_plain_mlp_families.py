@@ -1,7 +1,8 @@
-"""Phi-1/1.5/2 (``phi``): a parallel attention + MLP block on one LayerNorm, a plain fc1/fc2 MLP, partial RoPE and
-an lm_head bias. Planner, engine and transformers agree on parameters, gradients, checkpoints and LoRA; PEFT loads
-the engine's adapter. Logits parity is in test_parity.py (``phi``, ``phi_qk`` in conftest.TINY_CONFIGS) and the
-model's dropouts in test_model_dropout.py."""
+"""The families with a plain two-matrix MLP and LayerNorms: Phi-1/1.5/2 (``phi``: attention and the fc1/fc2 MLP side
+by side on one LayerNorm, ``dense``, partial RoPE, an lm_head bias) and StarCoder2 (``starcoder2``: sequential
+LayerNorm blocks, c_fc/c_proj, biases per use_bias, one sliding window). Planner, engine and transformers agree on
+parameters, gradients, checkpoints and LoRA; PEFT loads the engine's adapter. Logits parity is in test_parity.py
+(``phi``, ``phi_qk``, ``starcoder2`` in conftest.TINY_CONFIGS) and the models' dropouts in test_model_dropout.py."""
 
 from __future__ import annotations
 
@@ -21,8 +22,12 @@ from aegis.schema import default_lora_targets
 from aegis.train.models import build_model
 from aegis.train.weights import load_checkpoint, save_checkpoint, to_hf_state_dict
 
-NAMES = ["phi", "phi_qk"]
-BUNDLED = [m for m in catalog.models() if catalog.read_model_config(m)["model_type"] == "phi"]
+NAMES = ["phi", "phi_qk", "starcoder2"]
+BUNDLED = [m for m in catalog.models() if catalog.read_model_config(m)["model_type"] in ("phi", "starcoder2")]
+DEFAULT_TARGETS = {
+    "phi": ("q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"),
+    "starcoder2": ("q_proj", "k_proj", "v_proj", "o_proj", "c_fc", "c_proj"),
+}
 
 
 def _engine_count(config: dict) -> int:
@@ -63,7 +68,8 @@ def test_defaults_follow_phiconfig():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_gradient_matches_torch_autograd(name, hf_checkpoint):
-    """Through the parallel block, LayerNorm weights and biases, every linear bias and the lm_head bias."""
+    """Through the parallel block (Phi), LayerNorm weights and biases, every linear bias, the lm_head bias (Phi) and
+    the tied head (StarCoder2)."""
     hf, folder = hf_checkpoint(name)
     model = build_model(json.loads((folder / "config.json").read_text()))
     params = load_checkpoint(model, folder)
@@ -90,8 +96,9 @@ def test_the_training_loss_is_torch_cross_entropy(name, hf_checkpoint):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_checkpoint_round_trip_keeps_transformers_names_and_values(name, hf_checkpoint, tmp_path):
-    """``model.final_layernorm``, ``self_attn.dense``, ``mlp.fc1/fc2`` and ``lm_head.bias`` are read and written
-    under transformers' names; transformers loads the saved folder to the same logits."""
+    """Phi's ``model.final_layernorm``, ``self_attn.dense``, ``mlp.fc1/fc2`` and ``lm_head.bias``, StarCoder2's
+    ``mlp.c_fc/c_proj`` and norm biases are read and written under transformers' names (a tied head left out, as
+    transformers saves it); transformers loads the saved folder to the same logits."""
     from safetensors.numpy import load_file
     from transformers import AutoModelForCausalLM
 
@@ -112,8 +119,8 @@ def test_checkpoint_round_trip_keeps_transformers_names_and_values(name, hf_chec
 
 @pytest.mark.parametrize("name", NAMES)
 def test_lora_adapter_sizes_equal_peft_and_the_engine(name):
-    """Planner == PEFT == the engine's adapters for "all-linear" and the plan's defaults, which are Phi's own
-    module names (q/k/v, dense, fc1, fc2): PEFT's phi mapping wraps the same modules by these names."""
+    """Planner == PEFT == the engine's adapters for "all-linear" and the plan's defaults, which are the models' own
+    module names (Phi: q/k/v, dense, fc1, fc2; StarCoder2: q/k/v/o, c_fc, c_proj)."""
     import peft
 
     import aegis
@@ -122,7 +129,7 @@ def test_lora_adapter_sizes_equal_peft_and_the_engine(name):
     config = tiny_config(name)
     profile = profile_from_config(config, model_id=name, source="path")
     defaults = default_lora_targets(profile.linear_modules)
-    assert defaults == ("q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2")
+    assert defaults == DEFAULT_TARGETS[config["model_type"]]
     model = build_model(config)
     params = model.init(jax.random.key(0))
     for targets in (("all-linear",), defaults, ("q_proj", "v_proj")):
@@ -158,15 +165,22 @@ def test_peft_loads_the_engines_adapter_to_the_engines_logits(hf_checkpoint, tmp
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
 
 
-def test_the_catalog_serves_phi_2_and_refuses_the_sizes_it_does_not_hold():
+def test_the_catalog_serves_phi_and_starcoder2_and_refuses_the_sizes_it_does_not_hold():
     from aegis.errors import AegisError
     from aegis.hub import resolve_model
     from aegis.parse import parse_request
 
-    assert {m.id for m in BUNDLED} >= {"microsoft/phi-2"}
+    assert {m.id for m in BUNDLED} >= {"microsoft/phi-2", "microsoft/phi-1_5", "bigcode/starcoder2-3b"}
     for name in ("phi-2", "phi2", "microsoft/phi-2", "Phi-2"):
         assert resolve_model(name).model_id == "microsoft/phi-2"
         assert parse_request(f"lora {name} on a100").model == "microsoft/phi-2"
-    for name in ("phi-2:7b", "phi-1", "phi"):
+    for name in ("phi-2:7b", "phi-1", "phi", "starcoder2", "starcoder2-1b"):
         with pytest.raises(AegisError):
             resolve_model(name)
+    # Hub ids write decimals with '_': phi-1_5 is Phi-1.5, however it is spelled
+    for name, model_id in (("phi-1_5", "microsoft/phi-1_5"), ("phi-1.5", "microsoft/phi-1_5"), ("phi1.5", "microsoft/phi-1_5"),
+                           ("starcoder2-3b", "bigcode/starcoder2-3b"), ("starcoder2:7b", "bigcode/starcoder2-7b"),
+                           ("bigcode/starcoder2-15b", "bigcode/starcoder2-15b"),
+                           ("starcoder2-15b-instruct-v0.1", "bigcode/starcoder2-15b-instruct-v0.1")):
+        assert resolve_model(name).model_id == model_id
+        assert parse_request(f"qlora {name} on a100").model == model_id
