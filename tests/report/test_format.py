@@ -123,3 +123,10 @@ def test_public_names_resolve():
         assert callable(getattr(aegis.report, name)) or name == "EMIT_KINDS"
     with pytest.raises(AttributeError):
         aegis.report.nope  # noqa: B018
+
+
+def test_targets_label_keeps_names_that_would_shrink_to_a_letter():
+    """StarCoder2's c_fc/c_proj: 'c_proj' is not shortened to 'c'; the standard and fused names still are."""
+    sc2 = ("q_proj", "k_proj", "v_proj", "o_proj", "c_fc", "c_proj")
+    assert targets_label(sc2, sc2) == "q,k,v,o,c_fc,c_proj (all attn + MLP)"
+    assert targets_label(("qkv_proj", "gate_up_proj")).startswith("qkv,gate_up")

@@ -177,7 +177,7 @@ def targets_label(targets: Iterable[str], known: Iterable[str] = ()) -> str:
     known = set(known)
     unmatched = [t for t in names if known and t not in known]
     names = tuple(t for t in names if t not in unmatched)
-    short = ",".join(t.removesuffix("_proj") for t in names)
+    short = ",".join(_short_target(t) for t in names)
     chosen = set(names)
     projections = known - LORA_GATE_TARGETS if known else set(ALL_LINEAR_TARGETS)
     if chosen >= projections and not chosen - set(_ATTN_TARGETS):  # GPT-OSS: the experts are not nn.Linear
@@ -191,8 +191,15 @@ def targets_label(targets: Iterable[str], known: Iterable[str] = ()) -> str:
     else:
         label = short
     if unmatched:
-        label += f"; {','.join(t.removesuffix('_proj') for t in unmatched)} match no module of this model"
+        label += f"; {','.join(_short_target(t) for t in unmatched)} match no module of this model"
     return label
+
+
+def _short_target(name: str) -> str:
+    """``q_proj`` -> ``q``, ``gate_up_proj`` -> ``gate_up``; a name that would shrink to one letter other than q, k, v
+    or o stays whole (StarCoder2's ``c_proj`` is not ``c``)."""
+    short = name.removesuffix("_proj")
+    return short if len(short) > 1 or short in "qkvo" else name
 
 
 def headroom_verdict(headroom_bytes: int, gpu: GPU | None = None) -> str:
