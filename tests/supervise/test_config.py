@@ -89,3 +89,28 @@ def test_a_plan_for_a_model_whose_weights_are_not_here_says_what_to_download(tmp
     cfg = run_config_from_plan(tmp_path / "plan.json")
     with pytest.raises(WeightsNotFoundError, match=r"hf download meta-llama/Llama-3.2-1B"):
         resolve_model_input(cfg.model, cfg.init)
+
+
+@pytest.mark.parametrize(("model_type", "targets"), [
+    ("starcoder2", ["q_proj", "k_proj", "v_proj", "o_proj", "c_fc", "c_proj"]),
+    ("phi", ["q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"]),
+    ("llama", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+])
+def test_lora_tiers_without_targets_get_the_models_own_defaults(tmp_path, model_type, targets):
+    """A run adapts what its plan sized: the planner's defaults for the model (Phi's dense/fc1/fc2, StarCoder2's
+    c_fc/c_proj), not the seven Llama names, which miss their MLPs; explicit targets and full tiers are kept."""
+    from hf_folders import make_model_folder
+
+    folder = make_model_folder(tmp_path / "m", model_type=model_type)
+    (tmp_path / "run.yaml").write_text(
+        "model: ./m\ndata: ./d.jsonl\n"
+        "train_config: {method: lora, micro_batch_size: 2, seq_len: 64, lora: {rank: 4}}\n"
+        "fallbacks: [{method: qlora, micro_batch_size: 1, seq_len: 64}, {method: full, micro_batch_size: 1, seq_len: 64},"
+        " {method: lora, micro_batch_size: 1, seq_len: 64, lora: {target_modules: [q_proj]}}]\n"
+    )
+    cfg = load_run_config(tmp_path / "run.yaml")
+    assert cfg.model == str(folder.resolve())
+    assert list(cfg.train_config.lora_config.target_modules) == targets and cfg.train_config.lora_config.rank == 4
+    assert list(cfg.fallbacks[0].lora_config.target_modules) == targets
+    assert cfg.fallbacks[1].lora is None
+    assert list(cfg.fallbacks[2].lora_config.target_modules) == ["q_proj"]

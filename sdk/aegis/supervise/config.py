@@ -20,6 +20,7 @@ A minimal YAML::
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -303,7 +304,7 @@ def parse_run_config(data: dict[str, Any], source: str = "(dict)") -> RunConfig:
     if not isinstance(data, dict):
         raise InvalidConfigError(f"run config {source} must be a mapping of sections, got {type(data).__name__}")
     try:
-        return RunConfig.model_validate(data)
+        return RunConfig.model_validate(_with_model_lora_targets(data))
     except ValidationError as err:
         raise InvalidConfigError(_format_error(err, source)) from err
 
@@ -326,6 +327,35 @@ def load_run_config(path: str | Path) -> RunConfig:
                 if local.exists() or value.startswith((".", "~")):  # a Hub id or a `datasets` id stays as written
                     data[key] = str(local.resolve())
     return parse_run_config(data, str(p))
+
+
+def _with_model_lora_targets(data: Any) -> Any:
+    """``data`` with the model's own default LoRA targets written into every LoRA/QLoRA tier that names none, as the
+    planner chooses them (`aegis.schema.default_lora_targets`: Phi's dense/fc1/fc2, StarCoder2's c_fc/c_proj, Phi-3's
+    fused projections), so a run adapts what its plan sized; written once, when the config is read, so a resumed run
+    keeps them. A model that cannot be read here is left to the engine's own error."""
+    if not isinstance(data, dict) or not isinstance(data.get("model"), str) or not _untargeted_tiers(data):
+        return data
+    from aegis.errors import AegisError
+    from aegis.hub import resolve_model
+    from aegis.schema import default_lora_targets
+
+    try:
+        targets = default_lora_targets(resolve_model(data["model"]).linear_modules)
+    except AegisError:
+        return data
+    data = copy.deepcopy(data)  # the caller's mapping stays as given
+    for tier in _untargeted_tiers(data):
+        lora = tier.get("lora")
+        tier["lora"] = {**(lora if isinstance(lora, dict) else {}), "target_modules": list(targets)}
+    return data
+
+
+def _untargeted_tiers(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The LoRA/QLoRA tiers (train_config, fallbacks) of a run-config mapping that name no target_modules."""
+    tiers = [data.get("train_config"), *(data.get("fallbacks") or [])]
+    return [t for t in tiers if isinstance(t, dict) and t.get("method", "lora") != "full"
+            and not (isinstance(t.get("lora"), dict) and "target_modules" in t["lora"])]
 
 
 def run_config_from_plan(plan_path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
