@@ -159,3 +159,22 @@ def test_peft_loads_our_adapter_with_matching_outputs(name: str, targets, tmp_pa
     back = load_lora_adapter(model, adapter_dir)
     assert back.rank == lora.rank and back.alpha == lora.alpha
     _assert_trees_equal(back.tree, lora.tree)
+
+
+def test_a_checkpoint_tensor_the_config_switches_off_is_refused(hf_checkpoint, tmp_path):
+    """StarCoder2 weights with biases under a config.json saying use_bias: false: the biases would be dropped
+    silently; the loader refuses in one line instead."""
+    import json
+
+    import pytest
+
+    from aegis.errors import CheckpointError
+    from aegis.train.models import build_model
+    from aegis.train.weights import load_checkpoint
+
+    _, folder = hf_checkpoint("starcoder2")
+    config = json.loads((folder / "config.json").read_text())
+    model = build_model({**config, "use_bias": False})
+    with pytest.raises(CheckpointError, match="use_bias"):
+        load_checkpoint(model, folder)
+    load_checkpoint(build_model(config), folder)  # the matching config reads every tensor

@@ -277,6 +277,7 @@ def load_checkpoint(
     target = jnp.dtype(dtype or model.param_dtype)
     np_target = np.dtype(ml_dtypes.bfloat16) if target == jnp.bfloat16 else np.dtype(target)
     params: dict[str, Any] = {}
+    consumed: set[str] = set()
     for path_, template, shape in _memory_names(model):
         layer_ids = _stack_layers(model, path_) if "{i}" in template else [None]
         stacked = layer_ids != [None]
@@ -284,6 +285,7 @@ def load_checkpoint(
         for j, i in enumerate(layer_ids):
             name = template.format(i=i) if i is not None else template
             r = recipe(name, model.spec)
+            consumed.update(r.keys)
             for key in r.keys:
                 if key not in reader:
                     raise CheckpointError(
@@ -308,7 +310,22 @@ def load_checkpoint(
         _set(params, path_, quantize_leaf(path_, leaf) if nf4 else leaf)
         if on_progress is not None:
             on_progress(min(done_bytes, total_bytes), total_bytes)
+    _check_nothing_left_out(reader, consumed)
     return params
+
+
+def _check_nothing_left_out(reader: CheckpointReader, consumed: set[str]) -> None:
+    """A checkpoint tensor of a module the model reads, which the model does not read (a bias or norm the config
+    switches off): the config.json and the weights disagree, and training would silently drop it. Tensors of
+    modules the model does not build (DeepSeek-V3's multi-token-prediction layer, a tied head stored anyway,
+    rotary buffers) are not read by transformers either."""
+    modules = {key.rsplit(".", 1)[0] for key in consumed}
+    for key in reader.names():
+        if key not in consumed and key.rsplit(".", 1)[0] in modules:
+            raise CheckpointError(
+                f"checkpoint tensor {key!r} is not part of the model config.json describes (a bias or norm it switches "
+                "off, e.g. use_bias, attention_bias, mlp_bias); check that config.json belongs to these weights."
+            )
 
 
 def to_hf_state_dict(model: Model, params: dict[str, Any], *, dtype: Any = None) -> dict[str, np.ndarray]:
