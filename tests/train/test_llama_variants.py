@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 
-import jax
 import numpy as np
 import pytest
 import torch
 from conftest import tiny_config
+from family_checks import engine_param_count, meta_model
 
 from aegis import catalog
 from aegis.hub import profile_from_config
@@ -26,26 +26,12 @@ NAMES = ["gemma", "olmo2", "granite"]
 BUNDLED = [m for m in catalog.models() if catalog.read_model_config(m)["model_type"] in NAMES]
 
 
-def _engine_count(config: dict) -> int:
-    shapes = build_model(config).param_shapes()
-    return sum(int(np.prod(s)) for s in jax.tree_util.tree_leaves(shapes, is_leaf=lambda x: isinstance(x, tuple)))
-
-
-def _meta_model(config: dict):
-    import transformers
-
-    cfg = dict(config)
-    model_type = cfg.pop("model_type")
-    with torch.device("meta"):
-        return transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **cfg))
-
-
 @pytest.mark.parametrize("config", [tiny_config(n) for n in NAMES] + [catalog.read_model_config(m) for m in BUNDLED],
                          ids=NAMES + [m.id for m in BUNDLED])
 def test_planner_engine_and_transformers_count_the_same_parameters(config):
-    hf = _meta_model(config)
+    hf = meta_model(config)
     profile = profile_from_config(config, model_id="test", source="path")
-    assert profile.total_params == _engine_count(config) == sum(p.numel() for p in hf.parameters())
+    assert profile.total_params == engine_param_count(config) == sum(p.numel() for p in hf.parameters())
     assert profile.embedding_params == hf.get_input_embeddings().weight.numel()
     assert profile.layer_params == tuple(sum(p.numel() for p in layer.parameters()) for layer in hf.model.layers)
 
@@ -92,7 +78,7 @@ def test_lora_adapter_sizes_equal_peft(name):
     defaults = default_lora_targets(profile.linear_modules)
     assert defaults == aegis.schema.ALL_LINEAR_TARGETS
     for targets in (("all-linear",), defaults):
-        hf = _meta_model(config)
+        hf = meta_model(config)
         peft_targets = "all-linear" if targets == ("all-linear",) else list(targets)
         wrapped = peft.get_peft_model(hf, peft.LoraConfig(r=8, target_modules=peft_targets))
         trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)

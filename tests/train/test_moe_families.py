@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from family_checks import check_training_loss_is_torch_cross_entropy, tokens as _tokens
+from family_checks import check_checkpoint_round_trip, check_training_loss_is_torch_cross_entropy, meta_model
+from family_checks import tokens as _tokens
 from conftest import build_hf_model, tiny_config
 
 from aegis.errors import CheckpointError, InvalidConfigError, UnsupportedArchitectureError
@@ -129,31 +130,7 @@ def test_the_training_loss_is_torch_cross_entropy(name, hf_checkpoint):
 def test_checkpoint_round_trip_keeps_transformers_names_and_values(name, hf_checkpoint, tmp_path):
     """GPT-OSS experts are stored transposed with gate/up interleaved, Phi-MoE's per expert under
     block_sparse_moe: loading and saving gives back transformers' own tensors, which it loads again."""
-    from safetensors.numpy import load_file
-    from transformers import AutoModelForCausalLM
-
-    hf, folder = hf_checkpoint(name)
-    model = build_model(json.loads((folder / "config.json").read_text()))
-    params = load_checkpoint(model, folder)
-    theirs = load_file(folder / "model.safetensors")
-    ours = to_hf_state_dict(model, params)
-    assert set(ours) == set(theirs)
-    for key, value in theirs.items():
-        np.testing.assert_array_equal(ours[key], value, err_msg=key)
-    out = save_checkpoint(model, params, tmp_path / "saved")
-    reloaded = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
-    ids = torch.arange(3, 19).reshape(1, 16)
-    with torch.no_grad():
-        np.testing.assert_allclose(reloaded(ids).logits.numpy(), hf(ids).logits.numpy(), rtol=1e-6, atol=1e-6)
-
-
-def _meta_model(config: dict):
-    import transformers
-
-    cfg = dict(config)
-    hf_config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    with torch.device("meta"):
-        return transformers.AutoModelForCausalLM.from_config(hf_config)
+    check_checkpoint_round_trip(*hf_checkpoint(name), tmp_path / "saved")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -173,7 +150,7 @@ def test_lora_adapter_sizes_equal_peft_and_the_engine(name):
     params = model.init(jax.random.key(0))
     for targets in (("all-linear",), defaults):
         peft_targets = "all-linear" if targets == ("all-linear",) else list(targets)
-        wrapped = peft.get_peft_model(_meta_model(config), peft.LoraConfig(r=8, target_modules=peft_targets))
+        wrapped = peft.get_peft_model(meta_model(config), peft.LoraConfig(r=8, target_modules=peft_targets))
         trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
         planned = profile.trainable_params("lora", aegis.LoRAConfig(rank=8, target_modules=targets))
         engine = init_lora(model, params, rank=8, alpha=16, target_modules=targets, rng=jax.random.key(1))
@@ -191,7 +168,7 @@ def test_the_planner_mirrors_bitsandbytes_and_transformers_attention():
         config = tiny_config(name)
         profile = profile_from_config(config, model_id=name, source="path")
         quantized = {m.name for m in profile.linear_modules if m.quantizable}
-        hf = _meta_model(config)
+        hf = meta_model(config)
         exact = {n.rsplit(".", 1)[-1] for n, m in hf.model.layers[0].named_modules() if type(m) is torch.nn.Linear}
         assert quantized == exact == {"q_proj", "k_proj", "v_proj", "o_proj"}
         assert get_family(config).sdpa_supported == cls._supports_sdpa

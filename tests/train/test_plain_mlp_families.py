@@ -14,13 +14,19 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_config
-from family_checks import check_training_loss_is_torch_cross_entropy, tokens
+from family_checks import (
+    check_checkpoint_round_trip,
+    check_training_loss_is_torch_cross_entropy,
+    engine_param_count,
+    meta_model,
+    tokens,
+)
 
 from aegis import catalog
 from aegis.hub import profile_from_config
 from aegis.schema import default_lora_targets
 from aegis.train.models import build_model
-from aegis.train.weights import load_checkpoint, save_checkpoint, to_hf_state_dict
+from aegis.train.weights import load_checkpoint, to_hf_state_dict
 
 NAMES = ["phi", "phi_qk", "starcoder2"]
 BUNDLED = [m for m in catalog.models() if catalog.read_model_config(m)["model_type"] in ("phi", "starcoder2")]
@@ -30,26 +36,12 @@ DEFAULT_TARGETS = {
 }
 
 
-def _engine_count(config: dict) -> int:
-    shapes = build_model(config).param_shapes()
-    return sum(int(np.prod(s)) for s in jax.tree_util.tree_leaves(shapes, is_leaf=lambda x: isinstance(x, tuple)))
-
-
-def _meta_model(config: dict):
-    import transformers
-
-    cfg = dict(config)
-    model_type = cfg.pop("model_type")
-    with torch.device("meta"):
-        return transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **cfg))
-
-
 @pytest.mark.parametrize("config", [tiny_config(n) for n in NAMES] + [catalog.read_model_config(m) for m in BUNDLED],
                          ids=NAMES + [m.id for m in BUNDLED])
 def test_planner_engine_and_transformers_count_the_same_parameters(config):
-    hf = _meta_model(config)
+    hf = meta_model(config)
     profile = profile_from_config(config, model_id="test", source="path")
-    assert profile.total_params == _engine_count(config) == sum(p.numel() for p in hf.parameters())
+    assert profile.total_params == engine_param_count(config) == sum(p.numel() for p in hf.parameters())
     assert profile.layer_params == tuple(sum(p.numel() for p in layer.parameters()) for layer in hf.model.layers)
 
 
@@ -99,22 +91,7 @@ def test_checkpoint_round_trip_keeps_transformers_names_and_values(name, hf_chec
     """Phi's ``model.final_layernorm``, ``self_attn.dense``, ``mlp.fc1/fc2`` and ``lm_head.bias``, StarCoder2's
     ``mlp.c_fc/c_proj`` and norm biases are read and written under transformers' names (a tied head left out, as
     transformers saves it); transformers loads the saved folder to the same logits."""
-    from safetensors.numpy import load_file
-    from transformers import AutoModelForCausalLM
-
-    hf, folder = hf_checkpoint(name)
-    model = build_model(json.loads((folder / "config.json").read_text()))
-    params = load_checkpoint(model, folder)
-    theirs = load_file(folder / "model.safetensors")
-    ours = to_hf_state_dict(model, params)
-    assert set(ours) == set(theirs)
-    for key, value in theirs.items():
-        np.testing.assert_array_equal(ours[key], value, err_msg=key)
-    out = save_checkpoint(model, params, tmp_path / "saved")
-    reloaded = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
-    ids = torch.arange(3, 19).reshape(1, 16)
-    with torch.no_grad():
-        np.testing.assert_allclose(reloaded(ids).logits.numpy(), hf(ids).logits.numpy(), rtol=1e-6, atol=1e-6)
+    check_checkpoint_round_trip(*hf_checkpoint(name), tmp_path / "saved")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -134,7 +111,7 @@ def test_lora_adapter_sizes_equal_peft_and_the_engine(name):
     params = model.init(jax.random.key(0))
     for targets in (("all-linear",), defaults, ("q_proj", "v_proj")):
         peft_targets = "all-linear" if targets == ("all-linear",) else list(targets)
-        wrapped = peft.get_peft_model(_meta_model(config), peft.LoraConfig(r=8, target_modules=peft_targets))
+        wrapped = peft.get_peft_model(meta_model(config), peft.LoraConfig(r=8, target_modules=peft_targets))
         trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
         planned = profile.trainable_params("lora", aegis.LoRAConfig(rank=8, target_modules=targets))
         engine = init_lora(model, params, rank=8, alpha=16, target_modules=targets, rng=jax.random.key(1))
