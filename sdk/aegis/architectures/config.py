@@ -143,7 +143,7 @@ def attention_biases(config: dict[str, Any]) -> tuple[bool, bool]:
         bias = bool(config.get("attention_bias"))
         return bias, bias
     return (_bias(config, entry, entry.attention, ("q_a_proj", "q_proj", "qkv_proj")),
-            _bias(config, entry, entry.attention, ("o_proj", "dense")))
+            _bias(config, entry, entry.attention, (entry.output_projection,)))
 
 
 def mlp_bias(config: dict[str, Any]) -> bool:

@@ -57,13 +57,7 @@ def standard_layer(
     where ``spec.layer_norm`` (StarCoder2)."""
     lora = lora or {}
     eps, gemma = spec.rms_norm_eps, spec.gemma_norm
-    if spec.layer_norm:
-        h = layer_norm(x, p["input_layernorm"], eps)
-        h = attention_block(spec, p["self_attn"], h, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lora.get("self_attn"))
-        x = x + _residual_dropout(spec, h, ctx, "attention")
-        h = layer_norm(x, p["post_attention_layernorm"], eps)
-        return x + _residual_dropout(spec, mlp_block(spec, p["mlp"], h, ctx, lora.get("mlp")), ctx, "mlp")
-    h = rms_norm(x, p["input_layernorm"]["weight"], eps, gemma=gemma)
+    h = _norm(spec, p["input_layernorm"], x)
     h = attention_block(spec, p["self_attn"], h, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lora.get("self_attn"))
     h = _residual_dropout(spec, h, ctx, "attention")
     block = moe_block if spec.moe is not None else mlp_block
@@ -79,8 +73,15 @@ def standard_layer(
         h = rms_norm(h, p["post_feedforward_layernorm"]["weight"], eps, gemma=gemma)
         return x + h
     x = x + h
-    h = rms_norm(x, p["post_attention_layernorm"]["weight"], eps, gemma=gemma)
+    h = _norm(spec, p["post_attention_layernorm"], x)
     return x + ff(spec, p["mlp"], h, ctx, lora.get("mlp"))
+
+
+def _norm(spec: ArchSpec, p: dict[str, Any], x: jax.Array) -> jax.Array:
+    """A layer's pre-norm: LayerNorm with its bias where ``spec.layer_norm`` (Phi, StarCoder2), else RMSNorm."""
+    if spec.layer_norm:
+        return layer_norm(x, p, spec.rms_norm_eps)
+    return rms_norm(x, p["weight"], spec.rms_norm_eps, gemma=spec.gemma_norm)
 
 
 def parallel_layer(
@@ -96,7 +97,7 @@ def parallel_layer(
 ) -> jax.Array:
     """Phi's layer: one LayerNorm feeds attention and the MLP side by side, ``x + drop(attn(h)) + drop(mlp(h))``."""
     lora = lora or {}
-    h = layer_norm(x, p["input_layernorm"], spec.rms_norm_eps)
+    h = _norm(spec, p["input_layernorm"], x)
     a = attention_block(spec, p["self_attn"], h, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lora.get("self_attn"))
     a = _residual_dropout(spec, a, ctx, "attention")
     m = _residual_dropout(spec, mlp_block(spec, p["mlp"], h, ctx, lora.get("mlp")), ctx, "mlp")

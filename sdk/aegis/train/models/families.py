@@ -159,10 +159,17 @@ def _single_rope_fields(config: dict[str, Any], head_dim: int, default_theta: fl
 
 
 def _layout(config: dict[str, Any]) -> dict[str, Any]:
-    """What the registry says about the layer's layout: fused q/k/v and gate/up projections, per-head q/k norm."""
+    """What the registry says about the layer's layout: fused q/k/v and gate/up projections, q/k norms, LayerNorms,
+    the parallel block and the plain MLP with their names, the output projection's name, an lm_head bias."""
     entry = registry.get(arch.model_type(config))
     names = {p.short_name for p in (*entry.attention, *entry.mlp)}
-    return dict(fused_qkv="qkv_proj" in names, fused_gate_up="gate_up_proj" in names, qk_norm=entry.qk_norm)
+    plain = entry.mlp_kind == "plain"
+    return dict(
+        fused_qkv="qkv_proj" in names, fused_gate_up="gate_up_proj" in names, qk_norm=entry.has_qk_norm(config),
+        layer_norm=entry.layer_norm, parallel_block=entry.parallel_block, plain_mlp=plain,
+        **({"plain_mlp_names": entry.plain_mlp_names} if plain else {}), o_name=entry.output_projection,
+        lm_head_bias=arch.lm_head_bias(config),
+    )
 
 
 def _spec_dense(config: dict[str, Any], **kw: Any) -> ArchSpec:
@@ -185,30 +192,11 @@ def _spec_qwen2(config: dict[str, Any]) -> ArchSpec:
     return _spec_dense(config)
 
 
-def _spec_qwen3(config: dict[str, Any]) -> ArchSpec:
+def _spec_laid_out(config: dict[str, Any]) -> ArchSpec:
+    """A dense decoder whose layout the registry entry spells out (`_layout`): Qwen3 (q/k norm), Phi-3 (fused
+    projections), Phi-1/1.5/2 (LayerNorms, attention and the plain fc1/fc2 MLP in parallel, ``dense``, lm_head bias,
+    partial RoPE), StarCoder2 (LayerNorms, plain c_fc/c_proj MLP, biases per use_bias)."""
     return _spec_dense(config, **_layout(config))
-
-
-def _spec_phi3(config: dict[str, Any]) -> ArchSpec:
-    return _spec_dense(config, **_layout(config))
-
-
-def _spec_phi(config: dict[str, Any]) -> ArchSpec:
-    """Phi-1/1.5/2: LayerNorms with biases, one per layer feeding attention and the plain MLP in parallel
-    (``PhiDecoderLayer``), q/k/v and ``dense`` with biases, partial RoPE (``partial_rotary_factor``, default 0.5),
-    an ``lm_head`` bias; resid_pdrop and embd_pdrop in training."""
-    entry = registry.get("phi")
-    return _spec_dense(
-        config, layer_norm=entry.layer_norm, parallel_block=entry.parallel_block, plain_mlp=entry.mlp_kind == "plain",
-        plain_mlp_names=entry.plain_mlp_names, o_name=entry.output_projection, qk_norm=entry.has_qk_norm(config), lm_head_bias=arch.lm_head_bias(config),
-    )
-
-
-def _spec_starcoder2(config: dict[str, Any]) -> ArchSpec:
-    """StarCoder2: LayerNorms with biases, q/k/v/o and the plain ``c_fc``/``c_proj`` MLP with biases per ``use_bias``,
-    one sliding window for every layer, tied embeddings by default; residual and embedding dropouts in training."""
-    entry = registry.get("starcoder2")
-    return _spec_dense(config, layer_norm=entry.layer_norm, plain_mlp=True, plain_mlp_names=entry.plain_mlp_names)
 
 
 def _spec_smollm3(config: dict[str, Any]) -> ArchSpec:
@@ -345,11 +333,11 @@ def _expert_recipe(
 
 
 _SPECS: dict[str, Callable[[dict[str, Any]], ArchSpec]] = {
-    "llama": _spec_llama, "smollm3": _spec_smollm3, "mistral": _spec_mistral, "qwen2": _spec_qwen2, "qwen3": _spec_qwen3, "phi3": _spec_phi3,
+    "llama": _spec_llama, "smollm3": _spec_smollm3, "mistral": _spec_mistral, "qwen2": _spec_qwen2, "qwen3": _spec_laid_out, "phi3": _spec_laid_out,
     "gemma2": _spec_gemma2, "gemma3": _spec_gemma3, "gemma": spec_gemma, "olmo2": spec_olmo2, "olmo3": spec_olmo3,
     "granite": spec_granite, "granitemoe": spec_granitemoe, "mixtral": _spec_mixtral, "qwen2_moe": _spec_qwen2_moe, "qwen3_moe": _spec_qwen3_moe,
-    "deepseek": spec_deepseek, "gpt_oss": spec_gpt_oss, "phimoe": spec_phimoe, "phi": _spec_phi,
-    "starcoder2": _spec_starcoder2,
+    "deepseek": spec_deepseek, "gpt_oss": spec_gpt_oss, "phimoe": spec_phimoe, "phi": _spec_laid_out,
+    "starcoder2": _spec_laid_out,
 }
 """The registry's ``engine.spec`` names -> the spec builders (the forward pass's choices are code)."""
 _LAYERS: dict[str, LayerFn] = {
