@@ -22,15 +22,11 @@ from aegis.hub import ModelMatch, match_model, resolve_model
 from aegis.memory import estimate_memory
 from aegis.schema import (
     GPU,
-    DatasetProfile,
     LoRAConfig,
     MemoryComponent,
     MemoryEstimate,
     ModelProfile,
-    PlanReport,
-    PlanRequest,
     StackProfile,
-    Tier,
     TrainConfig,
 )
 
@@ -42,6 +38,7 @@ if TYPE_CHECKING:
     from aegis.forge import merge_models
     from aegis.model_source import locate_model
     from aegis.supervise import Supervisor, load_run_config
+    from aegis.schema import DatasetProfile, PlanReport, PlanRequest, Tier
 
 __version__ = "0.1.0"
 
@@ -54,6 +51,10 @@ _LAZY = {
     "load_run_config": "aegis.supervise",
     "locate_model": "aegis.model_source",
     "merge_models": "aegis.forge",
+    "DatasetProfile": "aegis.schema",
+    "PlanReport": "aegis.schema",
+    "PlanRequest": "aegis.schema",
+    "Tier": "aegis.schema",
 }
 
 __all__ = [

@@ -45,6 +45,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from aegis import catalog
+from aegis.catalog._aliases import key as _key
 from aegis.errors import InvalidConfigError, OfflineError, UnknownModelError
 from aegis.families import get_family
 from aegis.schema import Frozen, LinearModule, ModelProfile
@@ -55,7 +56,6 @@ __all__ = [
 ]
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_KEY_TOKEN = re.compile(r"\d+(?:\.\d+)*|[a-z]+")
 
 SAME_CONFIG_WORDS = frozenset({"instruct", "it", "pt", "chat", "base", "hf"})
 """Suffixes of instruct/base siblings, which keep each other's layer shapes (their config.json may differ in
@@ -208,11 +208,6 @@ def _parse_name(name: str) -> _Name:
     return _Name(family, version, sized, tuple(sorted(words)), tuple(sorted(variant)), specific)
 
 
-def _key(name: str) -> tuple[str, ...]:
-    """Case- and separator-insensitive tokens: 'Llama-3.1-8B', 'llama 3.1 8b', 'llama3.1:8b' → one key."""
-    return tuple(_KEY_TOKEN.findall(name.lower()))
-
-
 def names_one_model(name: str) -> bool:
     """True when ``name`` names one model ('gemma-3-27b', 'mistral nemo'), not only a family ('a small qwen')."""
     return _parse_name(name).specific
@@ -266,7 +261,7 @@ def _known_of(entry: Any) -> _Known:
 def _exact() -> dict[tuple[str, ...], frozenset[str]]:
     """Token key of every id, repository name and alias → the bundled ids it names (the fast path: no name parsing)."""
     exact: dict[tuple[str, ...], set[str]] = {}
-    for entry in catalog.models():
+    for entry in catalog.names():
         for name in (*_ids(entry), *(i.split("/", 1)[-1] for i in _ids(entry)), *entry.aliases):
             exact.setdefault(_key(name), set()).add(entry.id)
     return {k: frozenset(v) for k, v in exact.items()}
@@ -275,7 +270,7 @@ def _exact() -> dict[tuple[str, ...], frozenset[str]]:
 @lru_cache(maxsize=1)
 def _catalog() -> tuple[tuple[_Known, ...], dict[tuple[str, ...], frozenset[str]]]:
     """Every bundled model with the names it answers to (parsed once, when a name is not an exact catalog name)."""
-    return tuple(_known_of(e) for e in catalog.models()), _exact()
+    return tuple(_known_of(e) for e in catalog.names()), _exact()
 
 
 @lru_cache(maxsize=512)
@@ -287,10 +282,10 @@ def _known_by_id(model_id: str) -> _Known:
 
 @lru_cache(maxsize=1)
 def _families() -> frozenset[str]:
-    keys = (_key(m.id.split("/", 1)[-1]) for m in catalog.models())
+    keys = (_key(m.id.split("/", 1)[-1]) for m in catalog.names())
     keys = (k[1:] if k[:2] == ("meta", "llama") else k for k in keys)  # Meta-Llama-3-8B
     bundled = {k[0] for k in keys if k and k[0].isalpha()}
-    fields = {_key(f)[0] for m in catalog.models() if (f := _field(m, "family")) and _key(f) and _key(f)[0].isalpha()}
+    fields = {_key(f)[0] for m in catalog.names() if (f := _field(m, "family")) and _key(f) and _key(f)[0].isalpha()}
     return frozenset(bundled | fields | OTHER_FAMILIES)
 
 
@@ -455,7 +450,7 @@ def _siblings_differ(model_id: str) -> str:
     entry = catalog.model_entry(model_id)
     line = _key(entry.family or model_id.split("/", 1)[-1])[:1] if entry is not None else ()
     groups: dict[tuple[str, str], dict[bool, Any]] = {}
-    for other in catalog.models():
+    for other in catalog.names():
         if not other.family or _key(other.family)[:1] != line:
             continue
         parsed = _parse_name(other.id.split("/", 1)[-1])
@@ -465,7 +460,7 @@ def _siblings_differ(model_id: str) -> str:
     for pair in groups.values():
         if len(pair) < 2:
             continue
-        base, tuned = (catalog.read_model_config(pair[k]) for k in (False, True))
+        base, tuned = (catalog.read_model_config(catalog.model_entry(pair[k].id)) for k in (False, True))
         diff = [k for k in _SHAPE_KEYS if base.get(k) != tuned.get(k)]
         if diff:
             k = diff[0]

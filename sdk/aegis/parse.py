@@ -203,7 +203,7 @@ _VENDOR_WORDS = ("nvidia", "geforce", "amd", "tesla", "instinct")
 def _models() -> _Table:
     from aegis import catalog
 
-    return _Table.build([(m.id, [m.id, m.id.split("/", 1)[-1], *m.aliases]) for m in catalog.models()])
+    return _Table.build([(m.id, [m.id, m.id.split("/", 1)[-1], *m.aliases]) for m in catalog.names()])
 
 
 @lru_cache(maxsize=1)
@@ -211,7 +211,7 @@ def _family_words() -> frozenset[str]:
     """First word of each bundled model's name ('llama', 'qwen', 'gemma', ...): marks a model mention."""
     from aegis import catalog
 
-    keys = (_key(m.id.split("/", 1)[-1]) for m in catalog.models())
+    keys = (_key(m.id.split("/", 1)[-1]) for m in catalog.names())
     return frozenset(k[0] for k in keys if k and k[0].isalpha() and len(k[0]) >= 3)
 
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import re
-from functools import lru_cache
+from dataclasses import dataclass
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any, Literal
 
@@ -32,6 +33,8 @@ __all__ = [
     "ConfigSource",
     "PublishedCount",
     "models",
+    "names",
+    "ModelNames",
     "model_entry",
     "find_model",
     "search",
@@ -132,36 +135,75 @@ def _read_json(*parts: str) -> Any:
     return json.loads(resources.files("aegis.catalog").joinpath(*parts).read_text(encoding="utf-8"))
 
 
+@dataclass(frozen=True)
+class ModelNames:
+    """What the naming rule reads of an entry, straight from ``models.json``: a name is looked up without
+    validating the whole catalog (only the entry it names is validated, by `model_entry`)."""
+
+    id: str
+    also_ids: tuple[str, ...]
+    family: str
+    size: str
+    variant: str
+    sole_size: str
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return (self.id, *self.also_ids)
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        return tuple(n for n in _owners()[self.id] if n != self.id)
+
+
+@lru_cache(maxsize=1)
+def _rows() -> tuple[dict[str, Any], ...]:
+    return tuple(_read_json("models.json"))
+
+
+@lru_cache(maxsize=1)
+def names() -> tuple[ModelNames, ...]:
+    """Every entry's naming fields, in catalog order (unvalidated; `models` validates)."""
+    return tuple(ModelNames(r["id"], tuple(r.get("also_ids", ())), r["family"], r["size"], r["variant"],
+                            r.get("sole_size", "")) for r in _rows())
+
+
+@cache
+def _entry(index: int) -> CatalogModel:
+    return CatalogModel.model_validate(_rows()[index])
+
+
 @lru_cache(maxsize=1)
 def models() -> tuple[CatalogModel, ...]:
     """All bundled models, validated, in catalog order."""
-    return tuple(TypeAdapter(list[CatalogModel]).validate_python(_read_json("models.json")))
+    return tuple(_entry(i) for i in range(len(_rows())))
 
 
 @lru_cache(maxsize=1)
 def _owners() -> dict[str, tuple[str, ...]]:
-    return _aliases.alias_owners(models())
+    return _aliases.alias_owners(names())
 
 
 @lru_cache(maxsize=1)
-def _by_key() -> dict[tuple[str, ...], CatalogModel]:
-    by_id = {m.id: m for m in models()}
-    return {_aliases.key(name): by_id[owner] for owner, names in _owners().items() for name in names}
+def _by_key() -> dict[tuple[str, ...], str]:
+    return {_aliases.key(name): owner for owner, found in _owners().items() for name in found}
 
 
 @lru_cache(maxsize=1)
-def _by_id() -> dict[str, CatalogModel]:
-    return {hub_id.lower(): m for m in models() for hub_id in m.ids}
+def _by_id() -> dict[str, int]:
+    return {hub_id.lower(): i for i, m in enumerate(names()) for hub_id in m.ids}
 
 
 def model_entry(model_id: str) -> CatalogModel | None:
     """The bundled entry serving Hub id ``model_id`` (case-insensitive), or None."""
-    return _by_id().get(model_id.lower())
+    index = _by_id().get(model_id.lower())
+    return None if index is None else _entry(index)
 
 
 def find_model(name: str) -> CatalogModel | None:
     """The entry a Hub id, name or alias names ('llama3.1:8b', 'Qwen2.5-7B-Instruct'), or None."""
-    return model_entry(name) or _by_key().get(_aliases.key(name))
+    owner = _by_key().get(_aliases.key(name))
+    return model_entry(name) or (model_entry(owner) if owner else None)
 
 
 def _matches(query: tuple[str, ...], name: str) -> bool:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 from typing import Protocol
 
 __all__ = ["key", "family_spellings", "series_version", "size_forms", "alias_owners", "LINE_VARIANTS"]
@@ -54,8 +55,10 @@ class _Entry(Protocol):
     def ids(self) -> tuple[str, ...]: ...
 
 
+@lru_cache(maxsize=8192)
 def key(name: str) -> tuple[str, ...]:
-    """Case- and separator-insensitive key: 'Llama-3.1-8B', 'llama 3.1 8b' and 'llama3.1:8b' agree."""
+    """Case- and separator-insensitive key: 'Llama-3.1-8B', 'llama 3.1 8b' and 'llama3.1:8b' agree (cached: the
+    catalog's names are keyed by the naming rule, the name index and the matcher alike)."""
     return tuple(_TOKEN.findall(name.lower()))
 
 

@@ -150,9 +150,6 @@ class Family:
     def max_positions(self, c: dict[str, Any]) -> int:
         return arch.max_position_embeddings(c)
 
-    def sliding_window(self, c: dict[str, Any], layer: int) -> int | None:
-        return arch.layer_windows(c)[layer]
-
     # -- MoE readers ---------------------------------------------------------------------------------
     def num_experts(self, c: dict[str, Any]) -> int:
         return arch.num_experts(c)
@@ -200,7 +197,23 @@ class Family:
         return self._vector_params(self.entry.attention, v) + self._vector_params(self.entry.norms, v)
 
     def layer(self, c: dict[str, Any], i: int) -> LayerShape:
+        return self.layers(c)[i]
+
+    def layers(self, c: dict[str, Any]) -> list[LayerShape]:
+        """Every layer's shape. A layer depends on its index only through its sliding window and whether it
+        routes, so each (sparse, window) kind is built once and shared (equal layers are the same object)."""
         v = self._names(c)
+        windows = arch.layer_windows(c)
+        built: dict[tuple[bool, int | None], LayerShape] = {}
+        out = []
+        for i in range(self.num_layers(c)):
+            kind = (self.entry.moe is not None and self.is_sparse(c, i), windows[i])
+            if kind not in built:
+                built[kind] = self._layer(c, v, sparse=kind[0], window=kind[1])
+            out.append(built[kind])
+        return out
+
+    def _layer(self, c: dict[str, Any], v: registry.Vars, *, sparse: bool, window: int | None) -> LayerShape:
         moe = self.entry.moe
         extra: dict[str, Any] = {}
         if self.entry.mla:
@@ -209,11 +222,11 @@ class Family:
             extra["mla"] = {"v_head_dim": m.v_head_dim, "q_lora_rank": m.q_lora_rank, "kv_lora_rank": m.kv_lora_rank,
                             "qk_rope_head_dim": m.qk_rope_head_dim, "qk_nope_head_dim": m.qk_nope_head_dim}
         attention = self._linears(self.entry.attention, v)
-        if moe is None or not self.is_sparse(c, i):
+        if moe is None or not sparse:
             return LayerShape(
                 linears=tuple(attention + self._linears(self.entry.mlp, v)),
                 norm_params=self._layer_vectors(v),
-                sliding_window=self.sliding_window(c, i),
+                sliding_window=window,
                 mlp_intermediate=int(v["intermediate"]),
                 extra=extra,
             )
@@ -223,7 +236,7 @@ class Family:
             linears=tuple(attention + router + self._linears(moe.experts, v) + shared),
             norm_params=self._layer_vectors(v),
             router_params=0 if router else int(registry.evaluate(moe.router_params, v)),
-            sliding_window=self.sliding_window(c, i),
+            sliding_window=window,
             num_experts=int(v["experts"]),
             experts_per_tok=int(v["top_k"]),
             expert_params=int(registry.evaluate(moe.expert_params, v)),
@@ -231,9 +244,6 @@ class Family:
             mlp_intermediate=int(v["expert_width"]),
             extra=extra,
         )
-
-    def layers(self, c: dict[str, Any]) -> list[LayerShape]:
-        return [self.layer(c, i) for i in range(self.num_layers(c))]
 
     def layers_for(self, c: dict[str, Any], transformers_major: int) -> list[LayerShape]:
         """`layers` as a given transformers major builds the modules. Under transformers 4.x an MoE with a 4.x
