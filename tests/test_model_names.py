@@ -462,6 +462,9 @@ def test_a_granite_instruct_hub_id_reads_its_own_config(repo) -> None:
     ("granite3.1:8b", "ibm-granite/granite-3.1-8b-base"), ("granite-3.2-8b-instruct", "ibm-granite/granite-3.2-8b-instruct"),
     ("granite3.1-moe:3b", "ibm-granite/granite-3.1-3b-a800m-base"),
     ("granite-3.0-3b-a800m", "ibm-granite/granite-3.0-3b-a800m-base"),
+    # Ollama's -dense line of a release that has a -moe line too
+    ("granite3.1-dense:8b", "ibm-granite/granite-3.1-8b-base"), ("granite3.0-dense:2b", "ibm-granite/granite-3.0-2b-base"),
+    ("granite-3.0-dense-8b", "ibm-granite/granite-3.0-8b-base"),
     ("Qwen/Qwen3-Coder-480B-A35B-Instruct", "Qwen/Qwen3-Coder-480B-A35B-Instruct"),
 ])
 def test_the_new_yi_qwen2_granite_checkpoints_resolve_to_their_own_configs(name, model_id) -> None:
@@ -512,6 +515,8 @@ def test_deepseek_qwen15_codeqwen_checkpoints_resolve_to_their_own_configs(name,
     "deepseek-coder-v1.5:6.7b", "deepseek-coder-13b", "deepseek-llm-13b", "deepseek-math:6.7b",
     "qwen1.5-3b", "qwen1.5:8b", "codeqwen1.5-14b", "yi-1.5-6b-chat-16k",
     "qwen:7b", "qwen-14b",  # no release: 'Qwen-7B' and 'Qwen-14B' are also the first Qwen's Hub names
+    "granite3.1-dense:2b",  # the -dense line names only the sizes bundled: Granite 3.1 2B is not
+    "granite3.2-dense:8b", "qwen2.5-dense:7b",  # '-dense' only where the release has a -moe line too
 ])
 def test_neighbouring_sizes_and_release_less_names_of_the_new_lines_are_refused(name) -> None:
     with pytest.raises(UnknownModelError) as err:

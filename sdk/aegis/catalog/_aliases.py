@@ -11,7 +11,8 @@ Aliases are derived, never written per entry. From each entry's Hub ids and its 
 3. family and size, for the first entry listed with that family line and size: ``llama-3.1-8b``,
    ``llama3.1-8b``, Ollama-style ``llama3.1:8b``; a MoE size also by its total (``qwen3:30b``);
    a specialised line carries its variant (``qwen2.5-coder:7b``), and a family that is only that line is also
-   named without it (``mathstral-7b``: every Mathstral is a math model);
+   named without it (``mathstral-7b``: every Mathstral is a math model); in a release that also has a ``-moe``
+   line, the dense line is named ``-dense`` too, as Ollama names it (``granite3.1-dense:8b``);
 4. the line alone (``mistral-nemo``, ``tinyllama``), for an entry whose catalog row cites that the line was
    released in this one size (``sole_size``); a line with sizes the catalog lacks is never named without its size;
 
@@ -153,6 +154,8 @@ def alias_owners(entries: Sequence[_Entry]) -> dict[str, tuple[str, ...]]:
         lines = [_line(entry)]
         if entry.variant in LINE_VARIANTS and variants[entry.family] == {entry.variant}:
             lines.append(_line(entry, plain=True))  # the family is only this line
+        if f"{entry.family}-moe" in variants:  # a release with MoE lines too: its dense line says so
+            lines.append(tuple(f"{s}-dense" for s in _line(entry)))
         for line in lines:
             if (line[0], entry.size) in seen:
                 continue
