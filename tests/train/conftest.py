@@ -247,6 +247,19 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "partial_rotary_factor": 0.25,
         "layer_norm_eps": 1e-5,
     },
+    "stablelm": {  # LayerNorms, q/k/v biases, SwiGLU, a quarter of each head rotated (the default), sequential
+        **{k: v for k, v in _COMMON.items() if k != "rms_norm_eps"},
+        "model_type": "stablelm",
+        "use_qkv_bias": True,
+        "layer_norm_eps": 1e-5,
+    },
+    "stablelm_parallel": {  # use_parallel_residual: one LayerNorm feeds attention and the SwiGLU MLP; half rotated
+        **{k: v for k, v in _COMMON.items() if k != "rms_norm_eps"},
+        "model_type": "stablelm",
+        "use_parallel_residual": True,
+        "partial_rotary_factor": 0.5,
+        "layer_norm_eps": 1e-5,
+    },
 }
 
 

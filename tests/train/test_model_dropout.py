@@ -1,5 +1,6 @@
 """The model's own dropouts in training (Granite 3.0's attention dropout; Seed-OSS's attention and residual
-dropouts; Phi's attention, residual and embedding dropouts; Phi-3's resid_pdrop; StarCoder2's attention, residual and embedding dropouts): transformers in train mode, given the engine's masks, gives the engine's logits and gradients; eval
+dropouts; Phi's attention, residual and embedding dropouts; Phi-3's resid_pdrop; StarCoder2's attention, residual and embedding dropouts;
+StableLM's attention dropout and hidden_dropout on the MLP output alone): transformers in train mode, given the engine's masks, gives the engine's logits and gradients; eval
 runs none; the hand-written attention backward matches autodiff through the same mask."""
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ CASES = {
     "phi": {"attention_dropout": 0.3, "resid_pdrop": 0.2, "embd_pdrop": 0.1},
     "phi3": {"attention_dropout": 0.3, "resid_pdrop": 0.2},  # Phi-3 drops both sublayer outputs too
     "starcoder2": {"attention_dropout": 0.3, "residual_dropout": 0.2, "embedding_dropout": 0.1},
+    "stablelm": {"attention_dropout": 0.3, "hidden_dropout": 0.2},  # StableLM drops the MLP's output only
+    "stablelm_parallel": {"attention_dropout": 0.3, "hidden_dropout": 0.2},
 }
 
 
@@ -47,7 +50,7 @@ def _engine_masks(model, rng: jax.Array, b: int, s: int) -> list[tuple[str, np.n
                                     (b, hkv, groups * s, s))
         out.append(("attention", np.asarray(keep).reshape(b, spec.num_heads, s, s)))
         if spec.residual_dropout:
-            for where in ("attention", "mlp"):
+            for where in spec.residual_dropout_on:
                 key = ctx.train_rng(f"residual_dropout.{where}")
                 out.append(("residual", np.asarray(jax.random.bernoulli(key, 1.0 - spec.residual_dropout,
                                                                          (b, s, spec.hidden_size)))))

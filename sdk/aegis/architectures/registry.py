@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from aegis.errors import InvalidConfigError
 
-__all__ = ["Param", "MoE", "Architecture", "get", "find", "model_types", "all_entries", "evaluate", "Vars"]
+__all__ = ["Param", "MoE", "Unsupported", "Architecture", "get", "find", "model_types", "all_entries", "evaluate", "Vars"]
 
 _DATA = "_data"
 
@@ -234,6 +234,18 @@ class Windows(_Model):
     """...unless the config sets this key (Gemma 3's constructor argument); None: the pattern is fixed."""
 
 
+class Unsupported(_Model):
+    when: str
+    """An expression over the config that is true for a config this entry cannot read."""
+    why: str
+    """The one-line reason (what the setting is, which checkpoints use it)."""
+
+    @field_validator("when")
+    @classmethod
+    def _expression(cls, v: str) -> str:
+        return _check_expr(v)
+
+
 class Engine(_Model):
     spec: str
     """The JAX engine's spec builder (`aegis.train.models.families`)."""
@@ -280,6 +292,9 @@ class Architecture(_Model):
     parallel_block: bool = False
     """Attention and MLP read the same normed input and both add to the residual (Phi: one ``input_layernorm``,
     ``x + attn(ln(x)) + mlp(ln(x))``)."""
+    parallel_block_key: str | None = None
+    """Config key that switches the parallel block on (StableLM ``use_parallel_residual``); ``parallel_block``
+    when None."""
     mlp_kind: Literal["gated", "plain"] = "gated"
     """``gated``: ``down(act(gate(x)) * up(x))``; ``plain``: the two-matrix MLP ``fc2(act(fc1(x)))`` (Phi)."""
     qk_norm: bool = False
@@ -292,6 +307,10 @@ class Architecture(_Model):
     residual_dropout_key: str | None = None
     """Config key of a dropout on each sublayer's output before its residual add (Seed-OSS ``residual_dropout``):
     in training its bool mask is saved for backward."""
+    residual_dropout_on: tuple[Literal["attention", "mlp"], ...] = ("attention", "mlp")
+    """The sublayers whose output that dropout drops (StableLM's ``hidden_dropout``: the MLP's only)."""
+    unsupported: tuple[Unsupported, ...] = ()
+    """Config settings this entry does not describe: such a config is refused with the reason, never misread."""
     lm_head_bias_key: str | None = None
     lm_head_bias: bool = False
     """The LM head always has a bias (Phi); ``lm_head_bias_key`` names a config switch instead (Phi-MoE)."""
@@ -322,6 +341,23 @@ class Architecture(_Model):
         from aegis.architectures import config as arch
 
         return self.qk_norm or (self.qk_norm_key is not None and bool(arch.value(config, self.qk_norm_key)))
+
+    def is_parallel(self, config: dict[str, Any]) -> bool:
+        """Whether attention and the MLP read one normed input side by side (``parallel_block`` or the config's
+        ``parallel_block_key``)."""
+        from aegis.architectures import config as arch
+
+        key = self.parallel_block_key
+        return self.parallel_block or (key is not None and bool(arch.value(config, key)))
+
+    def check_supported(self, config: dict[str, Any]) -> None:
+        """UnsupportedArchitectureError naming the first `unsupported` setting the config has."""
+        v = self.names(config)
+        for rule in self.unsupported:
+            if evaluate(rule.when, v):
+                from aegis.errors import UnsupportedArchitectureError
+
+                raise UnsupportedArchitectureError(f"{self.model_type}: {rule.why}")
 
     def names(self, config: dict[str, Any], **given: Any) -> Vars:
         return Vars(self, config, **given)

@@ -44,6 +44,7 @@ def get_family(config: dict[str, Any]) -> Family:
             f"{', '.join(supported_model_types())}. Pass a config.json of one of these, or describe the "
             "architecture in aegis/architectures/_data/<model_type>.json (see aegis.architectures.registry)"
         )
+    family.entry.check_supported(config)
     return family
 
 

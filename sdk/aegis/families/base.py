@@ -101,8 +101,6 @@ class Family:
         """A norm before attention and before the MLP (all but OLMo 2)."""
         self.post_norms = entry.post_norms
         """A norm on the attention and MLP outputs before the residual add (Gemma 2/3, OLMo 2)."""
-        self.parallel_block = entry.parallel_block
-        """Attention and MLP read one normed input, both added to the residual (Phi)."""
         self.plain_mlp = entry.mlp_kind == "plain"
         """The two-matrix MLP ``out(act(in(x)))`` (Phi, StarCoder2) instead of the gated one."""
         self.shared_expert_gate = bool(moe and moe.shared and moe.shared.gated)

@@ -141,12 +141,13 @@ def _linears(acc: _Acc, s: Setting, x_bytes: int, in_w: int, modules: list[tuple
 
 
 def _mlp(acc: _Acc, s: Setting, fam: Family, x_bytes: int, hidden: int, width: int, label: str, lin_names,
-         fused: bool = False) -> int:
+         fused: bool = False, input_saved: bool = False) -> int:
     """``fused``: one ``gate_up_proj`` (Phi-3), one LoRA-wrapped module whose output ``chunk`` splits into views:
-    the same saved bytes as separate gate and up outputs, one LoRA input cast instead of two."""
+    the same saved bytes as separate gate and up outputs, one LoRA input cast instead of two. ``input_saved``: a
+    parallel block's MLP reads the normed input attention saved (StableLM ``use_parallel_residual``)."""
     gate_up = ([(lin_names("gate_up_proj"), 2 * width)] if fused
                else [(lin_names("gate_proj"), width), (lin_names("up_proj"), width)])
-    d = _linears(acc, s, x_bytes, hidden, gate_up, label)
+    d = _linears(acc, s, x_bytes, hidden, gate_up, label, input_saved=input_saved)
     # act input (gate), act output and up, saved by act / mul; Liger's SiLUMul saves gate and up only
     acc.add(label, (2 if s.liger else 3) * d * width)
     return _linears(acc, s, d, width, [(lin_names("down_proj"), hidden)], label)
@@ -239,9 +240,9 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
     if fam.post_norms:
         _norm(acc, s, d_o, h, gemma=gemma, label="norms")
     if fam.residual_dropout(c) > 0:  # Seed-OSS: dropout on the attention and MLP outputs, a bool mask each
-        acc.add("residual dropout", 2 * s.dropout_mask_bytes * h)
+        acc.add("residual dropout", len(fam.entry.residual_dropout_on) * s.dropout_mask_bytes * h)
     # MLP block (a parallel block's MLP reads the attention's normed input, saved once for both)
-    shared_input = fam.parallel_block
+    shared_input = fam.entry.is_parallel(c)
     if not shared_input:
         y = _norm(acc, s, x, h, gemma=gemma, label="norms", layer_norm=fam.layer_norm) if fam.pre_norms else x
     if layer.num_experts:
@@ -250,7 +251,8 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
     elif fam.plain_mlp:
         d_m = _plain_mlp(acc, s, fam, c, y, h, layer.mlp_intermediate, lin_names, input_saved=shared_input)
     else:
-        d_m = _mlp(acc, s, fam, y, h, layer.mlp_intermediate, "MLP", lin_names, fused="gate_up_proj" in names)
+        d_m = _mlp(acc, s, fam, y, h, layer.mlp_intermediate, "MLP", lin_names, fused="gate_up_proj" in names,
+                   input_saved=shared_input)
     if fam.post_norms:
         _norm(acc, s, d_m, h, gemma=gemma, label="norms")
     return dict(acc.terms)

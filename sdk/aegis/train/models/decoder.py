@@ -54,7 +54,10 @@ def standard_layer(
     lora: dict[str, Any] | None = None,
 ) -> jax.Array:
     """Pre-norm residual layer; with ``spec.sandwich_norms`` the Gemma 2/3 four-norm variant; LayerNorms with biases
-    where ``spec.layer_norm`` (StarCoder2)."""
+    where ``spec.layer_norm`` (StarCoder2); `parallel_layer` where ``spec.parallel_block`` (StableLM's
+    ``use_parallel_residual`` switches it per config)."""
+    if spec.parallel_block:
+        return parallel_layer(spec, p, x, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lora)
     lora = lora or {}
     eps, gemma = spec.rms_norm_eps, spec.gemma_norm
     h = _norm(spec, p["input_layernorm"], x)
@@ -105,8 +108,8 @@ def parallel_layer(
 
 
 def _residual_dropout(spec: ArchSpec, h: jax.Array, ctx: Ctx, where: str) -> jax.Array:
-    """Seed-OSS, Phi: a sublayer's output dropped (training) before its residual add."""
-    if spec.residual_dropout <= 0.0:
+    """Seed-OSS, Phi: a sublayer's output dropped (training) before its residual add (StableLM: the MLP's only)."""
+    if spec.residual_dropout <= 0.0 or where not in spec.residual_dropout_on:
         return h
     return dropout(h, spec.residual_dropout, ctx.train_rng(f"residual_dropout.{where}"))
 

@@ -110,6 +110,8 @@ class Family:
 
 
 def _base(config: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    entry = registry.get(arch.model_type(config))
+    entry.check_supported(config)
     heads = require(config, "num_attention_heads")
     require(config, "hidden_size")
     head_dim = arch.head_dim(config)
@@ -138,6 +140,7 @@ def _base(config: dict[str, Any], **kw: Any) -> dict[str, Any]:
         tie_embeddings=arch.tie_word_embeddings(config),
         attention_dropout=arch.attention_dropout(config),
         residual_dropout=arch.residual_dropout(config),
+        residual_dropout_on=entry.residual_dropout_on,
         embedding_dropout=arch.embedding_dropout(config),
         **kw,
     )
@@ -166,7 +169,7 @@ def _layout(config: dict[str, Any]) -> dict[str, Any]:
     plain = entry.mlp_kind == "plain"
     return dict(
         fused_qkv="qkv_proj" in names, fused_gate_up="gate_up_proj" in names, qk_norm=entry.has_qk_norm(config),
-        layer_norm=entry.layer_norm, parallel_block=entry.parallel_block, plain_mlp=plain,
+        layer_norm=entry.layer_norm, parallel_block=entry.is_parallel(config), plain_mlp=plain,
         **({"plain_mlp_names": entry.plain_mlp_names} if plain else {}), o_name=entry.output_projection,
         lm_head_bias=arch.lm_head_bias(config),
     )
@@ -337,7 +340,7 @@ _SPECS: dict[str, Callable[[dict[str, Any]], ArchSpec]] = {
     "gemma2": _spec_gemma2, "gemma3": _spec_gemma3, "gemma": spec_gemma, "olmo2": spec_olmo2, "olmo3": spec_olmo3,
     "granite": spec_granite, "granitemoe": spec_granitemoe, "mixtral": _spec_mixtral, "qwen2_moe": _spec_qwen2_moe, "qwen3_moe": _spec_qwen3_moe,
     "deepseek": spec_deepseek, "gpt_oss": spec_gpt_oss, "phimoe": spec_phimoe, "phi": _spec_laid_out,
-    "starcoder2": _spec_laid_out,
+    "starcoder2": _spec_laid_out, "stablelm": _spec_laid_out,
 }
 """The registry's ``engine.spec`` names -> the spec builders (the forward pass's choices are code)."""
 _LAYERS: dict[str, LayerFn] = {

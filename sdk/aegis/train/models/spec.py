@@ -94,6 +94,7 @@ class ArchSpec:
     lm_head_bias: bool = False  # Phi-MoE: lm_head.bias [vocab]
     attention_dropout: float = 0.0  # training: dropout on the attention probabilities (Granite 3.0, Seed-OSS: 0.1)
     residual_dropout: float = 0.0  # training: dropout on each sublayer's output before its residual add (Seed-OSS)
+    residual_dropout_on: tuple[str, ...] = ("attention", "mlp")  # the sublayers it drops (StableLM: the MLP only)
     embedding_dropout: float = 0.0  # training: dropout on the token embeddings (Phi embd_pdrop)
     parallel_block: bool = False  # Phi: x + attn(ln(x)) + mlp(ln(x)), one input_layernorm per layer
     plain_mlp: bool = False  # Phi, StarCoder2: the two-matrix MLP out(act(in(x))), named by ``plain_mlp_names``
