@@ -284,6 +284,13 @@ ROWS += [
          "allenai/OLMo-2-1124-7B-Instruct"), "olmo-2", "7b", "base", (LITGPT, "OLMo-2-1124-7B"), P("7.3B")),
     row(("allenai/OLMo-2-1124-13B", "allenai/OLMo-2-1124-13B-SFT", "allenai/OLMo-2-1124-13B-DPO",
          "allenai/OLMo-2-1124-13B-Instruct"), "olmo-2", "13b", "base", (LITGPT, "OLMo-2-1124-13B"), P("13.7B")),
+    # StableLM 3B (StableLmForCausalLM: LayerNorms, a quarter of each head rotated, sequential blocks)
+    row("stabilityai/stablelm-3b-4e1t", "stablelm", "3b", "base", (LITGPT, "stablelm-3b-4e1t"),
+        P("2,795,443,200", "StableLM-3B-4E1T model card (Hub), 'Model Architecture' table: Parameters 2,795,443,200, "
+                           "hidden size 2560, layers 32, heads 32, sequence length 4096")),
+    row("stabilityai/stablelm-zephyr-3b", "stablelm", "3b", "instruct", (LITGPT, "stablelm-zephyr-3b"),
+        P("3B", "StableLM Zephyr 3B model card (Hub): 'a 3 billion parameter instruction tuned' model"),
+        note="The DPO-tuned chat model of StableLM-3B-4E1T: litgpt gives both every key alike."),
     # Phi-3 / 3.5 / 4
     row("microsoft/Phi-3-mini-128k-instruct", "phi-3", "3.8b", "instruct", (LITGPT, "Phi-3-mini-128k-instruct"),
         P("3.82B"), note="Long-context RoPE (longrope) factors are not in the source: rope_scaling is left out."),

@@ -48,13 +48,13 @@ _ARCH_BY_FAMILY = {
     "mistral": "mistral", "mathstral": "mistral", "mistral-large": "mistral",
     "mixtral": "mixtral", "qwen2": "qwen2", "qwen2.5": "qwen2", "qwq": "qwen2", "qwen3": "qwen3",
     "gemma-2": "gemma2", "gemma-3": "gemma3_text", "phi-3": "phi3", "phi-3.5": "phi3", "phi-4": "phi3",
-    "gemma": "gemma", "codegemma": "gemma", "olmo-2": "olmo2",
+    "gemma": "gemma", "codegemma": "gemma", "olmo-2": "olmo2", "stablelm": "stablelm",
 }
 _CLASS = {
     "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
     "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
     "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
-    "gemma": "GemmaForCausalLM", "olmo2": "Olmo2ForCausalLM",
+    "gemma": "GemmaForCausalLM", "olmo2": "Olmo2ForCausalLM", "stablelm": "StableLmForCausalLM",
 }
 
 
@@ -83,6 +83,8 @@ class Shape:
     attn_softcap: float | None = None
     final_softcap: float | None = None
     rope_local_base: float | None = None
+    bias: bool = False
+    parallel_residual: bool = False
 
 
 # ------------------------------------------------------------------------------------------- sources
@@ -148,6 +150,7 @@ def shape_from_litgpt(c: Any) -> Shape:
         query_pre_attn_scalar=c.attention_scores_scalar, attn_softcap=c.attention_logit_softcapping,
         final_softcap=c.final_logit_softcapping,
         rope_local_base=None if c.rope_local_base_freq is None else float(c.rope_local_base_freq),
+        bias=bool(c.bias), parallel_residual=bool(c.parallel_residual),
     )
 
 
@@ -183,6 +186,13 @@ def hf_config(arch: str, s: Shape) -> dict[str, Any]:
         return c
     if arch == "gemma":
         c.update(hidden_act="gelu_pytorch_tanh", attention_bias=False, tie_word_embeddings=True)
+        return c
+    if arch == "stablelm":  # StableLmConfig's keys: LayerNorm epsilon, partial rotation, the two layout switches
+        for key in ("head_dim", "rms_norm_eps"):
+            del c[key]
+        c.update(layer_norm_eps=s.eps, partial_rotary_factor=s.partial_rotary, use_qkv_bias=s.bias,
+                 qk_layernorm=False, use_parallel_residual=s.parallel_residual, hidden_act="silu",
+                 hidden_dropout=0.0)
         return c
     c["hidden_act"] = "silu"
     if arch == "llama":

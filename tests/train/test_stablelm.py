@@ -150,3 +150,25 @@ def test_per_head_qk_layernorm_is_refused_in_one_line_by_planner_and_engine():
         with pytest.raises(UnsupportedArchitectureError) as err:
             make()
         assert "qk_layernorm" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_catalog_serves_stablelm_3b_and_refuses_the_lines_it_does_not_hold():
+    """StableLM-3B-4E1T and its Zephyr chat model are bundled (litgpt's table); StableLM 2 (1.6B, 12B), the GPT-NeoX
+    alpha models and other sizes are refused, never answered with the 3B."""
+    from aegis.errors import UnknownModelError
+    from aegis.hub import match_model, resolve_model
+    from aegis.parse import parse_request_lenient
+
+    for name, model_id in (("stablelm-3b-4e1t", "stabilityai/stablelm-3b-4e1t"),
+                           ("stabilityai/stablelm-3b-4e1t", "stabilityai/stablelm-3b-4e1t"),
+                           ("stablelm:3b", "stabilityai/stablelm-3b-4e1t"),
+                           ("stablelm-zephyr-3b", "stabilityai/stablelm-zephyr-3b"),
+                           ("stablelm-zephyr:3b", "stabilityai/stablelm-zephyr-3b")):
+        assert resolve_model(name).model_id == model_id
+        assert parse_request_lenient(f"lora {name} on a100").request.model == model_id
+    assert resolve_model("stablelm-3b-4e1t").total_params == 2_795_443_200  # the model card's table
+    for name in ("stablelm-2-1_6b", "stablelm2:1.6b", "stablelm-2-12b", "stablelm-base-alpha-3b", "stablelm-7b",
+                 "stablelm"):
+        with pytest.raises(UnknownModelError):
+            match_model(name)
+        assert parse_request_lenient(f"lora {name} on a100").request.model is None
