@@ -75,3 +75,78 @@ def check_checkpoint_round_trip(hf, folder: Path, out: Path) -> None:
     ids = torch.arange(3, 19).reshape(1, 16)
     with torch.no_grad():
         np.testing.assert_allclose(reloaded(ids).logits.numpy(), hf(ids).logits.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def check_counts_agree(config: dict) -> None:
+    """Planner == engine tree == transformers' meta-device count, in total and layer by layer."""
+    from aegis.hub import profile_from_config
+
+    hf = meta_model(config)
+    profile = profile_from_config(config, model_id="test", source="path")
+    assert profile.total_params == engine_param_count(config) == sum(p.numel() for p in hf.parameters())
+    assert profile.layer_params == tuple(sum(p.numel() for p in layer.parameters()) for layer in hf.model.layers)
+
+
+def check_every_gradient_matches_torch(hf, folder: Path, vocab: int = 256) -> None:
+    """Every parameter's gradient of a token cross-entropy equals torch autograd's through transformers' model."""
+    model = build_model(json.loads((folder / "config.json").read_text()))
+    params = load_checkpoint(model, folder)
+    ids, targets = tokens(vocab, (2, 20)), tokens(vocab, (2, 20), seed=7)
+
+    def loss(p):
+        logp = jax.nn.log_softmax(model.apply(p, jnp.asarray(ids)))
+        return -jnp.mean(jnp.take_along_axis(logp, jnp.asarray(targets)[..., None], axis=-1))
+
+    grads = to_hf_state_dict(model, jax.jit(jax.grad(loss))(params))
+    hf.zero_grad()
+    logp = torch.log_softmax(hf(torch.from_numpy(ids).long()).logits, dim=-1)
+    (-logp.gather(-1, torch.from_numpy(targets).long()[..., None]).mean()).backward()
+    theirs = {k: p.grad.numpy() for k, p in hf.named_parameters()}
+    assert set(grads) == set(theirs)
+    for key, ref in theirs.items():
+        np.testing.assert_allclose(grads[key], ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()), err_msg=key)
+
+
+def check_lora_sizes_equal_peft(config: dict, defaults: tuple[str, ...]) -> None:
+    """The plan's default targets are ``defaults``; for them, "all-linear" and q/v, the planner's trainable count ==
+    PEFT's == the engine's adapters."""
+    import peft
+
+    import aegis
+    from aegis.hub import profile_from_config
+    from aegis.schema import default_lora_targets
+    from aegis.train.lora import init_lora, lora_param_count
+
+    profile = profile_from_config(config, model_id="test", source="path")
+    assert default_lora_targets(profile.linear_modules) == defaults
+    model = build_model(config)
+    params = model.init(jax.random.key(0))
+    for targets in (("all-linear",), defaults, ("q_proj", "v_proj")):
+        peft_targets = "all-linear" if targets == ("all-linear",) else list(targets)
+        wrapped = peft.get_peft_model(meta_model(config), peft.LoraConfig(r=8, target_modules=peft_targets))
+        trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+        planned = profile.trainable_params("lora", aegis.LoRAConfig(rank=8, target_modules=targets))
+        engine = init_lora(model, params, rank=8, alpha=16, target_modules=targets, rng=jax.random.key(1))
+        assert planned == trainable == lora_param_count(engine), (targets, planned, trainable)
+
+
+def check_peft_loads_the_engines_adapter(hf, folder: Path, targets: tuple[str, ...], out: Path, vocab: int = 256) -> None:
+    """An adapter on ``targets`` (random B, so it changes the output), exported by the engine and loaded by PEFT onto
+    transformers' model, gives the engine's logits with the adapter."""
+    import peft
+
+    from aegis.train.lora import init_lora
+    from aegis.train.weights import save_lora_adapter
+
+    model = build_model(json.loads((folder / "config.json").read_text()))
+    params = load_checkpoint(model, folder)
+    lora = init_lora(model, params, rank=4, alpha=8, target_modules=targets, rng=jax.random.key(2))
+    lora = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(5), x.shape, x.dtype), lora)
+    save_lora_adapter(model, lora, out, base_model_name_or_path=str(folder))
+    ids = tokens(vocab, (1, 12))
+    ours = np.asarray(model.apply(params, jnp.asarray(ids), lora=lora))
+    assert not np.allclose(ours, np.asarray(model.apply(params, jnp.asarray(ids))), atol=1e-3)
+    wrapped = peft.PeftModel.from_pretrained(hf, out).eval()
+    with torch.no_grad():
+        theirs = wrapped(torch.from_numpy(ids).long()).logits.numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)

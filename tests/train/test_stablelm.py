@@ -7,28 +7,23 @@ in test_model_dropout.py."""
 
 from __future__ import annotations
 
-import json
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
-import torch
 from conftest import tiny_config
 from family_checks import (
     check_checkpoint_round_trip,
+    check_counts_agree,
+    check_every_gradient_matches_torch,
+    check_lora_sizes_equal_peft,
+    check_peft_loads_the_engines_adapter,
     check_training_loss_is_torch_cross_entropy,
-    engine_param_count,
     meta_model,
-    tokens,
 )
 
 from aegis import catalog
 from aegis.errors import UnsupportedArchitectureError
 from aegis.hub import profile_from_config
-from aegis.schema import default_lora_targets
 from aegis.train.models import build_model
-from aegis.train.weights import load_checkpoint, to_hf_state_dict
 
 NAMES = ["stablelm", "stablelm_parallel"]
 BUNDLED = [m for m in catalog.models() if catalog.read_model_config(m)["model_type"] == "stablelm"]
@@ -37,10 +32,7 @@ BUNDLED = [m for m in catalog.models() if catalog.read_model_config(m)["model_ty
 @pytest.mark.parametrize("config", [tiny_config(n) for n in NAMES] + [catalog.read_model_config(m) for m in BUNDLED],
                          ids=NAMES + [m.id for m in BUNDLED])
 def test_planner_engine_and_transformers_count_the_same_parameters(config):
-    hf = meta_model(config)
-    profile = profile_from_config(config, model_id="test", source="path")
-    assert profile.total_params == engine_param_count(config) == sum(p.numel() for p in hf.parameters())
-    assert profile.layer_params == tuple(sum(p.numel() for p in layer.parameters()) for layer in hf.model.layers)
+    check_counts_agree(config)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -62,23 +54,7 @@ def test_defaults_and_layout_follow_stablelmconfig(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_every_gradient_matches_torch_autograd(name, hf_checkpoint):
     """Through both layouts, LayerNorm weights and biases, the q/k/v biases and the partial rotation."""
-    hf, folder = hf_checkpoint(name)
-    model = build_model(json.loads((folder / "config.json").read_text()))
-    params = load_checkpoint(model, folder)
-    ids, targets = tokens(256, (2, 20)), tokens(256, (2, 20), seed=7)
-
-    def loss(p):
-        logp = jax.nn.log_softmax(model.apply(p, jnp.asarray(ids)))
-        return -jnp.mean(jnp.take_along_axis(logp, jnp.asarray(targets)[..., None], axis=-1))
-
-    grads = to_hf_state_dict(model, jax.jit(jax.grad(loss))(params))
-    hf.zero_grad()
-    logp = torch.log_softmax(hf(torch.from_numpy(ids).long()).logits, dim=-1)
-    (-logp.gather(-1, torch.from_numpy(targets).long()[..., None]).mean()).backward()
-    theirs = {k: p.grad.numpy() for k, p in hf.named_parameters()}
-    assert set(grads) == set(theirs)
-    for key, ref in theirs.items():
-        np.testing.assert_allclose(grads[key], ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()), err_msg=key)
+    check_every_gradient_matches_torch(*hf_checkpoint(name))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -95,49 +71,14 @@ def test_checkpoint_round_trip_keeps_transformers_names_and_values(name, hf_chec
 
 @pytest.mark.parametrize("name", NAMES)
 def test_lora_adapter_sizes_equal_peft_and_the_engine(name):
-    import peft
-
-    import aegis
-    from aegis.train.lora import init_lora, lora_param_count
-
-    config = tiny_config(name)
-    profile = profile_from_config(config, model_id=name, source="path")
-    defaults = default_lora_targets(profile.linear_modules)
-    assert defaults == ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    model = build_model(config)
-    params = model.init(jax.random.key(0))
-    for targets in (("all-linear",), defaults, ("q_proj", "v_proj")):
-        peft_targets = "all-linear" if targets == ("all-linear",) else list(targets)
-        wrapped = peft.get_peft_model(meta_model(config), peft.LoraConfig(r=8, target_modules=peft_targets))
-        trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
-        planned = profile.trainable_params("lora", aegis.LoRAConfig(rank=8, target_modules=targets))
-        engine = init_lora(model, params, rank=8, alpha=16, target_modules=targets, rng=jax.random.key(1))
-        assert planned == trainable == lora_param_count(engine), (targets, planned, trainable)
+    check_lora_sizes_equal_peft(tiny_config(name), ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                    "down_proj"))
 
 
 def test_peft_loads_the_engines_adapter_to_the_engines_logits(hf_checkpoint, tmp_path):
-    """An adapter on the parallel block's o_proj, down_proj and q_proj (random B), exported by the engine and loaded
-    by PEFT onto transformers' model: the same logits as the engine with the adapter."""
-    import peft
-
-    from aegis.train.lora import init_lora
-    from aegis.train.weights import save_lora_adapter
-
-    hf, folder = hf_checkpoint("stablelm_parallel")
-    model = build_model(json.loads((folder / "config.json").read_text()))
-    params = load_checkpoint(model, folder)
-    lora = init_lora(model, params, rank=4, alpha=8, target_modules=("o_proj", "down_proj", "q_proj"),
-                     rng=jax.random.key(2))
-    lora = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(5), x.shape, x.dtype), lora)
-    out = tmp_path / "adapter"
-    save_lora_adapter(model, lora, out, base_model_name_or_path=str(folder))
-    ids = tokens(256, (1, 12))
-    ours = np.asarray(model.apply(params, jnp.asarray(ids), lora=lora))
-    assert not np.allclose(ours, np.asarray(model.apply(params, jnp.asarray(ids))), atol=1e-3)
-    wrapped = peft.PeftModel.from_pretrained(hf, out).eval()
-    with torch.no_grad():
-        theirs = wrapped(torch.from_numpy(ids).long()).logits.numpy()
-    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+    """An adapter on the parallel block's o_proj, down_proj and q_proj."""
+    check_peft_loads_the_engines_adapter(*hf_checkpoint("stablelm_parallel"), ("o_proj", "down_proj", "q_proj"),
+                                         tmp_path / "adapter")
 
 
 def test_per_head_qk_layernorm_is_refused_in_one_line_by_planner_and_engine():

@@ -104,7 +104,21 @@ class PublishedCount(Frozen):
         return abs(params - self.params) <= self.tolerance
 
 
-class CatalogModel(Frozen):
+class _Named:
+    """``ids`` and ``aliases`` of an entry (a validated `CatalogModel` or its unvalidated `ModelNames`)."""
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """Every Hub id this config serves, canonical first."""
+        return (self.id, *self.also_ids)  # type: ignore[attr-defined]
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """Every name this entry answers to under the catalog's naming rule, canonical id excluded."""
+        return tuple(n for n in _owners()[self.id] if n != self.id)  # type: ignore[attr-defined]
+
+
+class CatalogModel(_Named, Frozen):
     """One bundled config.json: the Hub ids it serves, what it is, where it came from, what is published."""
 
     id: str = Field(description="Canonical Hugging Face id.")
@@ -120,23 +134,13 @@ class CatalogModel(Frozen):
     sole_size: str = Field(default="", description="Where it is published that the release line came in this one size "
                            "only (then the line's name alone names it: 'mistral-nemo'); empty when not known.")
 
-    @property
-    def ids(self) -> tuple[str, ...]:
-        """Every Hub id this config serves, canonical first."""
-        return (self.id, *self.also_ids)
-
-    @property
-    def aliases(self) -> tuple[str, ...]:
-        """Every name this entry answers to under the catalog's naming rule, canonical id excluded."""
-        return tuple(n for n in _owners()[self.id] if n != self.id)
-
 
 def _read_json(*parts: str) -> Any:
     return json.loads(resources.files("aegis.catalog").joinpath(*parts).read_text(encoding="utf-8"))
 
 
 @dataclass(frozen=True)
-class ModelNames:
+class ModelNames(_Named):
     """What the naming rule reads of an entry, straight from ``models.json``: a name is looked up without
     validating the whole catalog (only the entry it names is validated, by `model_entry`)."""
 
@@ -146,14 +150,6 @@ class ModelNames:
     size: str
     variant: str
     sole_size: str
-
-    @property
-    def ids(self) -> tuple[str, ...]:
-        return (self.id, *self.also_ids)
-
-    @property
-    def aliases(self) -> tuple[str, ...]:
-        return tuple(n for n in _owners()[self.id] if n != self.id)
 
 
 @lru_cache(maxsize=1)
