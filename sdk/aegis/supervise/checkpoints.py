@@ -117,11 +117,14 @@ class CheckpointStore:
         self.wait()
         if step not in self.all_steps():
             raise CheckpointError(f"no checkpoint at step {step} in {self.directory}; have {self.all_steps()}")
+        from aegis.train.loop import partial_restore_quietly
+
         try:
-            if callable(target):
-                meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-                target = target(dict(meta or {}))
-            target, fill = self._legacy_target(step, target)
+            with partial_restore_quietly():  # the meta and the state's metadata first, then the state
+                if callable(target):
+                    meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+                    target = target(dict(meta or {}))
+                target, fill = self._legacy_target(step, target)
             out = self.manager.restore(
                 step,
                 args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()),

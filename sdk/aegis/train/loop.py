@@ -22,8 +22,10 @@ Data parallel: the batch is sharded over a 1-D ``data`` mesh of all local device
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -53,6 +55,20 @@ from aegis.train.step import (
 
 __all__ = ["StepInfo", "Trainer", "build_trainable"]
 
+
+
+@contextlib.contextmanager
+def partial_restore_quietly() -> Iterator[None]:
+    """Restoring some items of an orbax checkpoint (its meta, before the state it describes) is on purpose: orbax's
+    warning for each item left unrestored (on the ``absl`` logger) is dropped while it runs, and only that one."""
+    logger = logging.getLogger("absl")
+    drop = logging.Filter()
+    drop.filter = lambda record: "could not be restored" not in record.getMessage()  # type: ignore[method-assign]
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 class StepInfo(Frozen):
     """What one optimizer step did (all host floats: cheap to log, send and keep in graph state)."""
@@ -383,7 +399,8 @@ class Trainer:
         return path
 
     def restore(self, path: str | Path) -> None:
-        """Continue from a checkpoint written by :meth:`save` for the same model, method and dataset."""
+        """Continue from a checkpoint written by :meth:`save` for the same model, method and dataset (its items are
+        read in two steps, meta first, so orbax's notes on the items each step leaves are dropped)."""
         import orbax.checkpoint as ocp
 
         path = Path(path).absolute()
@@ -394,7 +411,7 @@ class Trainer:
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.state
         )
         try:
-            with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
+            with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr, partial_restore_quietly():
                 meta = ckptr.restore(path, ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
                 if meta["method"] != self.train_config.method or meta["model_config"] != json.loads(
                     json.dumps(self.model_config)
