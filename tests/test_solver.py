@@ -109,3 +109,32 @@ def test_a_job_that_fits_only_with_memory_savings_is_planned_with_them():
     assert rec is not None and rec.fits and report.nothing_fits is None
     assert (rec.config.optimizer, rec.config.chunked_cross_entropy, rec.config.lora_config.rank) != ("adamw", False, 16)
     assert rec.summary.startswith(("no micro batch fits as asked", "tight"))
+
+
+@pytest.mark.parametrize("request_text", [
+    "lora stablelm-zephyr-3b on a T4",  # micro batch 8 keeps 0.4 GiB once reserved segments are counted
+    "lora llama-3.2-3b on a T4", "qlora qwen2.5-7b on a 4090", "lora qwen2.5-1.5b on an a10g seq 2048",
+    "qlora llama-3.1-8b on 3090",
+])
+def test_the_recommended_tier_keeps_the_comfortable_headroom_on_the_device(request_text):
+    """The report's headroom is judged on the device (reserved segments + context). A recommended tier that keeps the
+    comfortable headroom only before that gives way to the first fallback that keeps it at the device level; the
+    faster config becomes the aggressive tier when it keeps under 1 GiB; no fallback repeats the recommended one."""
+    report = aegis.plan(request_text)
+    rec, comfort = report.recommended, comfort_bytes(report.gpu)
+    assert rec is not None and rec.memory.reserved_bytes is not None
+    if rec.summary.startswith("fastest config with >="):
+        assert rec.headroom_bytes >= comfort, (rec.summary, rec.headroom_bytes)
+    assert all(fb.config != rec.config for fb in report.fallbacks)
+    assert all(fb.memory.tensor_bytes < rec.memory.tensor_bytes for fb in report.fallbacks)
+    if report.aggressive is not None:
+        assert report.aggressive.relative_speed > rec.relative_speed
+        assert report.aggressive.fits
+
+
+def test_a_recommended_tier_the_allocator_makes_tight_gives_way_and_says_why():
+    report = aegis.plan("lora stablelm-zephyr-3b on a T4")
+    assert report.recommended.config.micro_batch_size == 4 and report.aggressive.config.micro_batch_size == 8
+    assert 0 <= report.aggressive.headroom_bytes < AGGRESSIVE_HEADROOM_BYTES
+    assert any("micro batch 8 keeps only" in n and "planned micro batch 4" in n for n in report.notes)
+    assert not any(n.startswith("aggressive tier omitted") for n in report.notes)

@@ -203,12 +203,16 @@ def plan_request(
 def _device_level(profile: ModelProfile, gpu: GPU, solution: Solution) -> Solution:
     """Judge the reported tiers on what the device shows (`aegis.memory.device`): the recommended and the
     aggressive tier get their reserved peak; a recommended tier whose reserved segments do not fit gives way
-    to the first fallback that does."""
+    to the first fallback that does, and one that then keeps less than the comfortable headroom (`comfort_bytes`)
+    to the first fallback that keeps it (the recommended tier's promise), else it says how little it keeps."""
     from dataclasses import replace
 
     from aegis.memory.device import device_check
+    from aegis.solver import AGGRESSIVE_HEADROOM_BYTES, AGGRESSIVE_OMITTED, AGGRESSIVE_SUMMARY, comfort_bytes
 
     rec, agg, notes = solution.recommended, solution.aggressive, list(solution.notes)
+    fallbacks, agg_checked = solution.fallbacks, False
+    comfort = comfort_bytes(gpu)
     if rec is not None:
         checked = device_check(profile, gpu, rec)
         if not checked.fits:
@@ -223,12 +227,35 @@ def _device_level(profile: ModelProfile, gpu: GPU, solution: Solution) -> Soluti
                     break
             else:
                 checked = None
+        elif checked.headroom_bytes < comfort <= rec.headroom_bytes:
+            kept, at = next(((c, i) for i, c in enumerate(device_check(profile, gpu, fb) for fb in solution.fallbacks)
+                             if c.fits and c.headroom_bytes >= comfort), (None, 0))
+            if kept is not None:
+                fallbacks = solution.fallbacks[at + 1:]  # the chain goes on below the tier now recommended
+                if agg is None and checked.headroom_bytes < AGGRESSIVE_HEADROOM_BYTES:  # it is the aggressive tier
+                    agg, agg_checked = checked.model_copy(update={"name": "aggressive", "summary": AGGRESSIVE_SUMMARY}), True
+                    notes = [n for n in notes if n != AGGRESSIVE_OMITTED]
+                notes.append(
+                    f"micro batch {rec.config.micro_batch_size} keeps only {gib(checked.headroom_bytes, 1)} once the "
+                    f"caching allocator's reserved segments are counted: planned micro batch "
+                    f"{kept.config.micro_batch_size}, which keeps {gib(kept.headroom_bytes, 1)}"
+                )
+                checked = kept.model_copy(update={
+                    "name": "recommended",
+                    "summary": f"fastest config with >= {gib(comfort)} headroom on the device (reserved segments "
+                               f"counted); {kept.summary}" if kept.summary else
+                               f"fastest config with >= {gib(comfort)} headroom on the device (reserved segments counted)",
+                })
+            else:
+                checked = checked.model_copy(update={
+                    "summary": f"fastest config that fits; {gib(checked.headroom_bytes, 1)} headroom on the device "
+                               f"(reserved segments counted), under the comfortable {gib(comfort)}: none keeps more"})
         rec = checked
-    if agg is not None:
+    if agg is not None and not agg_checked:
         agg = device_check(profile, gpu, agg)
         if not agg.fits:
             agg = None
-    return replace(solution, recommended=rec, aggressive=agg, notes=notes)
+    return replace(solution, recommended=rec, aggressive=agg, fallbacks=fallbacks, notes=notes)
 
 
 def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: dict) -> tuple[Solution, MultiGPU]:

@@ -23,6 +23,9 @@ __all__ = ["Solution", "solve", "fits", "headroom_bytes", "comfort_bytes", "rela
 
 AGGRESSIVE_HEADROOM_BYTES = GIB
 """The aggressive tier runs with less than this much headroom."""
+AGGRESSIVE_SUMMARY = ("max throughput, little headroom: expect occasional OOM on long batches; "
+                      "fine where a restart is cheap")
+AGGRESSIVE_OMITTED = "aggressive tier omitted: nothing faster than the recommended config fits"
 _CKPT_SPEED = 0.75
 """Throughput with gradient checkpointing relative to without (one extra forward: ~4/3 the compute)."""
 
@@ -159,10 +162,9 @@ def solve(
     agg_cfg = best_for(0)
     aggressive = None
     if agg_cfg is not None and (rec_cfg is None or relative_speed(agg_cfg) > relative_speed(rec_cfg) * 1.01):
-        aggressive = tier(agg_cfg, "aggressive", "max throughput, little headroom: expect occasional OOM on long batches; "
-                                                 "fine where a restart is cheap")
+        aggressive = tier(agg_cfg, "aggressive", AGGRESSIVE_SUMMARY)
     elif agg_cfg is not None and rec_cfg is not None:
-        notes.append("aggressive tier omitted: nothing faster than the recommended config fits")
+        notes.append(AGGRESSIVE_OMITTED)
 
     start = rec_cfg or make(1, False)
     fallbacks = _fallback_chain(start, tier, make, method, lora, gpu)
