@@ -583,3 +583,26 @@ def test_a_variant_of_a_listed_id_trains_that_ids_weights() -> None:
     assert found.model_id == "deepseek-ai/DeepSeek-V3" and found.weights_id == "deepseek-ai/DeepSeek-R1"
     assert match_model("deepseek-v3-chat").weights_id == "deepseek-ai/DeepSeek-V3"
     assert match_model("olmo-3-7b-think").weights_id == "allenai/Olmo-3-7B-Think"
+
+
+@pytest.mark.parametrize(("name", "model_id"), [
+    ("zephyr-7b-beta", "HuggingFaceH4/zephyr-7b-beta"), ("zephyr:7b", "HuggingFaceH4/zephyr-7b-beta"),
+    ("HuggingFaceH4/zephyr-7b-beta", "HuggingFaceH4/zephyr-7b-beta"),
+    ("vicuna-7b-v1.5", "lmsys/vicuna-7b-v1.5"), ("vicuna:7b", "lmsys/vicuna-7b-v1.5"),
+    ("lmsys/vicuna-7b-v1.5", "lmsys/vicuna-7b-v1.5"),
+])
+def test_zephyr_and_vicuna_resolve_to_their_own_hub_files(name, model_id) -> None:
+    found = match_model(name)
+    assert found.model_id == model_id and found.weights_id == model_id and found.note == "", found
+    assert parse_request_lenient(f"lora {name} on h100").request.model == model_id
+
+
+@pytest.mark.parametrize("name", [
+    "zephyr", "zephyr-7b-alpha",  # another checkpoint of the line (its file is not bundled)
+    "vicuna:13b", "vicuna-7b-v1.3", "vicuna",  # another size; v1.3 is LLaMA 1 (2,048 positions)
+])
+def test_other_zephyr_and_vicuna_checkpoints_are_refused(name) -> None:
+    with pytest.raises(UnknownModelError) as err:
+        match_model(name)
+    model, issue = _parsed(name)
+    assert model is None and issue == str(err.value) and "config.json" in issue

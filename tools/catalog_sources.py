@@ -284,13 +284,6 @@ ROWS += [
          "allenai/OLMo-2-1124-7B-Instruct"), "olmo-2", "7b", "base", (LITGPT, "OLMo-2-1124-7B"), P("7.3B")),
     row(("allenai/OLMo-2-1124-13B", "allenai/OLMo-2-1124-13B-SFT", "allenai/OLMo-2-1124-13B-DPO",
          "allenai/OLMo-2-1124-13B-Instruct"), "olmo-2", "13b", "base", (LITGPT, "OLMo-2-1124-13B"), P("13.7B")),
-    # StableLM 3B (StableLmForCausalLM: LayerNorms, a quarter of each head rotated, sequential blocks)
-    row("stabilityai/stablelm-3b-4e1t", "stablelm", "3b", "base", (LITGPT, "stablelm-3b-4e1t"),
-        P("2,795,443,200", "StableLM-3B-4E1T model card (Hub), 'Model Architecture' table: Parameters 2,795,443,200, "
-                           "hidden size 2560, layers 32, heads 32, sequence length 4096")),
-    row("stabilityai/stablelm-zephyr-3b", "stablelm", "3b", "instruct", (LITGPT, "stablelm-zephyr-3b"),
-        P("3B", "StableLM Zephyr 3B model card (Hub): 'a 3 billion parameter instruction tuned' model"),
-        note="The DPO-tuned chat model of StableLM-3B-4E1T: litgpt gives both every key alike."),
     # Phi-3 / 3.5 / 4
     row("microsoft/Phi-3-mini-128k-instruct", "phi-3", "3.8b", "instruct", (LITGPT, "Phi-3-mini-128k-instruct"),
         P("3.82B"), note="Long-context RoPE (longrope) factors are not in the source: rope_scaling is left out."),
@@ -954,8 +947,74 @@ ROWS += [
                                    "104,857,600 (51,200 x 2,048) is 1,313,413,120"),
         sole_size=PHI15 + "; one size, a base model",
         note=f"A full snapshot of the Hub repository (README, tokenizer, remote-code files); its config.json is "
-             f"{PHI_AUTO_MAP}. Same shapes as Phi-1, whose config was not available offline."),
+             f"{PHI_AUTO_MAP}. Same shapes as Phi-1."),
 ]
+
+# Hub config.json files rebuilt from a library's values and kept only where the bytes' sha256 equals the Hub file's, as
+# dinoml/model-configs-rs records it for the revision named (a revision-pinned inventory of Hub config.json sizes and
+# hashes): byte for byte the Hub's file.
+_HUB_HASHES = "dinoml/model-configs-rs@23d004779fcb00691b14e563df7b5bbeba7b472b:corpus/report-repositories.json"
+_MLC_PRESETS = "mlc-ai/mlc-llm@79d603f085f50500e9509fa01785ffa7ecfaaa93:python/mlc_llm/model/model_preset.py"
+
+
+def hash_verified(revision: str, size: int, sha256: str, values: str) -> str:
+    return (f"The Hub's config.json at revision {revision}: rebuilt from {values} and byte-identical to the Hub file "
+            f"({size} bytes, sha256 {sha256}, per {_HUB_HASHES}).")
+
+
+STABLELM_3B = ("StableLM-3B-4E1T model card (Hub), 'Model Architecture' table: Parameters 2,795,443,200, hidden size "
+               "2560, layers 32, heads 32, sequence length 4096")
+STABLELM_2 = ("Stable LM 2 1.6B model card (Hub), 'Model Architecture' table: Parameters 1,644,417,024, hidden size "
+              "2048, layers 24, heads 32, sequence length 4096")
+PHI1 = ("microsoft/phi-1 model card: 'The language model Phi-1 is a Transformer with 1.3 billion parameters, "
+        "specialized for basic Python coding'")
+
+ROWS += [
+    row("stabilityai/stablelm-3b-4e1t", "stablelm", "3b", "base", (VENDORED, "stabilityai--stablelm-3b-4e1t.json"),
+        P("2,795,443,200", STABLELM_3B),
+        note=hash_verified("fa4a6a92fca83c3b4223a3c9bf792887090ebfba", 599,
+                           "6a8e761cc1117804c0ebc733f880268f71b1b06c9269f4cdb092c6f115526976",
+                           f"mlc-llm's preset ({_MLC_PRESETS})")),
+    # StableLM Zephyr 3B: no Hub file offline; litgpt's table (StableLM shapes in StableLmConfig keys)
+    row("stabilityai/stablelm-zephyr-3b", "stablelm", "3b", "instruct", (LITGPT, "stablelm-zephyr-3b"),
+        P("3B", "StableLM Zephyr 3B model card (Hub): 'a 3 billion parameter instruction tuned' model"),
+        note="The DPO-tuned chat model of StableLM-3B-4E1T: litgpt gives both every key alike."),
+    row("stabilityai/stablelm-2-1_6b", "stablelm-2", "1.6b", "base", (VENDORED, "stabilityai--stablelm-2-1_6b.json"),
+        P("1,644,417,024", STABLELM_2,
+          disagrees="the card's figure is 98,304 (24 layers x 4,096, two hidden-wide vectors per layer) below what "
+                    "transformers' StableLmForCausalLM builds from this file, 1,644,515,328, which the planner "
+                    "reproduces (the meta-device check); the card does not say which tensors it leaves out"),
+        note=hash_verified("f499ead74c53749bd93cebc6ce8bc0d7bdf1eaef", 608,
+                           "e14f378901a37d07b275e5899d2733aeb4363abdb48748bd8b32714f25d9becb",
+                           f"mlc-llm's preset ({_MLC_PRESETS}, labelled stablelm-2-zephyr-1_6b there; the -zephyr "
+                           "chat model's own file is not checked, so it is not listed as sharing this one)")),
+    row("microsoft/phi-1", "phi-1", "1.3b", "base", (VENDORED, "microsoft--phi-1.json"),
+        P("1.3B", PHI1, disagrees="Microsoft's 1.3B leaves out the input embedding, as for Phi-1.5 (same shapes): "
+                                  "1,418,270,720 less its 104,857,600 (51,200 x 2,048) is 1,313,413,120"),
+        sole_size=PHI1 + "; one size",
+        note=hash_verified("d4c0adcb065e84e00ca814e35cba3012ea9841ab", 734,
+                           "6a6a640160005481d97389210b2134e24d0ef200c5637c70c364162376448f3b",
+                           "transformers' PhiConfig layout with the model card's shapes (the file Phi-1.5's repository "
+                           "holds, with Phi-1's name and dtype)")),
+]
+
+# Fine-tunes of Mistral-7B-v0.1 and Llama-2-7B whose Hub config.json another repository keeps
+ROWS += [
+    row("HuggingFaceH4/zephyr-7b-beta", "zephyr", "7b", "instruct",
+        (GITHUB, "tikun-technologies/MF2-BACKEND@7b267a459fc3e45a603a8a3ff5079cacdf84b47c:models/zephyr-7b-beta/"
+                 "config.json"),
+        P("7,241,732,096", "model.safetensors.index.json beside that config.json (the same Hub snapshot): total_size "
+                           "14,483,464,192 bytes, every tensor bfloat16"),
+        note="A Hub snapshot without its weights: config.json (_name_or_path HuggingFaceH4/zephyr-7b-beta, transformers "
+             "4.35.0) beside the safetensors index. A DPO fine-tune of Mistral-7B-v0.1 with its shapes."),
+    row("lmsys/vicuna-7b-v1.5", "vicuna", "7b", "instruct",
+        (GITHUB, "bgorlick/getai@6b7200996b2c6fc3a2d52cbbbf08dc089c2c2939:models/lmsys_vicuna-7b-v1.5/config.json"),
+        P("7B", "the Hub id (lmsys/vicuna-7b-v1.5): the size in the name"),
+        note="Downloaded from huggingface.co/lmsys/vicuna-7b-v1.5 (branch main, 2024-06-06) by text-generation-webui, "
+             "whose huggingface-metadata.txt beside it records the URL and the weights' sha256 (transformers 4.31.0). "
+             "Llama-2-7B's shapes with 4,096 positions; v1.1 and v1.3 were fine-tuned from LLaMA 1 (2,048 positions)."),
+]
+
 
 # StarCoder2 (model_type starcoder2): LayerNorms and biases, plain GELU MLP (c_fc/c_proj), one sliding window.
 _DINOML_SC2 = "hlky/dinoml_v2@6b8c0acb3a19f77188401b57db6e403aa92534f3:agents/plans/transformers/starcoder2/_sources"

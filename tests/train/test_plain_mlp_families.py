@@ -91,11 +91,11 @@ def test_the_catalog_serves_phi_and_starcoder2_and_refuses_the_sizes_it_does_not
     for name in ("phi-2", "phi2", "microsoft/phi-2", "Phi-2"):
         assert resolve_model(name).model_id == "microsoft/phi-2"
         assert parse_request(f"lora {name} on a100").model == "microsoft/phi-2"
-    for name in ("phi-2:7b", "phi-1", "phi", "starcoder2", "starcoder2-1b"):
+    for name in ("phi-2:7b", "phi-1:7b", "phi", "starcoder2", "starcoder2-1b"):
         with pytest.raises(AegisError):
             resolve_model(name)
     # Hub ids write decimals with '_': phi-1_5 is Phi-1.5, however it is spelled
-    for name, model_id in (("phi-1_5", "microsoft/phi-1_5"), ("phi-1.5", "microsoft/phi-1_5"), ("phi1.5", "microsoft/phi-1_5"),
+    for name, model_id in (("phi-1", "microsoft/phi-1"), ("phi1", "microsoft/phi-1"), ("phi-1_5", "microsoft/phi-1_5"), ("phi-1.5", "microsoft/phi-1_5"), ("phi1.5", "microsoft/phi-1_5"),
                            ("starcoder2-3b", "bigcode/starcoder2-3b"), ("starcoder2:7b", "bigcode/starcoder2-7b"),
                            ("bigcode/starcoder2-15b", "bigcode/starcoder2-15b"),
                            ("starcoder2-15b-instruct-v0.1", "bigcode/starcoder2-15b-instruct-v0.1")):

@@ -93,9 +93,10 @@ def test_per_head_qk_layernorm_is_refused_in_one_line_by_planner_and_engine():
         assert "qk_layernorm" in str(err.value) and "\n" not in str(err.value)
 
 
-def test_the_catalog_serves_stablelm_3b_and_refuses_the_lines_it_does_not_hold():
-    """StableLM-3B-4E1T and its Zephyr chat model are bundled (litgpt's table); StableLM 2 (1.6B, 12B), the GPT-NeoX
-    alpha models and other sizes are refused, never answered with the 3B."""
+def test_the_catalog_serves_stablelm_3b_and_2_and_refuses_the_lines_it_does_not_hold():
+    """StableLM-3B-4E1T (the Hub's file), its Zephyr chat model (litgpt's table) and StableLM 2 1.6B (the Hub's file)
+    are bundled; StableLM 2 12B and Zephyr 1.6B, the GPT-NeoX alpha models and other sizes are refused, never answered
+    with another size or line."""
     from aegis.errors import UnknownModelError
     from aegis.hub import match_model, resolve_model
     from aegis.parse import parse_request_lenient
@@ -104,11 +105,13 @@ def test_the_catalog_serves_stablelm_3b_and_refuses_the_lines_it_does_not_hold()
                            ("stabilityai/stablelm-3b-4e1t", "stabilityai/stablelm-3b-4e1t"),
                            ("stablelm:3b", "stabilityai/stablelm-3b-4e1t"),
                            ("stablelm-zephyr-3b", "stabilityai/stablelm-zephyr-3b"),
-                           ("stablelm-zephyr:3b", "stabilityai/stablelm-zephyr-3b")):
+                           ("stablelm-zephyr:3b", "stabilityai/stablelm-zephyr-3b"),
+                           ("stablelm-2-1_6b", "stabilityai/stablelm-2-1_6b"), ("stablelm2:1.6b", "stabilityai/stablelm-2-1_6b"),
+                           ("stabilityai/stablelm-2-1_6b", "stabilityai/stablelm-2-1_6b")):
         assert resolve_model(name).model_id == model_id
         assert parse_request_lenient(f"lora {name} on a100").request.model == model_id
     assert resolve_model("stablelm-3b-4e1t").total_params == 2_795_443_200  # the model card's table
-    for name in ("stablelm-2-1_6b", "stablelm2:1.6b", "stablelm-2-12b", "stablelm-base-alpha-3b", "stablelm-7b",
+    for name in ("stablelm-2-12b", "stablelm-2-zephyr-1_6b", "stablelm-2-3b", "stablelm-base-alpha-3b", "stablelm-7b",
                  "stablelm"):
         with pytest.raises(UnknownModelError):
             match_model(name)
