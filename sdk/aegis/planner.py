@@ -13,6 +13,7 @@ the default; `PlanReport.stack` and `PlanReport.stack_source` say which.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from aegis import hardware
 from aegis.errors import RequestParseError, UnknownModelError
@@ -213,6 +214,18 @@ def _device_level(profile: ModelProfile, gpu: GPU, solution: Solution) -> Soluti
     rec, agg, notes = solution.recommended, solution.aggressive, list(solution.notes)
     fallbacks, agg_checked = solution.fallbacks, False
     comfort = comfort_bytes(gpu)
+
+    def first_fallback(ok: Callable[[Tier], bool]) -> Tier | None:
+        """The first fallback ``ok`` accepts at the device level, as the recommended tier; the chain then goes on
+        below it."""
+        nonlocal fallbacks
+        for i, fb in enumerate(solution.fallbacks):
+            checked = device_check(profile, gpu, fb)
+            if ok(checked):
+                fallbacks = solution.fallbacks[i + 1:]
+                return checked.model_copy(update={"name": "recommended"})
+        return None
+
     if rec is not None:
         checked = device_check(profile, gpu, rec)
         if not checked.fits:
@@ -220,18 +233,11 @@ def _device_level(profile: ModelProfile, gpu: GPU, solution: Solution) -> Soluti
                 f"the recommended config's live tensors fit but the caching allocator would reserve "
                 f"{gib(checked.memory.reserved_bytes or 0, 1)}: planned the first fallback that fits at the device level"
             )
-            for fb in solution.fallbacks:
-                fb_checked = device_check(profile, gpu, fb)
-                if fb_checked.fits:
-                    checked = fb_checked.model_copy(update={"name": "recommended"})
-                    break
-            else:
-                checked = None
+            checked = first_fallback(lambda c: c.fits)
         elif checked.headroom_bytes < comfort <= rec.headroom_bytes:
-            kept, at = next(((c, i) for i, c in enumerate(device_check(profile, gpu, fb) for fb in solution.fallbacks)
-                             if c.fits and c.headroom_bytes >= comfort), (None, 0))
+            kept = first_fallback(lambda c: c.fits and c.headroom_bytes >= comfort)
+            on_device = f"{gib(comfort)} headroom on the device (reserved segments counted)"
             if kept is not None:
-                fallbacks = solution.fallbacks[at + 1:]  # the chain goes on below the tier now recommended
                 if agg is None and checked.headroom_bytes < AGGRESSIVE_HEADROOM_BYTES:  # it is the aggressive tier
                     agg, agg_checked = checked.model_copy(update={"name": "aggressive", "summary": AGGRESSIVE_SUMMARY}), True
                     notes = [n for n in notes if n != AGGRESSIVE_OMITTED]
@@ -240,16 +246,12 @@ def _device_level(profile: ModelProfile, gpu: GPU, solution: Solution) -> Soluti
                     f"caching allocator's reserved segments are counted: planned micro batch "
                     f"{kept.config.micro_batch_size}, which keeps {gib(kept.headroom_bytes, 1)}"
                 )
-                checked = kept.model_copy(update={
-                    "name": "recommended",
-                    "summary": f"fastest config with >= {gib(comfort)} headroom on the device (reserved segments "
-                               f"counted); {kept.summary}" if kept.summary else
-                               f"fastest config with >= {gib(comfort)} headroom on the device (reserved segments counted)",
-                })
+                summary = "; ".join(s for s in (f"fastest config with >= {on_device}", kept.summary) if s)
+                checked = kept.model_copy(update={"summary": summary})
             else:
                 checked = checked.model_copy(update={
-                    "summary": f"fastest config that fits; {gib(checked.headroom_bytes, 1)} headroom on the device "
-                               f"(reserved segments counted), under the comfortable {gib(comfort)}: none keeps more"})
+                    "summary": f"fastest config that fits; {gib(checked.headroom_bytes, 1)} headroom on the device, "
+                               f"under the comfortable {on_device}: none keeps more"})
         rec = checked
     if agg is not None and not agg_checked:
         agg = device_check(profile, gpu, agg)

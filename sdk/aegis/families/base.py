@@ -194,9 +194,6 @@ class Family:
     def _layer_vectors(self, v: registry.Vars) -> int:
         return self._vector_params(self.entry.attention, v) + self._vector_params(self.entry.norms, v)
 
-    def layer(self, c: dict[str, Any], i: int) -> LayerShape:
-        return self.layers(c)[i]
-
     def layers(self, c: dict[str, Any]) -> list[LayerShape]:
         """Every layer's shape. A layer depends on its index only through its sliding window and whether it
         routes, so each (sparse, window) kind is built once and shared (equal layers are the same object)."""
