@@ -178,6 +178,30 @@ def test_no_two_entries_share_a_name():
             assert owners.setdefault(key(name), m.id) == m.id, (name, m.id, owners[key(name)])
 
 
+def test_the_stored_name_index_is_the_rules_output_for_the_committed_catalog():
+    """names.json is what the naming rule derives from models.json now (rewrite it with
+    `python -m tools.import_catalog --names` after editing models.json)."""
+    stored = resources.files("aegis.catalog").joinpath("names.json").read_text(encoding="utf-8")
+    assert stored == catalog.name_index(), "names.json is stale: run python -m tools.import_catalog --names"
+    derived = catalog._aliases.alias_owners(catalog.names())
+    assert catalog._owners() == derived
+    assert catalog.name_keys() == {key(n): owner for owner, found in derived.items() for n in found}
+
+
+def test_a_name_index_for_another_catalog_is_ignored(monkeypatch):
+    """An index whose sha256 is not models.json's (a hand-edited catalog) is not read: the names are derived."""
+    monkeypatch.setattr(catalog, "_models_text", lambda: catalog._read_text("models.json") + " ")
+    for cached in (catalog._stored_index, catalog._owners, catalog._by_key):
+        cached.cache_clear()
+    monkeypatch.setattr(catalog._aliases, "alias_owners", lambda entries: {"derived": ("Yes-1B",)})
+    try:
+        assert catalog._owners() == {"derived": ("Yes-1B",)}
+        assert catalog.name_keys() == {key("Yes-1B"): "derived"}
+    finally:
+        for cached in (catalog._stored_index, catalog._owners, catalog._by_key):
+            cached.cache_clear()
+
+
 @pytest.mark.parametrize("entry", MODELS, ids=[m.id for m in MODELS])
 def test_every_id_and_alias_finds_its_entry(entry):
     for name in (*entry.ids, *entry.aliases, *(i.split("/", 1)[1] for i in entry.ids)):

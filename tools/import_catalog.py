@@ -308,7 +308,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torchtune", type=Path, help=f"torchtune {PINS[TORCHTUNE]} wheel (default: pip download)")
     parser.add_argument("--check", action="store_true", help="compare with the committed catalog; write nothing")
     parser.add_argument("--compare-vendored", action="store_true", help="print litgpt vs the vendored Hub configs")
+    parser.add_argument("--names", action="store_true",
+                        help="only rewrite names.json (the name index) for the committed models.json")
     args = parser.parse_args(argv)
+    if args.names:
+        from aegis import catalog
+
+        text = catalog.name_index((CATALOG / "models.json").read_text())
+        (CATALOG / "names.json").write_text(text)
+        print("names.json written for the committed models.json")
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         litgpt = litgpt_configs(_wheel(LITGPT, args.litgpt, Path(tmp)))
         if args.compare_vendored:
@@ -318,7 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     index, files = build(litgpt, torchtune)
     committed = CATALOG / "models.json"
     index = merge(index, json.loads(committed.read_text()) if committed.is_file() else [])
+    from aegis import catalog
+
     wanted = {CATALOG / "models.json": _dump(index), **{CATALOG / "models" / n: _dump(c) for n, c in files.items()}}
+    wanted[CATALOG / "names.json"] = catalog.name_index(wanted[CATALOG / "models.json"])
     stale = [p for p, text in wanted.items() if not p.is_file() or p.read_text() != text]
     listed = {row["file"] for row in index}
     orphans = [p for p in (CATALOG / "models").glob("*.json") if p.name not in listed]

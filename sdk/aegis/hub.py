@@ -260,11 +260,7 @@ def _known_of(entry: Any) -> _Known:
 @lru_cache(maxsize=1)
 def _exact() -> dict[tuple[str, ...], frozenset[str]]:
     """Token key of every id, repository name and alias → the bundled ids it names (the fast path: no name parsing)."""
-    exact: dict[tuple[str, ...], set[str]] = {}
-    for entry in catalog.names():
-        for name in (*_ids(entry), *(i.split("/", 1)[-1] for i in _ids(entry)), *entry.aliases):
-            exact.setdefault(_key(name), set()).add(entry.id)
-    return {k: frozenset(v) for k, v in exact.items()}
+    return {k: frozenset((owner,)) for k, owner in catalog.name_keys().items()}
 
 
 @lru_cache(maxsize=1)

@@ -11,13 +11,17 @@ are cached, so the cost is paid once per process and only by a process that asks
     gpus = catalog.gpus()
 
 ``models.json`` is written by ``tools/import_catalog.py``; the names an entry answers to come from one
-rule (`aegis.catalog._aliases`), not from the file.
+rule (`aegis.catalog._aliases`), not from the file. ``names.json`` stores that rule's output for the committed
+``models.json`` (keyed by its sha256), so a lookup does not re-derive 1,000+ names per process; a file that does not
+match is ignored and the names are derived (``python -m tools.import_catalog --names`` rewrites it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import resources
@@ -40,6 +44,8 @@ __all__ = [
     "search",
     "read_model_config",
     "gpus",
+    "name_index",
+    "name_keys",
 ]
 
 Variant = Literal["base", "instruct", "coder", "math", "python", "reasoning", "distill"]
@@ -135,8 +141,12 @@ class CatalogModel(_Named, Frozen):
                            "only (then the line's name alone names it: 'mistral-nemo'); empty when not known.")
 
 
+def _read_text(*parts: str) -> str:
+    return resources.files("aegis.catalog").joinpath(*parts).read_text(encoding="utf-8")
+
+
 def _read_json(*parts: str) -> Any:
-    return json.loads(resources.files("aegis.catalog").joinpath(*parts).read_text(encoding="utf-8"))
+    return json.loads(_read_text(*parts))
 
 
 @dataclass(frozen=True)
@@ -153,15 +163,24 @@ class ModelNames(_Named):
 
 
 @lru_cache(maxsize=1)
+def _models_text() -> str:
+    return _read_text("models.json")
+
+
+@lru_cache(maxsize=1)
 def _rows() -> tuple[dict[str, Any], ...]:
-    return tuple(_read_json("models.json"))
+    return tuple(json.loads(_models_text()))
+
+
+def _names_of(rows: Iterable[dict[str, Any]]) -> tuple[ModelNames, ...]:
+    return tuple(ModelNames(r["id"], tuple(r.get("also_ids", ())), r["family"], r["size"], r["variant"],
+                            r.get("sole_size", "")) for r in rows)
 
 
 @lru_cache(maxsize=1)
 def names() -> tuple[ModelNames, ...]:
     """Every entry's naming fields, in catalog order (unvalidated; `models` validates)."""
-    return tuple(ModelNames(r["id"], tuple(r.get("also_ids", ())), r["family"], r["size"], r["variant"],
-                            r.get("sole_size", "")) for r in _rows())
+    return _names_of(_rows())
 
 
 @cache
@@ -175,14 +194,54 @@ def models() -> tuple[CatalogModel, ...]:
     return tuple(_entry(i) for i in range(len(_rows())))
 
 
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def name_index(models_text: str | None = None) -> str:
+    """``names.json`` for a ``models.json`` text (default: the bundled one): its sha256, the naming rule's names of
+    every entry, and each name's token key (space-joined) with its entry."""
+    text = _models_text() if models_text is None else models_text
+    owners = _aliases.alias_owners(_names_of(json.loads(text)))
+    keys = {" ".join(_aliases.key(name)): owner for owner, found in owners.items() for name in found}
+    return json.dumps({"models_sha256": _sha256(text), "names": owners, "keys": keys}, indent=1,
+                      ensure_ascii=False) + "\n"
+
+
+@lru_cache(maxsize=1)
+def _stored_index() -> dict[str, Any] | None:
+    """``names.json`` when it was written for this ``models.json``, else None."""
+    try:
+        stored = _read_json("names.json")
+    except (OSError, ValueError):
+        return None
+    if (isinstance(stored, dict) and stored.get("models_sha256") == _sha256(_models_text())
+            and isinstance(stored.get("names"), dict) and isinstance(stored.get("keys"), dict)):
+        return stored
+    return None
+
+
 @lru_cache(maxsize=1)
 def _owners() -> dict[str, tuple[str, ...]]:
+    """Entry id → the names it answers to (stored in ``names.json``, or derived when that is stale)."""
+    stored = _stored_index()
+    if stored is not None:
+        return {owner: tuple(found) for owner, found in stored["names"].items()}
     return _aliases.alias_owners(names())
 
 
 @lru_cache(maxsize=1)
 def _by_key() -> dict[tuple[str, ...], str]:
+    """Token key of every name → the entry it names (each key has one owner: `_aliases.alias_owners`)."""
+    stored = _stored_index()
+    if stored is not None:
+        return {tuple(k.split(" ")): owner for k, owner in stored["keys"].items()}
     return {_aliases.key(name): owner for owner, found in _owners().items() for name in found}
+
+
+def name_keys() -> dict[tuple[str, ...], str]:
+    """Token key of every id and alias → its entry's id."""
+    return _by_key()
 
 
 @lru_cache(maxsize=1)
