@@ -42,7 +42,7 @@ def test_every_layer_names_what_transformers_holds(case: str, cfg: dict) -> None
     entry = registry.get(cfg["model_type"])
     hf = _transformers_params(cfg)
     for i in range(cfg["num_hidden_layers"]):
-        prefix = f"model.layers.{i}."
+        prefix = f"{entry.layers_path}.{i}."
         theirs = {k: v for k, v in hf.items() if k.startswith(prefix)}
         ours = dict(entry.layer_params(cfg, i))
         assert len(ours) == len(entry.layer_params(cfg, i)), "a name appears twice"
@@ -50,7 +50,7 @@ def test_every_layer_names_what_transformers_holds(case: str, cfg: dict) -> None
             f"{sorted(theirs.keys() - ours.keys())}, shapes differ {[k for k in ours if k in theirs and ours[k] != theirs[k]]}"
     names = entry.names(cfg)
     final = {n: s for p in entry.final_norm for n, s in p.checkpoint(names)}
-    outside = ("model.layers.", "model.embed_tokens.", "lm_head.")  # what is left: the final norm, by its own name
+    outside = (f"{entry.layers_path}.", f"{entry.embedding_path}.", "lm_head.")  # what is left: the final norm
     assert final == {k: v for k, v in hf.items() if not k.startswith(outside)}
 
 
@@ -141,14 +141,18 @@ def test_the_engine_tree_holds_the_registry_parameters(name: str) -> None:
     cfg = TINY_CONFIGS[name]
     entry = registry.get(cfg["model_type"])
     engine = _engine_layers(cfg)
+    from aegis.train.models.families import FAMILIES
+
+    names = FAMILIES[entry.model_type].names
     assert sorted(engine) == list(range(cfg["num_hidden_layers"]))
     for i, theirs in engine.items():
         ours = {}
-        for key, shape in entry.layer_params(cfg, i):
-            key = key.removeprefix(f"model.layers.{i}.")
+        for full, shape in entry.layer_params(cfg, i):
+            key = full.removeprefix(f"{entry.layers_path}.{i}.")
             p = next(p for p in entry.layer_param_kinds(cfg, i) if key.startswith(p.path))
             if p.transposed and len(shape) == 3:
                 shape = (shape[0], shape[2], shape[1])
+            key = names.engine(full).removeprefix(f"model.layers.{i}.")  # GPT-NeoX: attention.* is self_attn.*
             ours[_ENGINE_RENAMES.get(entry.model_type, {}).get(key, key)] = shape
         extra = {k for k in theirs.keys() - ours.keys() if k.endswith("e_score_correction_bias")}
         assert {k: v for k, v in theirs.items() if k not in extra} == ours, f"layer {i}"

@@ -260,6 +260,22 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "partial_rotary_factor": 0.5,
         "layer_norm_eps": 1e-5,
     },
+    "gpt_neox": {  # Pythia's layout: q/k/v grouped by head in one query_key_value, attention and the GELU MLP side by
+        # side on two LayerNorms, a quarter of each head rotated; rotary settings left to GPTNeoXConfig's defaults
+        **{k: v for k, v in _COMMON.items() if k not in ("rms_norm_eps", "num_key_value_heads")},
+        "model_type": "gpt_neox",
+        "layer_norm_eps": 1e-5,
+    },
+    "gpt_neox_sequential": {  # use_parallel_residual false, no attention biases, the older rotary_pct/rotary_emb_base
+        **{k: v for k, v in _COMMON.items() if k not in ("rms_norm_eps", "num_key_value_heads")},
+        "model_type": "gpt_neox",
+        "use_parallel_residual": False,
+        "attention_bias": False,
+        "rotary_pct": 0.5,
+        "rotary_emb_base": 5000,
+        "hidden_act": "gelu_fast",
+        "layer_norm_eps": 1e-5,
+    },
 }
 
 

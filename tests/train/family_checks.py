@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from aegis.train.models import build_model
+from aegis.train.models import build_model, get_family
 from aegis.train.weights import load_checkpoint, save_checkpoint, to_hf_state_dict
 
 
@@ -84,7 +84,8 @@ def check_counts_agree(config: dict) -> None:
     hf = meta_model(config)
     profile = profile_from_config(config, model_id="test", source="path")
     assert profile.total_params == engine_param_count(config) == sum(p.numel() for p in hf.parameters())
-    assert profile.layer_params == tuple(sum(p.numel() for p in layer.parameters()) for layer in hf.model.layers)
+    layers = hf.get_decoder().layers  # model.layers; GPT-NeoX: gpt_neox.layers
+    assert profile.layer_params == tuple(sum(p.numel() for p in layer.parameters()) for layer in layers)
 
 
 def check_every_gradient_matches_torch(hf, folder: Path, vocab: int = 256) -> None:
@@ -101,15 +102,17 @@ def check_every_gradient_matches_torch(hf, folder: Path, vocab: int = 256) -> No
     hf.zero_grad()
     logp = torch.log_softmax(hf(torch.from_numpy(ids).long()).logits, dim=-1)
     (-logp.gather(-1, torch.from_numpy(targets).long()[..., None]).mean()).backward()
-    theirs = {k: p.grad.numpy() for k, p in hf.named_parameters()}
+    head = get_family(model.config.get("model_type")).names.lm_head  # checkpoints name it (GPT-NeoX: embed_out)
+    theirs = {head + k[len("lm_head"):] if k.startswith("lm_head.") else k: p.grad.numpy()
+              for k, p in hf.named_parameters()}
     assert set(grads) == set(theirs)
     for key, ref in theirs.items():
         np.testing.assert_allclose(grads[key], ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()), err_msg=key)
 
 
-def check_lora_sizes_equal_peft(config: dict, defaults: tuple[str, ...]) -> None:
-    """The plan's default targets are ``defaults``; for them, "all-linear" and q/v, the planner's trainable count ==
-    PEFT's == the engine's adapters."""
+def check_lora_sizes_equal_peft(config: dict, defaults: tuple[str, ...], few: tuple[str, ...] = ("q_proj", "v_proj")) -> None:
+    """The plan's default targets are ``defaults``; for them, "all-linear" and ``few`` (q/v), the planner's trainable
+    count == PEFT's == the engine's adapters."""
     import peft
 
     import aegis
@@ -121,7 +124,7 @@ def check_lora_sizes_equal_peft(config: dict, defaults: tuple[str, ...]) -> None
     assert default_lora_targets(profile.linear_modules) == defaults
     model = build_model(config)
     params = model.init(jax.random.key(0))
-    for targets in (("all-linear",), defaults, ("q_proj", "v_proj")):
+    for targets in (("all-linear",), defaults, few):
         peft_targets = "all-linear" if targets == ("all-linear",) else list(targets)
         wrapped = peft.get_peft_model(meta_model(config), peft.LoraConfig(r=8, target_modules=peft_targets))
         trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)

@@ -1,6 +1,7 @@
 """The model's own dropouts in training (Granite 3.0's attention dropout; Seed-OSS's attention and residual
 dropouts; Phi's attention, residual and embedding dropouts; Phi-3's resid_pdrop; StarCoder2's attention, residual and embedding dropouts;
-StableLM's attention dropout and hidden_dropout on the MLP output alone): transformers in train mode, given the engine's masks, gives the engine's logits and gradients; eval
+StableLM's attention dropout and hidden_dropout on the MLP output alone; GPT-NeoX's attention dropout and hidden_dropout
+on the embeddings and both sublayer outputs): transformers in train mode, given the engine's masks, gives the engine's logits and gradients; eval
 runs none; the hand-written attention backward matches autodiff through the same mask."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from aegis.train.models import build_model
+from aegis.train.models import build_model, get_family
 from aegis.train.models.layers import Ctx, dropout, eager_attention
 from aegis.train.weights import load_checkpoint
 
@@ -27,6 +28,9 @@ CASES = {
     "starcoder2": {"attention_dropout": 0.3, "residual_dropout": 0.2, "embedding_dropout": 0.1},
     "stablelm": {"attention_dropout": 0.3, "hidden_dropout": 0.2},  # StableLM drops the MLP's output only
     "stablelm_parallel": {"attention_dropout": 0.3, "hidden_dropout": 0.2},
+    # GPT-NeoX: hidden_dropout on the embeddings (emb_dropout) and on both sublayer outputs
+    "gpt_neox": {"attention_dropout": 0.3, "hidden_dropout": 0.2},
+    "gpt_neox_sequential": {"attention_dropout": 0.3, "hidden_dropout": 0.2},
 }
 
 
@@ -91,10 +95,11 @@ def test_training_forward_and_gradients_match_transformers_given_the_same_masks(
     np.testing.assert_allclose(np.asarray(logits), hf_logits.detach().numpy(), rtol=1e-4, atol=1e-4)
     assert not np.allclose(np.asarray(logits), np.asarray(model.apply(params, jnp.asarray(ids))), atol=1e-3)
     grads = jax.grad(engine_loss)(params)
-    proj = "qkv_proj" if model.spec.fused_qkv else "q_proj"
+    proj = model.spec.qkv_name if model.spec.fused_qkv else "q_proj"
     q = grads["model"]["layers"]["self_attn"][proj]["weight"]  # [L, out, in], stacked per layer
+    names = get_family(model.config["model_type"]).names  # GPT-NeoX: gpt_neox.layers.{i}.attention.*
     for layer in range(model.spec.num_layers):
-        ref = getattr(hf.model.layers[layer].self_attn, proj).weight.grad.numpy()
+        ref = hf.get_submodule(names.checkpoint(f"model.layers.{layer}.self_attn.{proj}")).weight.grad.numpy()
         np.testing.assert_allclose(np.asarray(q[layer]), ref, rtol=2e-3, atol=2e-5)
 
 

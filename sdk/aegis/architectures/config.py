@@ -77,13 +77,17 @@ def model_type(config: dict[str, Any]) -> str:
 
 
 def value(config: dict[str, Any], key: str) -> Any:
-    """``config[key]`` when present (even ``null``), else transformers' class default for the model type (a field
-    default, or one its ``__post_init__`` sets)."""
+    """``config[key]`` when present (even ``null``), else an older key transformers reads for it (the registry's
+    ``key_aliases``), else transformers' class default for the model type (a field default, or one its
+    ``__post_init__`` sets)."""
     if key in config:
         return config[key]
     entry = _entry(config)
     if entry is None:
         return None
+    alias = entry.key_aliases.get(key)
+    if alias is not None and alias in config:  # GPT-NeoX's rotary_pct for partial_rotary_factor
+        return config[alias]
     return entry.defaults[key] if key in entry.defaults else entry.post_init_defaults.get(key)
 
 
@@ -142,7 +146,7 @@ def attention_biases(config: dict[str, Any]) -> tuple[bool, bool]:
     if entry is None:
         bias = bool(config.get("attention_bias"))
         return bias, bias
-    return (_bias(config, entry, entry.attention, ("q_a_proj", "q_proj", "qkv_proj")),
+    return (_bias(config, entry, entry.attention, ("q_a_proj", "q_proj", entry.fused_qkv or "qkv_proj")),
             _bias(config, entry, entry.attention, (entry.output_projection,)))
 
 

@@ -6,7 +6,7 @@ Each ``_data/<model_type>.json`` holds what Aegis knows about a decoder family w
   leaves out any key at its default);
 - the sliding/global attention pattern rule, how biases, experts and sparse layers are read;
 - every parameter of a decoder layer as the Hugging Face checkpoint names it (``path`` under
-  ``model.layers.{i}.``), with its shape as an expression over the config (``hidden``, ``heads``,
+  ``model.layers.{i}.``, or the entry's ``layers_path``), with its shape as an expression over the config (``hidden``, ``heads``,
   ``kv_heads``, ``head_dim``, ``intermediate``, ``experts``, ``expert_width`` or any config key), whether it has a bias,
   the PEFT target names that select it, whether bitsandbytes quantises it, and when it exists;
 - norm placement, soft-capping, attention sinks and the engine's layer function and checkpoint recipe.
@@ -160,7 +160,8 @@ class Param(_Model):
     def short_name(self) -> str:
         if self.name is not None:
             return self.name
-        return self.path.split(".", 1)[1] if self.path.split(".", 1)[0] in ("self_attn", "mlp") else self.path
+        head, _, rest = self.path.partition(".")
+        return rest if rest and head in ("self_attn", "attention", "mlp") else self.path
 
     def present(self, names: Vars) -> bool:
         if self.when is not None and not evaluate(self.when, names):
@@ -316,6 +317,23 @@ class Architecture(_Model):
     """The LM head always has a bias (Phi); ``lm_head_bias_key`` names a config switch instead (Phi-MoE)."""
     embedding_dropout_key: str | None = None
     """Config key of a dropout on the token embeddings in training (Phi ``embd_pdrop``)."""
+    parallel_mlp_norm: bool = False
+    """In a parallel block the MLP reads its own ``post_attention_layernorm`` of the block's input (GPT-NeoX: two
+    LayerNorms); else the attention's normed input (Phi, StableLM: one)."""
+    qkv_per_head: bool = False
+    """A fused q/k/v projection's output rows are grouped by head, ``[q_h; k_h; v_h]`` for each head in turn (GPT-NeoX
+    ``query_key_value``); else ``[q; k; v]`` (Phi-3 ``qkv_proj``)."""
+    key_aliases: dict[str, str] = Field(default_factory=dict)
+    """Older config.json keys transformers still reads for a key (GPT-NeoX: ``rotary_pct`` for
+    ``partial_rotary_factor``, ``rotary_emb_base`` for ``rope_theta``): read where the key itself is absent."""
+    layers_path: str = "model.layers"
+    """transformers' module path of the decoder layers (GPT-NeoX: ``gpt_neox.layers``); a layer's parameters are
+    ``<layers_path>.{i}.<path>``."""
+    embedding_path: str = "model.embed_tokens"
+    """transformers' module path of the input embedding (GPT-NeoX: ``gpt_neox.embed_in``)."""
+    lm_head_saved_as: str = "lm_head"
+    """The LM head's name in checkpoint files (GPT-NeoX: ``embed_out``, which transformers 5 reads as ``lm_head``
+    and writes back as ``embed_out``)."""
     engine: Engine
 
     @field_validator("kv_cache_elements")
@@ -329,6 +347,12 @@ class Architecture(_Model):
         ``c_fc``/``c_proj``): the first and last linear of ``mlp``."""
         names = [p.short_name for p in self.mlp if p.kind == "linear"]
         return names[0], names[-1]
+
+    @property
+    def fused_qkv(self) -> str | None:
+        """Short name of a fused q/k/v projection (Phi-3 ``qkv_proj``, GPT-NeoX ``query_key_value``); None when q, k
+        and v are separate (or MLA)."""
+        return next((p.short_name for p in self.attention if p.short_name in ("qkv_proj", "query_key_value")), None)
 
     @property
     def output_projection(self) -> str:
@@ -378,9 +402,10 @@ class Architecture(_Model):
         return [p for p in (*self.attention, *mlp, *self.norms) if p.present(v)]
 
     def layer_params(self, config: dict[str, Any], layer: int) -> list[tuple[str, tuple[int, ...]]]:
-        """Every tensor of layer ``layer`` as transformers 5 names it (``model.layers.{layer}.`` prefixed)."""
+        """Every tensor of layer ``layer`` as transformers 5 names it (``<layers_path>.{layer}.`` prefixed)."""
         v = self.names(config)
-        return [t for p in self.layer_param_kinds(config, layer, v) for t in p.checkpoint(v, f"model.layers.{layer}.")]
+        prefix = f"{self.layers_path}.{layer}."
+        return [t for p in self.layer_param_kinds(config, layer, v) for t in p.checkpoint(v, prefix)]
 
 
 # ----- loading -------------------------------------------------------------------------------------------------

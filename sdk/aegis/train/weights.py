@@ -441,6 +441,7 @@ def save_lora_adapter(
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     stack_layers = {key: range(first, first + count) for key, first, count in layer_stacks(model.spec)}
+    names_on_disk = get_family(model.config.get("model_type")).names
     modules = [(path, mod, stack) for stack, tree in lora.tree["model"].items() for path, mod in _lora_modules(tree)]
     expert_paths = _expert_key_paths({p[-1] for p, _, _ in modules if peft_parameter_name(p) in _EXPERT_PARAMS})
     tensors: dict[str, np.ndarray] = {}
@@ -465,7 +466,8 @@ def save_lora_adapter(
         for part in ("lora_A", "lora_B"):
             arr = _cast(np.asarray(jax.device_get(mod[part]["weight"])), dtype)
             for j, i in enumerate(stack_layers[stack]):
-                key = f"{PEFT_PREFIX}model.layers.{i}.{'.'.join(key_path)}.{part}.weight"
+                module = names_on_disk.checkpoint(f"model.layers.{i}.{'.'.join(key_path)}")
+                key = f"{PEFT_PREFIX}{module}.{part}.weight"
                 tensors[key] = np.ascontiguousarray(arr[j])
     targets = sorted(names)  # explicit module names: PEFT targets exactly the modules that have weights here
     config = {
@@ -524,12 +526,14 @@ def load_lora_adapter(model: Model, path: str | Path, *, dtype: Any = jnp.float3
     expert_paths = {v: k for k, v in _expert_key_paths(parameters & set(_EXPERT_PARAMS)).items()}
     reader = CheckpointReader(path / ADAPTER_FILE)
     grouped: dict[tuple[str, ...], dict[str, dict[int, np.ndarray]]] = {}
+    names_on_disk = get_family(model.config.get("model_type")).names
     for key in reader.names():
-        if not key.startswith(PEFT_PREFIX + "model.layers."):
+        ours = names_on_disk.engine(key[len(PEFT_PREFIX):]) if key.startswith(PEFT_PREFIX) else None
+        if ours is None or not ours.startswith("model.layers."):
             raise CheckpointError(
                 f"adapter tensor {key!r} is outside the decoder layers; only layer adapters are supported."
             )
-        parts = key[len(PEFT_PREFIX + "model.layers.") :].split(".")
+        parts = ours[len("model.layers.") :].split(".")
         if len(parts) < 4 or parts[-2] not in ("lora_A", "lora_B"):
             raise CheckpointError(f"adapter tensor {key!r} is not a lora_A/lora_B weight.")
         layer, mod_path, which = int(parts[0]), tuple(parts[1:-2]), parts[-2]

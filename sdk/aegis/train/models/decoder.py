@@ -98,11 +98,14 @@ def parallel_layer(
     ctx: Ctx,
     lora: dict[str, Any] | None = None,
 ) -> jax.Array:
-    """Phi's layer: one LayerNorm feeds attention and the MLP side by side, ``x + drop(attn(h)) + drop(mlp(h))``."""
+    """Phi's layer: one LayerNorm feeds attention and the MLP side by side, ``x + drop(attn(h)) + drop(mlp(h))``;
+    GPT-NeoX (``spec.parallel_mlp_norm``) gives the MLP its own, ``mlp(post_attention_layernorm(x))``."""
     lora = lora or {}
     h = _norm(spec, p["input_layernorm"], x)
     a = attention_block(spec, p["self_attn"], h, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lora.get("self_attn"))
     a = _residual_dropout(spec, a, ctx, "attention")
+    if spec.parallel_mlp_norm:
+        h = _norm(spec, p["post_attention_layernorm"], x)
     m = _residual_dropout(spec, mlp_block(spec, p["mlp"], h, ctx, lora.get("mlp")), ctx, "mlp")
     return a + m + x
 

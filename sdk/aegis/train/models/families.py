@@ -54,7 +54,7 @@ from aegis.train.models.spec import (
     rope_single,
 )
 
-__all__ = ["Family", "Recipe", "FAMILIES", "get_family", "supported_model_types"]
+__all__ = ["Family", "Recipe", "CheckpointNames", "FAMILIES", "get_family", "supported_model_types"]
 
 
 def _first(xs: list[np.ndarray]) -> np.ndarray:
@@ -93,6 +93,69 @@ def _identity_recipe(name: str, spec: ArchSpec) -> Recipe:
 
 
 @dataclass(frozen=True)
+class CheckpointNames:
+    """How a family's checkpoint files name the engine's modules (the engine names them as Llama does:
+    ``model.embed_tokens``, ``model.layers.{i}.self_attn.*``, ``model.norm``, ``lm_head``), from the registry:
+    GPT-NeoX's ``gpt_neox.embed_in``, ``gpt_neox.layers.{i}.attention.*``, ``gpt_neox.final_layer_norm``,
+    ``embed_out``. Module paths only; a tensor's leaf (``weight``, ``lora_A.weight``) follows unchanged."""
+
+    layers: str = "model.layers"
+    embedding: str = "model.embed_tokens"
+    final_norm: str = "model.norm"
+    lm_head: str = "lm_head"
+    in_layer: tuple[tuple[str, str], ...] = ()
+    """(engine module under a layer, the checkpoint's), where they differ (``self_attn.dense``, ``attention.dense``)."""
+
+    @property
+    def renames(self) -> bool:
+        return self != CheckpointNames()
+
+    def _tops(self) -> tuple[tuple[str, str], ...]:
+        return (("model.embed_tokens", self.embedding), ("model.norm", self.final_norm), ("lm_head", self.lm_head))
+
+    def checkpoint(self, name: str) -> str:
+        """The checkpoint's name of engine tensor or module ``name``."""
+        for ours, theirs in self._tops():
+            if name == ours or name.startswith(ours + "."):
+                return theirs + name[len(ours):]
+        if not name.startswith("model.layers."):
+            return name
+        layer, _, rest = name[len("model.layers."):].partition(".")
+        for ours, theirs in self.in_layer:
+            if rest == ours or rest.startswith(ours + "."):
+                rest = theirs + rest[len(ours):]
+                break
+        return f"{self.layers}.{layer}.{rest}" if rest else f"{self.layers}.{layer}"
+
+    def engine(self, name: str) -> str | None:
+        """The engine's name of checkpoint tensor or module ``name`` (the inverse of `checkpoint`); None when it is
+        not one of the family's module paths."""
+        for ours, theirs in self._tops():
+            if name == theirs or name.startswith(theirs + "."):
+                return ours + name[len(theirs):]
+        if not name.startswith(self.layers + "."):
+            return None
+        layer, _, rest = name[len(self.layers) + 1:].partition(".")
+        for ours, theirs in self.in_layer:
+            if rest == theirs or rest.startswith(theirs + "."):
+                rest = ours + rest[len(theirs):]
+                break
+        return f"model.layers.{layer}.{rest}" if rest else f"model.layers.{layer}"
+
+
+def _checkpoint_names(entry: registry.Architecture) -> CheckpointNames:
+    in_layer = []
+    for section, params in (("self_attn", entry.attention), ("mlp", entry.mlp)):
+        for p in params:
+            if p.kind == "linear" and f"{section}.{p.short_name}" != p.path:
+                in_layer.append((f"{section}.{p.short_name}", p.path))
+    return CheckpointNames(
+        layers=entry.layers_path, embedding=entry.embedding_path, final_norm=entry.final_norm[0].path.rsplit(".", 1)[0],
+        lm_head=entry.lm_head_saved_as, in_layer=tuple(in_layer),
+    )
+
+
+@dataclass(frozen=True)
 class Family:
     """One architecture family: the model types it serves and how to build and load them."""
 
@@ -102,6 +165,8 @@ class Family:
     build_spec: Callable[[dict[str, Any]], ArchSpec]
     layer_fn: LayerFn = standard_layer
     recipe: Callable[[str, ArchSpec], Recipe] = field(default=_identity_recipe)
+    names: CheckpointNames = field(default_factory=CheckpointNames)
+    """How its checkpoints name the engine's modules (the recipe's keys already carry it; LoRA adapters use it)."""
 
 
 # ----- shared config readers ------------------------------------------------------------------
@@ -167,9 +232,13 @@ def _layout(config: dict[str, Any]) -> dict[str, Any]:
     entry = registry.get(arch.model_type(config))
     names = {p.short_name for p in (*entry.attention, *entry.mlp)}
     plain = entry.mlp_kind == "plain"
+    qkv = entry.fused_qkv
+    parallel = entry.is_parallel(config)
     return dict(
-        fused_qkv="qkv_proj" in names, fused_gate_up="gate_up_proj" in names, qk_norm=entry.has_qk_norm(config),
-        layer_norm=entry.layer_norm, parallel_block=entry.is_parallel(config), plain_mlp=plain,
+        fused_qkv=qkv is not None, **({"qkv_name": qkv, "qkv_per_head": entry.qkv_per_head} if qkv else {}),
+        fused_gate_up="gate_up_proj" in names, qk_norm=entry.has_qk_norm(config),
+        layer_norm=entry.layer_norm, parallel_block=parallel, parallel_mlp_norm=parallel and entry.parallel_mlp_norm,
+        plain_mlp=plain,
         **({"plain_mlp_names": entry.plain_mlp_names} if plain else {}), o_name=entry.output_projection,
         lm_head_bias=arch.lm_head_bias(config),
     )
@@ -198,7 +267,8 @@ def _spec_qwen2(config: dict[str, Any]) -> ArchSpec:
 def _spec_laid_out(config: dict[str, Any]) -> ArchSpec:
     """A dense decoder whose layout the registry entry spells out (`_layout`): Qwen3 (q/k norm), Phi-3 (fused
     projections), Phi-1/1.5/2 (LayerNorms, attention and the plain fc1/fc2 MLP in parallel, ``dense``, lm_head bias,
-    partial RoPE), StarCoder2 (LayerNorms, plain c_fc/c_proj MLP, biases per use_bias)."""
+    partial RoPE), StarCoder2 (LayerNorms, plain c_fc/c_proj MLP, biases per use_bias), StableLM, GPT-NeoX (q/k/v
+    grouped by head in one ``query_key_value``, two LayerNorms in the parallel block)."""
     return _spec_dense(config, **_layout(config))
 
 
@@ -340,7 +410,7 @@ _SPECS: dict[str, Callable[[dict[str, Any]], ArchSpec]] = {
     "gemma2": _spec_gemma2, "gemma3": _spec_gemma3, "gemma": spec_gemma, "olmo2": spec_olmo2, "olmo3": spec_olmo3,
     "granite": spec_granite, "granitemoe": spec_granitemoe, "mixtral": _spec_mixtral, "qwen2_moe": _spec_qwen2_moe, "qwen3_moe": _spec_qwen3_moe,
     "deepseek": spec_deepseek, "gpt_oss": spec_gpt_oss, "phimoe": spec_phimoe, "phi": _spec_laid_out,
-    "starcoder2": _spec_laid_out, "stablelm": _spec_laid_out,
+    "starcoder2": _spec_laid_out, "stablelm": _spec_laid_out, "gpt_neox": _spec_laid_out,
 }
 """The registry's ``engine.spec`` names -> the spec builders (the forward pass's choices are code)."""
 _LAYERS: dict[str, LayerFn] = {
@@ -352,13 +422,15 @@ _RECIPES: dict[str, Callable[[str, ArchSpec], Recipe]] = {
 }
 
 
-def _final_norm_renamed(recipe: Callable[[str, ArchSpec], Recipe], final: str) -> Callable[[str, ArchSpec], Recipe]:
-    """``recipe`` with the engine's ``model.norm.*`` stored as ``<final>.*`` (the registry's ``final_norm`` path)."""
+def _checkpoint_renamed(recipe: Callable[[str, ArchSpec], Recipe], names: CheckpointNames) -> Callable[[str, ArchSpec], Recipe]:
+    """``recipe`` with its checkpoint keys renamed by ``names`` (Phi's ``model.final_layernorm``, GPT-NeoX's
+    ``gpt_neox.layers.{i}.attention.*``)."""
 
     def renamed(name: str, spec: ArchSpec) -> Recipe:
-        if name.startswith("model.norm."):
-            return Recipe((final + name[len("model.norm"):],))
-        return recipe(name, spec)
+        r = recipe(name, spec)
+        keys = tuple(names.checkpoint(k) for k in r.keys)
+        save = None if r.save_keys is None else tuple(names.checkpoint(k) for k in r.save_keys)
+        return dataclasses.replace(r, keys=keys, save_keys=save)
 
     return renamed
 
@@ -374,9 +446,9 @@ def _family(entry: registry.Architecture) -> Family:
         recipe = _expert_recipe(*moe.checkpoint_experts, rename=rename)
     elif entry.engine.recipe != "identity":
         recipe = _RECIPES[entry.engine.recipe]
-    final = entry.final_norm[0].path.rsplit(".", 1)[0]
-    if final != "model.norm":  # the final norm's checkpoint name (Phi: model.final_layernorm)
-        recipe = _final_norm_renamed(recipe, final)
+    names = _checkpoint_names(entry)
+    if names.renames:  # Phi's model.final_layernorm; GPT-NeoX's gpt_neox.* and embed_out
+        recipe = _checkpoint_renamed(recipe, names)
     return Family(
         entry.model_type if entry.model_type != "gemma3_text" else "gemma3",
         (entry.model_type,),
@@ -384,6 +456,7 @@ def _family(entry: registry.Architecture) -> Family:
         _SPECS[entry.engine.spec],
         layer_fn=_LAYERS[entry.engine.layer],
         recipe=recipe,
+        names=names,
     )
 
 

@@ -184,8 +184,13 @@ def attention_block(
     """
     b, s, _ = x.shape
     if spec.fused_qkv:
-        qkv = linear(p["qkv_proj"], x, ctx, _sub(lora, "qkv_proj"), "qkv_proj")
-        q, k, v = jnp.split(qkv, [spec.q_size, spec.q_size + spec.kv_size], axis=-1)
+        name = spec.qkv_name
+        qkv = linear(p[name], x, ctx, _sub(lora, name), name)
+        if spec.qkv_per_head:  # GPT-NeoX: [q_h, k_h, v_h] per head (MHA: kv heads == heads)
+            q, k, v = jnp.split(qkv.reshape(b, s, spec.num_heads, 3 * spec.head_dim), 3, axis=-1)
+            q, k, v = (t.reshape(b, s, spec.num_heads * spec.head_dim) for t in (q, k, v))
+        else:
+            q, k, v = jnp.split(qkv, [spec.q_size, spec.q_size + spec.kv_size], axis=-1)
     else:
         q = linear(p["q_proj"], x, ctx, _sub(lora, "q_proj"), "q_proj")
         k = linear(p["k_proj"], x, ctx, _sub(lora, "k_proj"), "k_proj")

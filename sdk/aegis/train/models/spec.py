@@ -66,6 +66,8 @@ class ArchSpec:
     o_bias: bool = False
     mlp_bias: bool = False
     fused_qkv: bool = False  # Phi-3 qkv_proj
+    qkv_name: str = "qkv_proj"  # the fused q/k/v projection's name (GPT-NeoX: ``query_key_value``)
+    qkv_per_head: bool = False  # GPT-NeoX: the fused output is [q_h, k_h, v_h] per head, not [q; k; v]
     fused_gate_up: bool = False  # Phi-3 gate_up_proj
     qk_norm: bool = False  # Qwen3 / Gemma3 RMSNorm over head_dim on q and k before rope
     sandwich_norms: bool = False  # Gemma 2/3: post-attention, pre- and post-feedforward norms
@@ -97,6 +99,7 @@ class ArchSpec:
     residual_dropout_on: tuple[str, ...] = ("attention", "mlp")  # the sublayers it drops (StableLM: the MLP only)
     embedding_dropout: float = 0.0  # training: dropout on the token embeddings (Phi embd_pdrop)
     parallel_block: bool = False  # Phi: x + attn(ln(x)) + mlp(ln(x)), one input_layernorm per layer
+    parallel_mlp_norm: bool = False  # GPT-NeoX: the parallel MLP reads post_attention_layernorm(x), a second norm
     plain_mlp: bool = False  # Phi, StarCoder2: the two-matrix MLP out(act(in(x))), named by ``plain_mlp_names``
     plain_mlp_names: tuple[str, str] = ("fc1", "fc2")  # its input and output projections (StarCoder2: c_fc, c_proj)
     o_name: str = "o_proj"  # the attention output projection's name (Phi: ``dense``)
@@ -123,7 +126,8 @@ def require(config: dict[str, Any], key: str) -> Any:
 def _legacy_rope(config: dict[str, Any], default_theta: float) -> dict[str, Any]:
     """The flat rope-parameters dict from either layout (``rope_scaling`` wins over ``rope_parameters``)."""
     params = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
-    params.setdefault("rope_theta", config.get("rope_theta", default_theta))
+    theta = arch.value(config, "rope_theta")  # the config's (GPT-NeoX: rotary_emb_base), else the family's default
+    params.setdefault("rope_theta", default_theta if theta is None else theta)
     partial = arch.value(config, "partial_rotary_factor")  # the config's, else the family's default (Phi: 0.5)
     if partial is not None:
         params.setdefault("partial_rotary_factor", partial)
@@ -220,7 +224,7 @@ def layer_shapes(spec: ArchSpec) -> dict[str, Any]:
     if spec.mla is not None:
         attn = _mla_shapes(spec)
     elif spec.fused_qkv:
-        attn["qkv_proj"] = _linear(spec.q_size + 2 * spec.kv_size, d, spec.qkv_bias)
+        attn[spec.qkv_name] = _linear(spec.q_size + 2 * spec.kv_size, d, spec.qkv_bias)
     else:
         attn["q_proj"] = _linear(spec.q_size, d, spec.qkv_bias)
         attn["k_proj"] = _linear(spec.kv_size, d, spec.qkv_bias)
@@ -283,7 +287,7 @@ def layer_shapes(spec: ArchSpec) -> dict[str, Any]:
         "post_attention_layernorm": {"weight": (d,)},
         "mlp": mlp,
     }
-    if spec.parallel_block:
+    if spec.parallel_block and not spec.parallel_mlp_norm:
         del layer["post_attention_layernorm"]
     if spec.post_norms_only:
         del layer["input_layernorm"]
