@@ -998,6 +998,54 @@ ROWS += [
                            "holds, with Phi-1's name and dtype)")),
 ]
 
+# GPT-NeoX (Pythia, GPT-NeoX-20B): the Hub files of four Pythia sizes and of GPT-NeoX-20B; litgpt's table for the rest.
+PYTHIA = ("Pythia model card (Hub, EleutherAI/pythia-*), engineering-details table: 'Non-Embedding Params' per size "
+          "(the card: 'exact parameter counts')")
+NEOX_20B = "GPT-NeoX-20B model card (Hub), hyperparameter table: n_parameters 20554567680"
+PYTHIA_NOTE = ("Trained on the Pile; the '-deduped' model of each size (trained on the Pile deduplicated) is listed as "
+               "sharing this config: the card's engineering table says 'Deduped and non-deduped models of a given size "
+               "have the same hyperparameters'. use_parallel_residual: attention and the MLP side by side, each on its "
+               "own LayerNorm.")
+_PYTHIA_HUB = {
+    "70m": ("a39f36b100fe8a5377810d56c3f4789b9c53ac42", 567,
+            "002050231a9b1ec3ac77aa6b9b3bbdc4d923f4068a7dd33b8da72a9bd6ad9a43", "18,915,328"),
+    "160m": ("50f5173d932e8e61f858120bcb800b97af589f46", 569,
+             "76eb275107220e450d31258f792a2efcbee109d8b62ae0088260057dec06362f", "85,056,000"),
+    "1b": ("f73d7dcc545c8bd326d8559c8ef84ffe92fea6b2", 569,
+           "302d6702a29de1039066e41404877fb8c53b7ddc82e88f9aba277f230086cfe0", "805,736,448"),
+    "12b": ("bb1e3e710cdf6b524461d543cfb5ba773f0a81b6", 571,
+            "0209f3579c4f3fadb715aa63d6e40f4a2dd17ee0369aea7833298582bfc97e3c", "11,327,027,200"),
+}
+_PYTHIA_LITGPT = {"14m": "", "31m": "", "410m": "302,311,424", "1.4b": "1,208,602,624", "2.8b": "2,517,652,480",
+                  "6.9b": "6,444,163,072"}
+_PYTHIA_TEMPLATE = ("GPTNeoXConfig with each size's shapes, as the Pythia Hub files write them (transformers "
+                    "4.24.0, float16)")
+
+ROWS += [
+    row((f"EleutherAI/pythia-{size}", f"EleutherAI/pythia-{size}-deduped"), "pythia", size, "base",
+        (VENDORED, f"EleutherAI--pythia-{size}.json"),
+        P(figure, PYTHIA, "non_embedding"),
+        note=hash_verified(rev, n, sha, _PYTHIA_TEMPLATE) + " " + PYTHIA_NOTE)
+    for size, (rev, n, sha, figure) in _PYTHIA_HUB.items()
+]
+ROWS += [
+    row((f"EleutherAI/pythia-{size}", *((f"EleutherAI/pythia-{size}-deduped",) if size not in ("14m", "31m") else ())),
+        "pythia", size, "base", (LITGPT, f"pythia-{size}"),
+        *([P(figure, PYTHIA, "non_embedding")] if figure else [P(size.upper(), "the Hub id: the size in the name")]),
+        arch="gpt_neox", note=PYTHIA_NOTE + " From litgpt's table, whose rows for the four sizes bundled as Hub files "
+                                           "(70m, 160m, 1b, 12b) convert to those files' keys and values exactly.")
+    for size, figure in _PYTHIA_LITGPT.items()
+]
+ROWS += [
+    row("EleutherAI/gpt-neox-20b", "gpt-neox", "20b", "base", (VENDORED, "EleutherAI--gpt-neox-20b.json"),
+        P("20,554,567,680", NEOX_20B),
+        note="The Hub's config.json at revision c292233c833e336628618a88a648727eb3dff0a7 (613 bytes, sha256 "
+             "0c13687d6cfccbe23d0cc980a31605c180e3e93145bfc0192468f0e37cc418be, per " + _HUB_HASHES + "), copied "
+             "from QiushengSong/Mamba_for_Named_Entity_Recoginition@626e582996aad783aa7fa1e063b13e4ff1550812:"
+             "EleutherAI/gpt-neox-20b/config.json. hidden_act gelu_fast; parallel attention and MLP (GPTNeoXConfig's "
+             "default)."),
+]
+
 # Fine-tunes of Mistral-7B-v0.1 and Llama-2-7B whose Hub config.json another repository keeps
 ROWS += [
     row("HuggingFaceH4/zephyr-7b-beta", "zephyr", "7b", "instruct",

@@ -55,6 +55,7 @@ _CLASS = {
     "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
     "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
     "gemma": "GemmaForCausalLM", "olmo2": "Olmo2ForCausalLM", "stablelm": "StableLmForCausalLM",
+    "gpt_neox": "GPTNeoXForCausalLM",
 }
 
 
@@ -85,6 +86,8 @@ class Shape:
     rope_local_base: float | None = None
     bias: bool = False
     parallel_residual: bool = False
+    hidden_act: str | None = None
+    """Where a source names the MLP's activation and the family has a choice (GPT-NeoX: gelu, gelu_fast)."""
 
 
 # ------------------------------------------------------------------------------------------- sources
@@ -151,7 +154,12 @@ def shape_from_litgpt(c: Any) -> Shape:
         final_softcap=c.final_logit_softcapping,
         rope_local_base=None if c.rope_local_base_freq is None else float(c.rope_local_base_freq),
         bias=bool(c.bias), parallel_residual=bool(c.parallel_residual),
+        hidden_act=_LITGPT_GELU.get(c.gelu_approximate) if c.mlp_class_name == "GptNeoxMLP" else None,
     )
+
+
+_LITGPT_GELU = {"none": "gelu", "tanh": "gelu_pytorch_tanh"}
+"""litgpt's GptNeoxMLP ``gelu(x, approximate=...)`` as transformers names the activation."""
 
 
 def shape_from_torchtune(b: dict[str, Any]) -> Shape:
@@ -186,6 +194,14 @@ def hf_config(arch: str, s: Shape) -> dict[str, Any]:
         return c
     if arch == "gemma":
         c.update(hidden_act="gelu_pytorch_tanh", attention_bias=False, tie_word_embeddings=True)
+        return c
+    if arch == "gpt_neox":  # GPTNeoXConfig's keys, as Pythia's Hub files spell them (no kv heads or head_dim)
+        for key in ("head_dim", "rms_norm_eps", "num_key_value_heads", "rope_theta", "attention_dropout"):
+            del c[key]
+        theta = int(s.rope_theta) if s.rope_theta == int(s.rope_theta) else s.rope_theta
+        c.update(layer_norm_eps=s.eps, rotary_pct=s.partial_rotary, rotary_emb_base=theta,
+                 use_parallel_residual=s.parallel_residual, hidden_act=s.hidden_act or "gelu", bos_token_id=0,
+                 eos_token_id=0)
         return c
     if arch == "stablelm":  # StableLmConfig's keys: LayerNorm epsilon, partial rotation, the two layout switches
         for key in ("head_dim", "rms_norm_eps"):

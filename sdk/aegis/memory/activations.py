@@ -201,8 +201,8 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
         else:
             _mlp(acc, s, fam, y, h, layer.mlp_intermediate, "MLP", lin_names)
         return dict(acc.terms)
-    fused_qkv = "qkv_proj" in names  # Phi-3: q, k and v are slices (views) of one projection's output
-    projections = ([(lin_names("qkv_proj"), q_w + 2 * kv_w)] if fused_qkv else
+    fused_qkv = fam.entry.fused_qkv  # Phi-3, GPT-NeoX: q, k and v are slices (views) of one projection's output
+    projections = ([(lin_names(fused_qkv), q_w + 2 * kv_w)] if fused_qkv else
                    [(lin_names("q_proj"), q_w), (lin_names("k_proj"), kv_w), (lin_names("v_proj"), kv_w)])
     d = _linears(acc, s, y, h, projections, "attention projections")
     if fam.qk_norm(c):
@@ -241,8 +241,9 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
         _norm(acc, s, d_o, h, gemma=gemma, label="norms")
     if fam.residual_dropout(c) > 0:  # Seed-OSS: dropout on the attention and MLP outputs, a bool mask each
         acc.add("residual dropout", len(fam.entry.residual_dropout_on) * s.dropout_mask_bytes * h)
-    # MLP block (a parallel block's MLP reads the attention's normed input, saved once for both)
-    shared_input = fam.entry.is_parallel(c)
+    # MLP block (a parallel block's MLP reads the attention's normed input, saved once for both; GPT-NeoX's reads a
+    # second LayerNorm of the block's input)
+    shared_input = fam.entry.is_parallel(c) and not fam.entry.parallel_mlp_norm
     if not shared_input:
         y = _norm(acc, s, x, h, gemma=gemma, label="norms", layer_norm=fam.layer_norm) if fam.pre_norms else x
     if layer.num_experts:
