@@ -29,7 +29,7 @@ def test_bundled_counts_equal_transformers_meta(model_id):
     model, total, embed = _meta_counts(profile.config)
     assert profile.total_params == total
     assert profile.embedding_params == embed
-    layers = model.model.layers
+    layers = model.get_decoder().layers  # model.layers; GPT-NeoX: gpt_neox.layers
     assert profile.layer_params == tuple(sum(p.numel() for p in layer.parameters()) for layer in layers)
 
 

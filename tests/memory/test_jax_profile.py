@@ -68,6 +68,8 @@ CASES = [
 WIDER = {9: 0.17}
 """Index in CASES -> its own tolerance."""
 
+_NEOX = LoRAConfig(target_modules=("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"))
+
 PHI_CASES = [
     # Phi's parallel block and plain fc1/fc2 MLP at the same widths (MLP 768)                  measured error
     ("phi", 10, dict(method="qlora", precision="bf16", micro_batch_size=2, seq_len=256)),  # +6.2%
@@ -78,6 +80,13 @@ PHI_CASES = [
     ("stablelm", 10, dict(method="full", precision="bf16", micro_batch_size=2, seq_len=256)),  # -10.7%
     ("stablelm_parallel", 10, dict(method="qlora", precision="bf16", micro_batch_size=2, seq_len=256)),  # +5.8%
     ("stablelm_parallel", 2, dict(method="lora", precision="bf16", micro_batch_size=2, seq_len=512)),  # +2.1%
+    # GPT-NeoX: one per-head q/k/v projection, plain GELU MLP; parallel on two LayerNorms, and sequential
+    ("gpt_neox", 10, dict(method="qlora", precision="bf16", micro_batch_size=2, seq_len=256, lora=_NEOX)),  # +10.0%
+    ("gpt_neox", 10, dict(method="full", precision="bf16", micro_batch_size=2, seq_len=256)),  # +5.0%
+    ("gpt_neox_sequential", 10, dict(method="qlora", precision="bf16", micro_batch_size=2, seq_len=256,
+                                     lora=_NEOX)),  # -5.0%
+    ("gpt_neox_sequential", 2, dict(method="lora", precision="bf16", micro_batch_size=2, seq_len=512,
+                                    lora=_NEOX)),  # -8.5%
 ]
 
 
@@ -111,8 +120,9 @@ def test_layernorm_families_peak_matches_xla_memory_analysis(name, layers, kw):
     LayerNorm families, parallel or not, stay within the bar."""
     from tests.train.conftest import tiny_config
 
-    small = {k: v for k, v in SMALL.items() if k != "head_dim"}
-    config = {**tiny_config(name), **small, "num_hidden_layers": layers}
+    tiny = tiny_config(name)
+    small = {k: v for k, v in SMALL.items() if k != "head_dim" and (k != "num_key_value_heads" or k in tiny)}
+    config = {**tiny, **small, "num_hidden_layers": layers}
     tc = TrainConfig(**kw)
     measured = _xla(config, tc)
     est = _predict(config, tc)

@@ -97,12 +97,14 @@ class _Acc:
             self.terms[label] += nbytes
 
 
-def _norm(acc: _Acc, s: Setting, x_bytes: int, width: int, *, gemma: bool, label: str, layer_norm: bool = False) -> int:
+def _norm(acc: _Acc, s: Setting, x_bytes: int, width: int, *, gemma: bool, label: str, layer_norm: bool = False,
+          input_saved: bool = False) -> int:
     """An RMSNorm (or, `layer_norm`, an nn.LayerNorm) on a tensor of `x_bytes` elements; returns the output element
-    size."""
+    size. ``input_saved``: another LayerNorm already saved this input (GPT-NeoX's two norms of one block input)."""
     if layer_norm:  # native_layer_norm saves its input (an fp32 copy under autocast) and fp32 mean and rstd per row
         x_in = 4 if s.autocast else x_bytes
-        acc.add(label, x_in * width + 8)
+        shared = input_saved and x_in == x_bytes  # autocast casting a bf16 input gives each norm its own fp32 copy
+        acc.add(label, (0 if shared else x_in * width) + 8)
         return x_in
     if s.liger:  # LigerRMSNorm: X in its dtype + fp32 rstd per row; dW from them in backward; output in X's dtype
         acc.add(label, x_bytes * width + 4)
@@ -154,14 +156,15 @@ def _mlp(acc: _Acc, s: Setting, fam: Family, x_bytes: int, hidden: int, width: i
 
 
 ACT_SAVED_WIDTHS: dict[str, int] = {
-    "gelu": 1, "gelu_pytorch_tanh": 1, "relu": 1, "silu": 1, "swish": 1, "gelu_new": 4, "gelu_fast": 6,
+    "gelu": 1, "gelu_pytorch_tanh": 1, "relu": 1, "silu": 1, "swish": 1, "gelu_new": 4, "gelu_fast": 7,
 }
 """Tensors of the MLP's width that ``ACT2FN[name]`` saves for backward, its input included. One aten op (GELU,
 ReLU, SiLU) saves its input (ReLU its output); ``NewGELUActivation`` is
 ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))`` in eager ops: ``pow`` saves x, ``tanh`` its output,
 the last ``mul`` both of its operands (``0.5 * x`` and ``1 + tanh``); ``FastGELUActivation``
 (``0.5 * x * (1 + tanh(x * 0.7978845608 * (1 + 0.044715 * x * x))))``) saves x, ``0.044715 * x``, the tanh argument's
-two factors, the tanh output and the final mul's two operands."""
+two factors, the tanh output and the final mul's two operands: seven (traced on GPT-NeoX-20B: three mul, two add and
+one tanh output of the MLP's width per layer, beside the input)."""
 
 
 def _plain_mlp(acc: _Acc, s: Setting, fam: Family, c: dict, x_bytes: int, hidden: int, width: int, lin_names, *,
@@ -209,14 +212,15 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
         d_q = _norm(acc, s, d, q_w, gemma=gemma, label="q/k norms", layer_norm=fam.layer_norm)
         _norm(acc, s, d, kv_w, gemma=gemma, label="q/k norms", layer_norm=fam.layer_norm)
         d = d_q
+    cast = s.sdpa_autocast and not s.eager and d != 2  # autocast gives SDPA bf16 copies of q, k and v
     if s.sdpa_autocast and not s.eager:
         d = 2
     masked = bool(layer.sliding_window and layer.sliding_window < s.seq_len and not s.flash) or s.eager
     k_w = q_w if masked or s.sdpa_repeat_kv else kv_w  # repeat_kv materialises GQA keys/values (mask or 4.x)
-    # the values attention saves: a new tensor when repeat_kv copies them (GQA); else the v projection's output,
-    # which for a fused qkv_proj is a view that keeps the whole q/k/v output alive
+    # the values attention saves: a new tensor when repeat_kv copies them (GQA) or autocast casts them; else the v
+    # projection's output, which for a fused qkv_proj is a view that keeps the whole q/k/v output alive
     copied = kv_w != q_w and (masked or s.sdpa_repeat_kv or s.eager)
-    v_w = q_w if copied else (q_w + 2 * kv_w if fused_qkv else kv_w)
+    v_w = q_w if copied else (q_w + 2 * kv_w if fused_qkv and not cast else kv_w)
     if s.eager:
         # matmuls keep q and the repeated k, v; softmax keeps its fp32 output, the second matmul its cast
         acc.add("attention (q, k, v, out)", d * (2 * q_w + v_w))
@@ -243,9 +247,11 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
         acc.add("residual dropout", len(fam.entry.residual_dropout_on) * s.dropout_mask_bytes * h)
     # MLP block (a parallel block's MLP reads the attention's normed input, saved once for both; GPT-NeoX's reads a
     # second LayerNorm of the block's input)
-    shared_input = fam.entry.is_parallel(c) and not fam.entry.parallel_mlp_norm
+    parallel = fam.entry.is_parallel(c)
+    shared_input = parallel and not fam.entry.parallel_mlp_norm
     if not shared_input:
-        y = _norm(acc, s, x, h, gemma=gemma, label="norms", layer_norm=fam.layer_norm) if fam.pre_norms else x
+        y = _norm(acc, s, x, h, gemma=gemma, label="norms", layer_norm=fam.layer_norm,
+                  input_saved=parallel) if fam.pre_norms else x
     if layer.num_experts:
         _moe(acc, s, fam, c, layer, y, h, lin_names)
         d_m = 2 if s.autocast else max(y, s.expert_weight_bytes)
