@@ -33,6 +33,8 @@ HUB_FILES = {
     "EleutherAI--pythia-1b.json": "302d6702a29de103",
     "EleutherAI--pythia-12b.json": "0209f3579c4f3fad",
     "EleutherAI--gpt-neox-20b.json": "0c13687d6cfccbe2",
+    "tiiuae--falcon-7b.json": "ef0b96fb53bf7627",
+    "tiiuae--falcon-40b.json": "0976177b24951f9b",
     "microsoft--phi-1.json": "6a6a640160005481",
     "meta-llama--Llama-3.1-8B.json": "c71777653c779930",
     "meta-llama--Llama-3.1-70B.json": "ee1fea8d720770dc",
@@ -147,14 +149,17 @@ def _shape_of(hub: dict) -> Shape:
     heads = hub["num_attention_heads"]
     return Shape(
         hidden=hub["hidden_size"], layers=hub["num_hidden_layers"], heads=heads,
-        kv_heads=hub.get("num_key_value_heads", heads), head_dim=hub.get("head_dim", hub["hidden_size"] // heads),
-        intermediate=hub["intermediate_size"], vocab=hub["vocab_size"], max_positions=hub["max_position_embeddings"],
-        rope_theta=hub.get("rope_theta", hub.get("rotary_emb_base")), eps=hub.get("rms_norm_eps", hub.get("layer_norm_eps")),
+        kv_heads=hub.get("num_key_value_heads", hub.get("num_kv_heads", 1 if hub.get("multi_query") else heads)), head_dim=hub.get("head_dim", hub["hidden_size"] // heads),
+        intermediate=hub.get("intermediate_size", hub.get("ffn_hidden_size", 4 * hub["hidden_size"])),
+        vocab=hub["vocab_size"], max_positions=hub.get("max_position_embeddings", 2048),
+        rope_theta=hub.get("rope_theta", hub.get("rotary_emb_base", 10_000)),
+        eps=hub.get("rms_norm_eps", hub.get("layer_norm_eps", hub.get("layer_norm_epsilon"))),
         tied=hub.get("tie_word_embeddings", False),
         partial_rotary=hub.get("partial_rotary_factor", hub.get("rotary_pct", 1.0)),
-        bias=hub.get("use_qkv_bias", False),
-        parallel_residual=hub.get("use_parallel_residual", hub["model_type"] == "gpt_neox"),
+        bias=hub.get("use_qkv_bias", hub.get("bias", False)),
+        parallel_residual=hub.get("use_parallel_residual", hub.get("parallel_attn", hub["model_type"] == "gpt_neox")),
         hidden_act=hub.get("hidden_act"),
+        shared_norm=not (hub.get("new_decoder_architecture") and hub.get("num_ln_in_parallel_attn") != 1),
         rope=hub.get("rope_scaling"),
         sliding_window=hub.get("sliding_window") if hub["model_type"] != "phi3" else hub["sliding_window"] + 1,
         experts=hub.get("num_local_experts", hub.get("num_experts", 0)), top_k=hub.get("num_experts_per_tok", 0),
@@ -170,8 +175,10 @@ def test_the_converter_writes_what_the_hub_publishes(name):
     has with the file's value (Qwen1.5-MoE and Phi-1: no converted model of their type)."""
     hub = json.loads(FILES.joinpath(name).read_text())
     ours = hf_config(hub["model_type"], _shape_of(hub))
-    tie_default = hub["model_type"].startswith("gemma")
-    assert ours["tie_word_embeddings"] == hub.get("tie_word_embeddings", tie_default)
+    from aegis.architectures import registry
+
+    tie_default = bool(registry.get(hub["model_type"]).defaults.get("tie_word_embeddings", False))
+    assert ours.get("tie_word_embeddings", tie_default) == hub.get("tie_word_embeddings", tie_default)
     differs = {k: (hub[k], v) for k, v in ours.items() if k in hub and hub[k] != v}
     assert not differs
 

@@ -6,6 +6,7 @@ import pytest
 
 import aegis
 from aegis import catalog
+from aegis.architectures import registry
 from aegis.hub import canonical_model_id, resolve_model
 
 BUNDLED = [m.id for m in catalog.models()]
@@ -29,7 +30,7 @@ def test_bundled_counts_equal_transformers_meta(model_id):
     model, total, embed = _meta_counts(profile.config)
     assert profile.total_params == total
     assert profile.embedding_params == embed
-    layers = model.get_decoder().layers  # model.layers; GPT-NeoX: gpt_neox.layers
+    layers = model.get_submodule(registry.get(profile.config["model_type"]).layers_path)  # Falcon: transformer.h
     assert profile.layer_params == tuple(sum(p.numel() for p in layer.parameters()) for layer in layers)
 
 

@@ -96,13 +96,16 @@ def _transformers(cfg: dict[str, Any]) -> dict[str, Any]:
     fields = {f.name for f in dataclasses.fields(type(hf_config))}
     types = getattr(hf_config, "layer_types", None) if "layer_types" in fields else None
     window = getattr(hf_config, "sliding_window", None)
-    layer = model.get_decoder().layers[0]
-    attn = layer.self_attn if hasattr(layer, "self_attn") else layer.attention  # GPT-NeoX: attention
+    from aegis.architectures import registry
+
+    layer = model.get_submodule(registry.get(cfg["model_type"]).layers_path)[0]
+    attn = next(getattr(layer, n) for n in ("self_attn", "attention", "self_attention") if hasattr(layer, n))
     return dict(
         params=sum(p.numel() for p in model.parameters()),  # a tied head is one parameter, listed once
         # MLA: the query / key head width; GPT-NeoX: head_size
         head_dim=getattr(attn, "qk_head_dim", None) or getattr(attn, "head_dim", None) or attn.head_size,
-        kv_heads=getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads,
+        kv_heads=getattr(hf_config, "num_key_value_heads", None) or getattr(attn, "num_kv_heads", None)
+        or hf_config.num_attention_heads,  # Falcon's attention holds its own (one for multi-query)
         tied=model.get_output_embeddings().weight is model.get_input_embeddings().weight,
         windows=tuple(
             window if window and (types is None or types[i] == "sliding_attention") else FULL

@@ -1046,6 +1046,37 @@ ROWS += [
              "default)."),
 ]
 
+# Falcon (model_type falcon): the Hub files of Falcon-7B and Falcon-40B; litgpt's table for the chat models and 180B.
+FALCON_7B = "Falcon-7B model card (Hub): 'Falcon-7B is a 7B parameters causal decoder-only model'"
+FALCON_40B = "Falcon-40B model card (Hub): 'Falcon-40B is a 40B parameters causal decoder-only model'"
+FALCON_180B = "Falcon-180B model card (Hub): 'Falcon-180B is a 180B parameters causal decoder-only model'"
+FALCON_RECON = ("FalconConfig's keys with the model card's shapes, as the Falcon Hub files write them (with the "
+                "remote-code auto_map of the original upload)")
+FALCON_LITGPT = ("From litgpt's table, whose rows for Falcon-7B and Falcon-40B convert to the bundled Hub files' keys and "
+                 "values; litgpt gives this model every key its base model has.")
+
+ROWS += [
+    row("tiiuae/falcon-7b", "falcon", "7b", "base", (VENDORED, "tiiuae--falcon-7b.json"), P("7B", FALCON_7B),
+        note=hash_verified("ec89142b67d748a1865ea4451372db8313ada0d8", 1048,
+                           "ef0b96fb53bf7627eb115138bdfd36edb5661891816546f41ed91fb80f19ab31", FALCON_RECON)
+        + " Multi-query attention (one key/value head); attention and the MLP side by side on one LayerNorm; tied "
+          "embeddings (FalconConfig's default)."),
+    row("tiiuae/falcon-7b-instruct", "falcon", "7b", "instruct", (LITGPT, "falcon-7b-instruct"), P("7B", FALCON_7B),
+        arch="falcon", note=FALCON_LITGPT),
+    row("tiiuae/falcon-40b", "falcon", "40b", "base", (VENDORED, "tiiuae--falcon-40b.json"), P("40B", FALCON_40B),
+        note=hash_verified("05ab2ee8d6b593bdbab17d728de5c028a7a94d83", 1046,
+                           "0976177b24951f9b0294cf9c79e5fa907530d6e7da4e1def3b187b0714f0f03b", FALCON_RECON)
+        + " new_decoder_architecture: eight key/value heads, attention and the MLP each on its own LayerNorm "
+          "(ln_attn, ln_mlp)."),
+    row("tiiuae/falcon-40b-instruct", "falcon", "40b", "instruct", (LITGPT, "falcon-40b-instruct"),
+        P("40B", FALCON_40B), arch="falcon", note=FALCON_LITGPT),
+    row("tiiuae/falcon-180B", "falcon", "180b", "base", (LITGPT, "falcon-180B"), P("180B", FALCON_180B),
+        arch="falcon", note="From litgpt's table (Falcon-40B's layout at 14,848 wide, 80 layers, 232 heads)."),
+    row("tiiuae/falcon-180B-chat", "falcon", "180b", "instruct", (LITGPT, "falcon-180B-chat"), P("180B", FALCON_180B),
+        arch="falcon", note=FALCON_LITGPT.replace("Falcon-7B and Falcon-40B", "Falcon-7B and Falcon-40B (the same "
+                                                                              "layout)")),
+]
+
 # Fine-tunes of Mistral-7B-v0.1 and Llama-2-7B whose Hub config.json another repository keeps
 ROWS += [
     row("HuggingFaceH4/zephyr-7b-beta", "zephyr", "7b", "instruct",

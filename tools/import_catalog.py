@@ -55,7 +55,7 @@ _CLASS = {
     "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
     "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
     "gemma": "GemmaForCausalLM", "olmo2": "Olmo2ForCausalLM", "stablelm": "StableLmForCausalLM",
-    "gpt_neox": "GPTNeoXForCausalLM",
+    "gpt_neox": "GPTNeoXForCausalLM", "falcon": "FalconForCausalLM",
 }
 
 
@@ -88,6 +88,8 @@ class Shape:
     parallel_residual: bool = False
     hidden_act: str | None = None
     """Where a source names the MLP's activation and the family has a choice (GPT-NeoX: gelu, gelu_fast)."""
+    shared_norm: bool = True
+    """A parallel block's attention and MLP read one LayerNorm (Falcon-7B); False: each its own (Falcon-40B)."""
 
 
 # ------------------------------------------------------------------------------------------- sources
@@ -155,6 +157,7 @@ def shape_from_litgpt(c: Any) -> Shape:
         rope_local_base=None if c.rope_local_base_freq is None else float(c.rope_local_base_freq),
         bias=bool(c.bias), parallel_residual=bool(c.parallel_residual),
         hidden_act=_LITGPT_GELU.get(c.gelu_approximate) if c.mlp_class_name == "GptNeoxMLP" else None,
+        shared_norm=bool(c.shared_attention_norm) or not c.parallel_residual,
     )
 
 
@@ -195,6 +198,24 @@ def hf_config(arch: str, s: Shape) -> dict[str, Any]:
     if arch == "gemma":
         c.update(hidden_act="gelu_pytorch_tanh", attention_bias=False, tie_word_embeddings=True)
         return c
+    if arch == "falcon":  # FalconConfig's keys, as the Falcon Hub files write them
+        two_norms = s.parallel_residual and not s.shared_norm  # new_decoder_architecture: ln_attn and ln_mlp
+        out: dict[str, Any] = {
+            "alibi": False, "apply_residual_connection_post_layernorm": False, "architectures": [_CLASS[arch]],
+            "attention_dropout": 0.0, "bias": s.bias, "bos_token_id": 11, "eos_token_id": 11, "hidden_dropout": 0.0,
+            "hidden_size": s.hidden, "initializer_range": 0.02, "layer_norm_epsilon": s.eps, "model_type": arch,
+            **({} if two_norms else {"multi_query": s.kv_heads == 1}), "new_decoder_architecture": two_norms,
+            "num_attention_heads": s.heads, "num_hidden_layers": s.layers,
+            **({"num_kv_heads": s.kv_heads} if two_norms else {}), "parallel_attn": s.parallel_residual,
+            "use_cache": True, "vocab_size": s.vocab,
+        }
+        if s.intermediate != 4 * s.hidden:
+            out["ffn_hidden_size"] = s.intermediate
+        if s.max_positions != 2048:
+            out["max_position_embeddings"] = s.max_positions
+        if s.rope_theta != 10_000:
+            out["rope_theta"] = s.rope_theta
+        return out
     if arch == "gpt_neox":  # GPTNeoXConfig's keys, as Pythia's Hub files spell them (no kv heads or head_dim)
         for key in ("head_dim", "rms_norm_eps", "num_key_value_heads", "rope_theta", "attention_dropout"):
             del c[key]

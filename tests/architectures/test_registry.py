@@ -143,7 +143,7 @@ def test_the_engine_tree_holds_the_registry_parameters(name: str) -> None:
     engine = _engine_layers(cfg)
     from aegis.train.models.families import FAMILIES
 
-    names = FAMILIES[entry.model_type].names
+    names = FAMILIES[entry.model_type].checkpoint_names(cfg)  # Falcon: ln_attn / ln_mlp per config
     assert sorted(engine) == list(range(cfg["num_hidden_layers"]))
     for i, theirs in engine.items():
         ours = {}

@@ -276,6 +276,31 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "hidden_act": "gelu_fast",
         "layer_norm_eps": 1e-5,
     },
+    "falcon": {  # Falcon-7B's layout: multi-query (one key/value head), attention and MLP side by side on one LayerNorm,
+        # no biases, tied embeddings, the MLP 4 x hidden (ffn_hidden_size left out)
+        **{k: v for k, v in _COMMON.items() if k not in ("rms_norm_eps", "num_key_value_heads", "intermediate_size",
+                                                          "tie_word_embeddings")},
+        "model_type": "falcon",
+        "layer_norm_epsilon": 1e-5,
+    },
+    "falcon_new": {  # Falcon-40B's: new_decoder_architecture, q/k/v grouped per key/value head (2), ln_attn and ln_mlp
+        **{k: v for k, v in _COMMON.items() if k not in ("rms_norm_eps", "num_key_value_heads", "intermediate_size")},
+        "model_type": "falcon",
+        "new_decoder_architecture": True,
+        "num_kv_heads": 2,
+        "bias": True,
+        "ffn_hidden_size": 96,
+        "layer_norm_epsilon": 1e-5,
+    },
+    "falcon_sequential": {  # parallel_attn false (input and post-attention LayerNorms), every head its own k and v
+        **{k: v for k, v in _COMMON.items() if k not in ("rms_norm_eps", "num_key_value_heads", "intermediate_size")},
+        "model_type": "falcon",
+        "parallel_attn": False,
+        "multi_query": False,
+        "bias": True,
+        "activation": "gelu_pytorch_tanh",
+        "layer_norm_epsilon": 1e-5,
+    },
 }
 
 

@@ -77,6 +77,14 @@ def check_checkpoint_round_trip(hf, folder: Path, out: Path) -> None:
         np.testing.assert_allclose(reloaded(ids).logits.numpy(), hf(ids).logits.numpy(), rtol=1e-6, atol=1e-6)
 
 
+def decoder_layers(hf, config: dict):
+    """transformers' decoder layers, at the registry's ``layers_path`` (model.layers; GPT-NeoX: gpt_neox.layers;
+    Falcon: transformer.h)."""
+    from aegis.architectures import registry
+
+    return hf.get_submodule(registry.get(config["model_type"]).layers_path)
+
+
 def check_counts_agree(config: dict) -> None:
     """Planner == engine tree == transformers' meta-device count, in total and layer by layer."""
     from aegis.hub import profile_from_config
@@ -84,7 +92,7 @@ def check_counts_agree(config: dict) -> None:
     hf = meta_model(config)
     profile = profile_from_config(config, model_id="test", source="path")
     assert profile.total_params == engine_param_count(config) == sum(p.numel() for p in hf.parameters())
-    layers = hf.get_decoder().layers  # model.layers; GPT-NeoX: gpt_neox.layers
+    layers = decoder_layers(hf, config)
     assert profile.layer_params == tuple(sum(p.numel() for p in layer.parameters()) for layer in layers)
 
 

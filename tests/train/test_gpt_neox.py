@@ -51,7 +51,7 @@ def test_defaults_and_layout_follow_gptneoxconfig(name):
     assert spec.hidden_act == hf.hidden_act and spec.rms_norm_eps == hf.layer_norm_eps
     assert spec.parallel_block == spec.parallel_mlp_norm == hf.use_parallel_residual
     assert spec.qkv_bias == spec.o_bias == hf.attention_bias and spec.mlp_bias
-    assert spec.fused_qkv and spec.qkv_per_head and spec.plain_mlp and spec.layer_norm
+    assert spec.fused_qkv and spec.qkv_grouped and spec.plain_mlp and spec.layer_norm
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -88,7 +88,11 @@ def value(config: dict[str, Any], key: str) -> Any:
     alias = entry.key_aliases.get(key)
     if alias is not None and alias in config:  # GPT-NeoX's rotary_pct for partial_rotary_factor
         return config[alias]
-    return entry.defaults[key] if key in entry.defaults else entry.post_init_defaults.get(key)
+    if key in entry.defaults:
+        return entry.defaults[key]
+    if key in entry.post_init_defaults:
+        return entry.post_init_defaults[key]
+    return value(config, alias) if alias is not None else None  # Falcon: hidden_act is its `activation`'s default
 
 
 def _int(config: dict[str, Any], key: str, raw: Any) -> int:
@@ -127,7 +131,11 @@ def head_dim(config: dict[str, Any]) -> int:
 
 
 def num_kv_heads(config: dict[str, Any]) -> int:
-    """``num_key_value_heads``, or its class default (Mistral 8, Qwen2 32, ...), or ``num_attention_heads``."""
+    """``num_key_value_heads``, or its class default (Mistral 8, Qwen2 32, ...), or ``num_attention_heads``; as the
+    registry derives it where it does (Falcon: one for multi-query, else ``num_kv_heads``)."""
+    entry = _entry(config)
+    if entry is not None and "kv_heads" in entry.vars:
+        return int(entry.names(config)["kv_heads"])
     kv = _optional(config, "num_key_value_heads")
     return kv if kv is not None else _required(config, "num_attention_heads")
 

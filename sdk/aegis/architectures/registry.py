@@ -161,7 +161,7 @@ class Param(_Model):
         if self.name is not None:
             return self.name
         head, _, rest = self.path.partition(".")
-        return rest if rest and head in ("self_attn", "attention", "mlp") else self.path
+        return rest if rest and head in ("self_attn", "self_attention", "attention", "mlp") else self.path
 
     def present(self, names: Vars) -> bool:
         if self.when is not None and not evaluate(self.when, names):
@@ -317,12 +317,13 @@ class Architecture(_Model):
     """The LM head always has a bias (Phi); ``lm_head_bias_key`` names a config switch instead (Phi-MoE)."""
     embedding_dropout_key: str | None = None
     """Config key of a dropout on the token embeddings in training (Phi ``embd_pdrop``)."""
-    parallel_mlp_norm: bool = False
-    """In a parallel block the MLP reads its own ``post_attention_layernorm`` of the block's input (GPT-NeoX: two
-    LayerNorms); else the attention's normed input (Phi, StableLM: one)."""
-    qkv_per_head: bool = False
-    """A fused q/k/v projection's output rows are grouped by head, ``[q_h; k_h; v_h]`` for each head in turn (GPT-NeoX
-    ``query_key_value``); else ``[q; k; v]`` (Phi-3 ``qkv_proj``)."""
+    parallel_mlp_norm: bool | str = False
+    """In a parallel block the MLP reads its own ``post_attention_layernorm`` of the block's input (GPT-NeoX; Falcon's
+    ``ln_mlp`` where its config says two norms: an expression); else the attention's normed input (Phi, StableLM)."""
+    qkv_grouped: bool = False
+    """A fused q/k/v projection's output rows are grouped by key/value head, ``[q_1 .. q_g; k; v]`` for each in turn
+    (g query heads per key/value head: GPT-NeoX's ``query_key_value`` with g = 1, Falcon's); else ``[q; k; v]``
+    (Phi-3 ``qkv_proj``)."""
     key_aliases: dict[str, str] = Field(default_factory=dict)
     """Older config.json keys transformers still reads for a key (GPT-NeoX: ``rotary_pct`` for
     ``partial_rotary_factor``, ``rotary_emb_base`` for ``rope_theta``): read where the key itself is absent."""
@@ -336,9 +337,9 @@ class Architecture(_Model):
     and writes back as ``embed_out``)."""
     engine: Engine
 
-    @field_validator("kv_cache_elements")
+    @field_validator("kv_cache_elements", "parallel_mlp_norm")
     @classmethod
-    def _expression(cls, v: str) -> str:
+    def _expression(cls, v: Any) -> Any:
         return _check_expr(v)
 
     @property
@@ -373,6 +374,10 @@ class Architecture(_Model):
 
         key = self.parallel_block_key
         return self.parallel_block or (key is not None and bool(arch.value(config, key)))
+
+    def has_parallel_mlp_norm(self, config: dict[str, Any]) -> bool:
+        """Whether a parallel block gives the MLP its own LayerNorm (`parallel_mlp_norm`, for this config)."""
+        return self.is_parallel(config) and bool(evaluate(self.parallel_mlp_norm, self.names(config)))
 
     def check_supported(self, config: dict[str, Any]) -> None:
         """UnsupportedArchitectureError naming the first `unsupported` setting the config has."""

@@ -248,7 +248,7 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
     # MLP block (a parallel block's MLP reads the attention's normed input, saved once for both; GPT-NeoX's reads a
     # second LayerNorm of the block's input)
     parallel = fam.entry.is_parallel(c)
-    shared_input = parallel and not fam.entry.parallel_mlp_norm
+    shared_input = parallel and not fam.entry.has_parallel_mlp_norm(c)
     if not shared_input:
         y = _norm(acc, s, x, h, gemma=gemma, label="norms", layer_norm=fam.layer_norm,
                   input_saved=parallel) if fam.pre_norms else x

@@ -143,12 +143,21 @@ class CheckpointNames:
         return f"model.layers.{layer}.{rest}" if rest else f"model.layers.{layer}"
 
 
-def _checkpoint_names(entry: registry.Architecture) -> CheckpointNames:
+def _checkpoint_names(entry: registry.Architecture, config: dict[str, Any] | None = None) -> CheckpointNames:
+    """The family's checkpoint names; with ``config`` also the norms it renames for that config (Falcon's
+    ``ln_attn``/``ln_mlp`` where it has two)."""
     in_layer = []
     for section, params in (("self_attn", entry.attention), ("mlp", entry.mlp)):
         for p in params:
             if p.kind == "linear" and f"{section}.{p.short_name}" != p.path:
                 in_layer.append((f"{section}.{p.short_name}", p.path))
+    if config is not None:
+        names = entry.names(config)
+        for p in entry.norms:
+            if p.name is not None and p.name != p.path and p.present(names):
+                pair = (p.name.rsplit(".", 1)[0], p.path.rsplit(".", 1)[0])
+                if pair not in in_layer:
+                    in_layer.append(pair)
     return CheckpointNames(
         layers=entry.layers_path, embedding=entry.embedding_path, final_norm=entry.final_norm[0].path.rsplit(".", 1)[0],
         lm_head=entry.lm_head_saved_as, in_layer=tuple(in_layer),
@@ -167,6 +176,10 @@ class Family:
     recipe: Callable[[str, ArchSpec], Recipe] = field(default=_identity_recipe)
     names: CheckpointNames = field(default_factory=CheckpointNames)
     """How its checkpoints name the engine's modules (the recipe's keys already carry it; LoRA adapters use it)."""
+
+    def checkpoint_names(self, config: dict[str, Any]) -> CheckpointNames:
+        """`names` with what ``config`` adds (Falcon's two-norm blocks name their norms ``ln_attn``/``ln_mlp``)."""
+        return _checkpoint_names(registry.get(arch.model_type(config)), config)
 
 
 # ----- shared config readers ------------------------------------------------------------------
@@ -194,7 +207,9 @@ def _base(config: dict[str, Any], **kw: Any) -> dict[str, Any]:
         num_heads=heads,
         num_kv_heads=kv,
         head_dim=head_dim,
-        intermediate_size=config.get("intermediate_size") or 0,
+        # Falcon: ffn_hidden_size, else 4 x hidden (the registry's derivation)
+        intermediate_size=(int(entry.names(config)["intermediate"]) if "intermediate" in entry.vars
+                           else config.get("intermediate_size") or 0),
         rms_norm_eps=arch.rms_norm_eps(config),
         hidden_act=config.get("hidden_act") or config.get("hidden_activation") or arch.value(config, "hidden_act") or "silu",
         initializer_range=float(arch.value(config, "initializer_range") or 0.02),
@@ -235,9 +250,9 @@ def _layout(config: dict[str, Any]) -> dict[str, Any]:
     qkv = entry.fused_qkv
     parallel = entry.is_parallel(config)
     return dict(
-        fused_qkv=qkv is not None, **({"qkv_name": qkv, "qkv_per_head": entry.qkv_per_head} if qkv else {}),
+        fused_qkv=qkv is not None, **({"qkv_name": qkv, "qkv_grouped": entry.qkv_grouped} if qkv else {}),
         fused_gate_up="gate_up_proj" in names, qk_norm=entry.has_qk_norm(config),
-        layer_norm=entry.layer_norm, parallel_block=parallel, parallel_mlp_norm=parallel and entry.parallel_mlp_norm,
+        layer_norm=entry.layer_norm, parallel_block=parallel, parallel_mlp_norm=entry.has_parallel_mlp_norm(config),
         plain_mlp=plain,
         **({"plain_mlp_names": entry.plain_mlp_names} if plain else {}), o_name=entry.output_projection,
         lm_head_bias=arch.lm_head_bias(config),
@@ -269,7 +284,11 @@ def _spec_laid_out(config: dict[str, Any]) -> ArchSpec:
     projections), Phi-1/1.5/2 (LayerNorms, attention and the plain fc1/fc2 MLP in parallel, ``dense``, lm_head bias,
     partial RoPE), StarCoder2 (LayerNorms, plain c_fc/c_proj MLP, biases per use_bias), StableLM, GPT-NeoX (q/k/v
     grouped by head in one ``query_key_value``, two LayerNorms in the parallel block)."""
-    return _spec_dense(config, **_layout(config))
+    spec = _spec_dense(config, **_layout(config))
+    names = _checkpoint_names(registry.get(arch.model_type(config)), config)
+    if names != _checkpoint_names(registry.get(arch.model_type(config))):  # norms named per config (Falcon)
+        spec = dataclasses.replace(spec, extra={**spec.extra, "checkpoint_names": names})
+    return spec
 
 
 def _spec_smollm3(config: dict[str, Any]) -> ArchSpec:
@@ -410,7 +429,7 @@ _SPECS: dict[str, Callable[[dict[str, Any]], ArchSpec]] = {
     "gemma2": _spec_gemma2, "gemma3": _spec_gemma3, "gemma": spec_gemma, "olmo2": spec_olmo2, "olmo3": spec_olmo3,
     "granite": spec_granite, "granitemoe": spec_granitemoe, "mixtral": _spec_mixtral, "qwen2_moe": _spec_qwen2_moe, "qwen3_moe": _spec_qwen3_moe,
     "deepseek": spec_deepseek, "gpt_oss": spec_gpt_oss, "phimoe": spec_phimoe, "phi": _spec_laid_out,
-    "starcoder2": _spec_laid_out, "stablelm": _spec_laid_out, "gpt_neox": _spec_laid_out,
+    "starcoder2": _spec_laid_out, "stablelm": _spec_laid_out, "gpt_neox": _spec_laid_out, "falcon": _spec_laid_out,
 }
 """The registry's ``engine.spec`` names -> the spec builders (the forward pass's choices are code)."""
 _LAYERS: dict[str, LayerFn] = {
@@ -428,8 +447,9 @@ def _checkpoint_renamed(recipe: Callable[[str, ArchSpec], Recipe], names: Checkp
 
     def renamed(name: str, spec: ArchSpec) -> Recipe:
         r = recipe(name, spec)
-        keys = tuple(names.checkpoint(k) for k in r.keys)
-        save = None if r.save_keys is None else tuple(names.checkpoint(k) for k in r.save_keys)
+        own = spec.extra.get("checkpoint_names", names)  # the config's own (Falcon's ln_attn / ln_mlp)
+        keys = tuple(own.checkpoint(k) for k in r.keys)
+        save = None if r.save_keys is None else tuple(own.checkpoint(k) for k in r.save_keys)
         return dataclasses.replace(r, keys=keys, save_keys=save)
 
     return renamed

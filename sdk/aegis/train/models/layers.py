@@ -186,9 +186,11 @@ def attention_block(
     if spec.fused_qkv:
         name = spec.qkv_name
         qkv = linear(p[name], x, ctx, _sub(lora, name), name)
-        if spec.qkv_per_head:  # GPT-NeoX: [q_h, k_h, v_h] per head (MHA: kv heads == heads)
-            q, k, v = jnp.split(qkv.reshape(b, s, spec.num_heads, 3 * spec.head_dim), 3, axis=-1)
-            q, k, v = (t.reshape(b, s, spec.num_heads * spec.head_dim) for t in (q, k, v))
+        if spec.qkv_grouped:  # GPT-NeoX, Falcon: [q_1 .. q_g, k, v] per kv head (GPT-NeoX: g = 1)
+            g, hkv = spec.num_heads // spec.num_kv_heads, spec.num_kv_heads
+            t = qkv.reshape(b, s, hkv, g + 2, spec.head_dim)
+            q = t[:, :, :, :g].reshape(b, s, spec.q_size)
+            k, v = t[:, :, :, g].reshape(b, s, spec.kv_size), t[:, :, :, g + 1].reshape(b, s, spec.kv_size)
         else:
             q, k, v = jnp.split(qkv, [spec.q_size, spec.q_size + spec.kv_size], axis=-1)
     else:

@@ -67,7 +67,7 @@ class ArchSpec:
     mlp_bias: bool = False
     fused_qkv: bool = False  # Phi-3 qkv_proj
     qkv_name: str = "qkv_proj"  # the fused q/k/v projection's name (GPT-NeoX: ``query_key_value``)
-    qkv_per_head: bool = False  # GPT-NeoX: the fused output is [q_h, k_h, v_h] per head, not [q; k; v]
+    qkv_grouped: bool = False  # GPT-NeoX, Falcon: the fused output is [q_1..q_g, k, v] per kv head, not [q; k; v]
     fused_gate_up: bool = False  # Phi-3 gate_up_proj
     qk_norm: bool = False  # Qwen3 / Gemma3 RMSNorm over head_dim on q and k before rope
     sandwich_norms: bool = False  # Gemma 2/3: post-attention, pre- and post-feedforward norms
@@ -99,7 +99,7 @@ class ArchSpec:
     residual_dropout_on: tuple[str, ...] = ("attention", "mlp")  # the sublayers it drops (StableLM: the MLP only)
     embedding_dropout: float = 0.0  # training: dropout on the token embeddings (Phi embd_pdrop)
     parallel_block: bool = False  # Phi: x + attn(ln(x)) + mlp(ln(x)), one input_layernorm per layer
-    parallel_mlp_norm: bool = False  # GPT-NeoX: the parallel MLP reads post_attention_layernorm(x), a second norm
+    parallel_mlp_norm: bool = False  # GPT-NeoX, Falcon-40B: the parallel MLP reads a second norm of x
     plain_mlp: bool = False  # Phi, StarCoder2: the two-matrix MLP out(act(in(x))), named by ``plain_mlp_names``
     plain_mlp_names: tuple[str, str] = ("fc1", "fc2")  # its input and output projections (StarCoder2: c_fc, c_proj)
     o_name: str = "o_proj"  # the attention output projection's name (Phi: ``dense``)

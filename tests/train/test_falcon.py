@@ -1,0 +1,119 @@
+"""Falcon (``falcon``: Falcon-7B/40B/180B): checkpoints under ``transformer.*``, one ``query_key_value`` projection
+whose rows are grouped by key/value head (``[q_1 .. q_g, k, v]``: multi-query Falcon-7B's one group is ``[q; k; v]``,
+Falcon-40B's eight groups, the old non-multi-query layout's one head each), the MLP 4 x hidden unless
+``ffn_hidden_size``, ``activation`` for the MLP, tied embeddings by default, and three block layouts: parallel on one
+LayerNorm (Falcon-7B), parallel on ``ln_attn``/``ln_mlp`` (``new_decoder_architecture``), sequential
+(``parallel_attn`` false). Planner, engine and transformers agree on parameters, gradients, checkpoints and LoRA; PEFT
+loads the engine's adapter. Logits parity is in test_parity.py (``falcon``, ``falcon_new``, ``falcon_sequential``)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import tiny_config
+from family_checks import (
+    check_checkpoint_round_trip,
+    check_counts_agree,
+    check_every_gradient_matches_torch,
+    check_lora_sizes_equal_peft,
+    check_peft_loads_the_engines_adapter,
+    check_training_loss_is_torch_cross_entropy,
+)
+
+from aegis import catalog
+from aegis.errors import UnsupportedArchitectureError
+from aegis.hub import profile_from_config
+from aegis.train.models import build_model
+
+NAMES = ["falcon", "falcon_new", "falcon_sequential"]
+BUNDLED = [m for m in catalog.models() if catalog.read_model_config(m)["model_type"] == "falcon"]
+TARGETS = ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h")
+
+
+@pytest.mark.parametrize("config", [tiny_config(n) for n in NAMES] + [catalog.read_model_config(m) for m in BUNDLED],
+                         ids=NAMES + [m.id for m in BUNDLED])
+def test_planner_engine_and_transformers_count_the_same_parameters(config):
+    check_counts_agree(config)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_layout_follows_falconconfig(name):
+    """Key/value heads, MLP width, activation, biases, tying and the norms per FalconConfig and FalconDecoderLayer."""
+    from transformers import FalconConfig
+
+    config = tiny_config(name)
+    spec = build_model(config).spec
+    hf = FalconConfig(**{k: v for k, v in config.items() if k != "model_type"})
+    kv = hf.num_kv_heads if hf.new_decoder_architecture or not hf.multi_query else 1
+    assert (spec.num_kv_heads, spec.intermediate_size, spec.hidden_act) == (kv, hf.ffn_hidden_size, hf.activation)
+    assert spec.qkv_bias == spec.o_bias == spec.mlp_bias == hf.bias and spec.tie_embeddings == hf.tie_word_embeddings
+    assert spec.parallel_block == hf.parallel_attn
+    assert spec.parallel_mlp_norm == bool(hf.new_decoder_architecture)  # ln_attn and ln_mlp
+    assert spec.fused_qkv and spec.qkv_grouped and spec.plain_mlp and spec.layer_norm
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_gradient_matches_torch_autograd(name, hf_checkpoint):
+    """Through all three layouts, the grouped q/k/v split (1, 2 and 4 key/value heads) and the tied head."""
+    check_every_gradient_matches_torch(*hf_checkpoint(name))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_training_loss_is_torch_cross_entropy(name, hf_checkpoint):
+    check_training_loss_is_torch_cross_entropy(*hf_checkpoint(name))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_checkpoint_round_trip_keeps_transformers_names_and_values(name, hf_checkpoint, tmp_path):
+    """``transformer.word_embeddings``, ``transformer.h.{i}.self_attention.query_key_value``, ``ln_attn``/``ln_mlp`` or
+    ``input_layernorm``/``post_attention_layernorm`` and ``transformer.ln_f`` are read and written as transformers
+    names them; transformers loads the saved folder to the same logits."""
+    check_checkpoint_round_trip(*hf_checkpoint(name), tmp_path / "saved")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_lora_adapter_sizes_equal_peft_and_the_engine(name):
+    check_lora_sizes_equal_peft(tiny_config(name), TARGETS, ("query_key_value",))
+
+
+@pytest.mark.parametrize("name", ["falcon", "falcon_new"])
+def test_peft_loads_the_engines_adapter_to_the_engines_logits(name, hf_checkpoint, tmp_path):
+    """PEFT's default Falcon target (``query_key_value``, LoRA B rows in the grouped layout) and the MLP's output,
+    under ``transformer.h.{i}.self_attention`` / ``mlp``."""
+    check_peft_loads_the_engines_adapter(*hf_checkpoint(name), ("query_key_value", "dense_4h_to_h"),
+                                         tmp_path / "adapter")
+
+
+@pytest.mark.parametrize(("change", "word"), [
+    ({"alibi": True}, "alibi"),
+    ({"new_decoder_architecture": True, "num_kv_heads": 2, "parallel_attn": False}, "parallel_attn"),
+    ({"multi_query": False, "num_kv_heads": 2}, "num_kv_heads"),
+    ({"hidden_dropout": 0.1}, "dropout"),
+    ({"attention_dropout": 0.1}, "dropout"),
+])
+def test_settings_the_registry_does_not_describe_are_refused_in_one_line(change, word):
+    """ALiBi (Falcon-RW), a layout transformers cannot run, grouped heads without the new layout, and the dropouts
+    (Falcon adds them where no other family does): neither a count nor a model is made."""
+    config = {**tiny_config("falcon"), **change}
+    for make in (lambda: profile_from_config(config, model_id="t", source="path"), lambda: build_model(config)):
+        with pytest.raises(UnsupportedArchitectureError) as err:
+            make()
+        assert word in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_catalog_serves_falcon_and_keeps_it_apart_from_falcon3():
+    """Falcon 7B/40B/180B (base and chat) are bundled and named by size; Falcon3 names keep their own (Llama-shaped)
+    entries; Falcon-RW, Falcon-Mamba, Falcon 2 and other sizes are refused."""
+    from aegis.errors import UnknownModelError
+    from aegis.hub import match_model, resolve_model
+    from aegis.parse import parse_request_lenient
+
+    for name, model_id in (("falcon-7b", "tiiuae/falcon-7b"), ("falcon:40b", "tiiuae/falcon-40b"),
+                           ("falcon-7b-instruct", "tiiuae/falcon-7b-instruct"), ("falcon-180b", "tiiuae/falcon-180B"),
+                           ("falcon3-7b", "tiiuae/Falcon3-7B-Base")):
+        assert resolve_model(name).model_id == model_id
+        assert parse_request_lenient(f"lora {name} on a100").request.model == model_id
+    assert resolve_model("falcon-7b").total_params == 6_921_720_704
+    for name in ("falcon-11b", "falcon-rw-1b", "falcon-mamba-7b", "falcon2-11b", "falcon"):
+        with pytest.raises(UnknownModelError):
+            match_model(name)
+        assert parse_request_lenient(f"lora {name} on a100").request.model is None
