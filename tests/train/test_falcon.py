@@ -117,3 +117,24 @@ def test_the_catalog_serves_falcon_and_keeps_it_apart_from_falcon3():
         with pytest.raises(UnknownModelError):
             match_model(name)
         assert parse_request_lenient(f"lora {name} on a100").request.model is None
+
+
+def test_qlora_is_refused_on_transformers_5_where_bitsandbytes_skips_falconlinear():
+    """transformers 5 replaces ``type(module) is nn.Linear`` only, so Falcon's FalconLinear layers stay unquantised
+    (traced: Falcon-7B/40B QLoRA rows quantised 0 modules and held fp32 weights); 4.x replaced them (isinstance)."""
+    import aegis
+    from aegis.errors import InvalidConfigError
+    from aegis.memory.estimate import estimate
+    from aegis.schema import LoRAConfig, StackProfile, TrainConfig
+
+    from aegis.hub import resolve_model
+
+    profile = resolve_model("falcon-7b")
+    lora = LoRAConfig(target_modules=TARGETS)
+    with pytest.raises(InvalidConfigError) as err:
+        estimate(profile, TrainConfig(method="qlora", lora=lora, stack=StackProfile(transformers_version="5.24.0")))
+    assert "FalconLinear" in str(err.value) and "--transformers 4" in str(err.value) and "\n" not in str(err.value)
+    v4 = estimate(profile, TrainConfig(method="qlora", lora=lora, stack=StackProfile(transformers_version="4.48.1")))
+    lora_v5 = estimate(profile, TrainConfig(method="lora", lora=lora, stack=StackProfile(transformers_version="5.24.0")))
+    assert v4.component("weights").bytes < lora_v5.component("weights").bytes / 3
+    assert aegis.plan("lora falcon-7b on an a100").recommended is not None

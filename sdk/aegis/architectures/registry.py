@@ -327,6 +327,16 @@ class Architecture(_Model):
     key_aliases: dict[str, str] = Field(default_factory=dict)
     """Older config.json keys transformers still reads for a key (GPT-NeoX: ``rotary_pct`` for
     ``partial_rotary_factor``, ``rotary_emb_base`` for ``rope_theta``): read where the key itself is absent."""
+    sdpa_math: str | bool = False
+    """An expression: the family calls SDPA with fewer key/value heads than query heads, broadcast (Falcon-7B's
+    multi-query), which no fused kernel takes: the math kernel runs and saves float32 q, expanded k and v, and the
+    probabilities."""
+    eager_softmax_in_compute_dtype: bool = False
+    """Eager attention takes the softmax in the compute dtype (Falcon's ``F.softmax(..., dtype=hidden_states.dtype)``),
+    not in float32 with a cast back."""
+    linear_class: str | None = None
+    """The layers' linear modules are this subclass of ``nn.Linear`` (``FalconLinear``): transformers 5's bitsandbytes
+    integration replaces ``type(module) is nn.Linear`` only, so it does not quantise them."""
     layers_path: str = "model.layers"
     """transformers' module path of the decoder layers (GPT-NeoX: ``gpt_neox.layers``); a layer's parameters are
     ``<layers_path>.{i}.<path>``."""
@@ -337,7 +347,7 @@ class Architecture(_Model):
     and writes back as ``embed_out``)."""
     engine: Engine
 
-    @field_validator("kv_cache_elements", "parallel_mlp_norm")
+    @field_validator("kv_cache_elements", "parallel_mlp_norm", "sdpa_math")
     @classmethod
     def _expression(cls, v: Any) -> Any:
         return _check_expr(v)

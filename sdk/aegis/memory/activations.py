@@ -44,6 +44,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from aegis.architectures import config as arch
+from aegis.architectures.registry import evaluate as registry_eval
 from aegis.errors import InvalidConfigError
 from aegis.families import Family, LayerShape
 
@@ -221,7 +222,12 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
     # projection's output, which for a fused qkv_proj is a view that keeps the whole q/k/v output alive
     copied = kv_w != q_w and (masked or s.sdpa_repeat_kv or s.eager)
     v_w = q_w if copied else (q_w + 2 * kv_w if fused_qkv and not cast else kv_w)
-    if s.eager:
+    math_kernel = not s.eager and bool(registry_eval(fam.entry.sdpa_math, fam.entry.names(c)))
+    if math_kernel:
+        # Falcon-7B: SDPA given one key/value head for many query heads (broadcast) runs the math kernel, which
+        # upcasts: float32 q, expanded k and v, and the float32 probabilities
+        acc.add("attention (math kernel: fp32 q, k, v, probabilities)", 4 * (3 * q_w + heads * s.seq_len))
+    elif s.eager:
         # matmuls keep q and the repeated k, v; softmax keeps its fp32 output, the second matmul its cast
         acc.add("attention (q, k, v, out)", d * (2 * q_w + v_w))
         if fam.attention_sinks:
@@ -229,7 +235,8 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
             # matmul through a view), and the int64 index of the row max it subtracts first
             acc.add("attention scores (eager)", d * heads * (s.seq_len + 1) + 8 * heads)
         else:
-            scores = 4 + (0 if d == 4 else d)
+            # float32 softmax output and its cast; Falcon takes the softmax in the compute dtype
+            scores = d if fam.entry.eager_softmax_in_compute_dtype else 4 + (0 if d == 4 else d)
             if fam.attention_softcap(c):
                 scores += d  # tanh output of the score soft-capping
             if fam.attention_dropout(c) > 0:  # eager_attention_forward's dropout keeps a bool mask; its output
@@ -240,7 +247,7 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
     # SDPA kernels write their output in [b, s, heads, d] layout: the transpose + contiguous before o_proj
     # is free, so o_proj's input is the very tensor SDPA saved. Eager attention makes a copy.
     o_proj = lin_names(fam.entry.output_projection)
-    d_o = _linears(acc, s, d, q_w, [(o_proj, h)], "attention projections", input_saved=not s.eager)
+    d_o = _linears(acc, s, d, q_w, [(o_proj, h)], "attention projections", input_saved=not (s.eager or math_kernel))
     if fam.post_norms:
         _norm(acc, s, d_o, h, gemma=gemma, label="norms")
     if fam.residual_dropout(c) > 0:  # Seed-OSS: dropout on the attention and MLP outputs, a bool mask each

@@ -62,6 +62,17 @@ def profile_for_stack(profile: ModelProfile, stack: StackProfile) -> ModelProfil
 
 def check_stack(profile: ModelProfile, cfg: TrainConfig) -> None:
     """InvalidConfigError for a profile + configuration the stack itself refuses."""
+    if cfg.method == "qlora" and cfg.stack.transformers_major >= 5:
+        from aegis.architectures import registry
+
+        entry = registry.find(profile.config.get("model_type"))
+        if entry is not None and entry.linear_class:
+            raise InvalidConfigError(
+                f"QLoRA on {profile.model_id} with transformers {cfg.stack.transformers_version} quantises nothing: "
+                f"its layers are {entry.linear_class}, which transformers 5's bitsandbytes integration does not replace "
+                "(it takes exact nn.Linear modules only), and k-bit preparation then upcasts the weights to fp32 "
+                "(traced: Falcon-40B holds 154 GiB); plan LoRA, or plan for transformers 4 (--transformers 4.48)"
+            )
     if cfg.method == "full" or cfg.lora_config.dropout == 0 or profile.layout_major < 5:
         return
     lora = cfg.lora_config
