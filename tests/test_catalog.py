@@ -266,7 +266,7 @@ def test_the_naming_rule(name, model_id):
     assert catalog.find_model(name).id == model_id
 
 
-@pytest.mark.parametrize("name", ["qwen2.5", "mistral", "gemma3", "llama", "phi3", "qwen3-moe", "falcon-7b", "qwen:7b",
+@pytest.mark.parametrize("name", ["qwen2.5", "mistral", "gemma3", "llama", "phi3", "qwen3-moe", "falcon2-11b", "qwen:7b",
                                   "deepseek-coder:7b", "qwen1.5"])
 def test_names_without_a_size_or_of_another_model_name_nothing(name):
     assert catalog.find_model(name) is None
