@@ -3,36 +3,20 @@ whose rows are grouped by key/value head (``[q_1 .. q_g, k, v]``: multi-query Fa
 Falcon-40B's eight groups, the old non-multi-query layout's one head each), the MLP 4 x hidden unless
 ``ffn_hidden_size``, ``activation`` for the MLP, tied embeddings by default, and three block layouts: parallel on one
 LayerNorm (Falcon-7B), parallel on ``ln_attn``/``ln_mlp`` (``new_decoder_architecture``), sequential
-(``parallel_attn`` false). Planner, engine and transformers agree on parameters, gradients, checkpoints and LoRA; PEFT
-loads the engine's adapter. Logits parity is in test_parity.py (``falcon``, ``falcon_new``, ``falcon_sequential``)."""
+(``parallel_attn`` false): FalconConfig's layout, the refusals, the catalog's names. Counts, gradients, checkpoints and
+LoRA against transformers and PEFT are in test_layernorm_families.py, logits parity in test_parity.py (``falcon``,
+``falcon_new``, ``falcon_sequential``)."""
 
 from __future__ import annotations
 
 import pytest
-from conftest import tiny_config
-from family_checks import (
-    check_checkpoint_round_trip,
-    check_counts_agree,
-    check_every_gradient_matches_torch,
-    check_lora_sizes_equal_peft,
-    check_peft_loads_the_engines_adapter,
-    check_training_loss_is_torch_cross_entropy,
-)
-
-from aegis import catalog
 from aegis.errors import UnsupportedArchitectureError
 from aegis.hub import profile_from_config
 from aegis.train.models import build_model
+from conftest import tiny_config
 
 NAMES = ["falcon", "falcon_new", "falcon_sequential"]
-BUNDLED = [m for m in catalog.models() if catalog.read_model_config(m)["model_type"] == "falcon"]
 TARGETS = ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h")
-
-
-@pytest.mark.parametrize("config", [tiny_config(n) for n in NAMES] + [catalog.read_model_config(m) for m in BUNDLED],
-                         ids=NAMES + [m.id for m in BUNDLED])
-def test_planner_engine_and_transformers_count_the_same_parameters(config):
-    check_counts_agree(config)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -49,38 +33,6 @@ def test_layout_follows_falconconfig(name):
     assert spec.parallel_block == hf.parallel_attn
     assert spec.parallel_mlp_norm == bool(hf.new_decoder_architecture)  # ln_attn and ln_mlp
     assert spec.fused_qkv and spec.qkv_grouped and spec.plain_mlp and spec.layer_norm
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_every_gradient_matches_torch_autograd(name, hf_checkpoint):
-    """Through all three layouts, the grouped q/k/v split (1, 2 and 4 key/value heads) and the tied head."""
-    check_every_gradient_matches_torch(*hf_checkpoint(name))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_the_training_loss_is_torch_cross_entropy(name, hf_checkpoint):
-    check_training_loss_is_torch_cross_entropy(*hf_checkpoint(name))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_checkpoint_round_trip_keeps_transformers_names_and_values(name, hf_checkpoint, tmp_path):
-    """``transformer.word_embeddings``, ``transformer.h.{i}.self_attention.query_key_value``, ``ln_attn``/``ln_mlp`` or
-    ``input_layernorm``/``post_attention_layernorm`` and ``transformer.ln_f`` are read and written as transformers
-    names them; transformers loads the saved folder to the same logits."""
-    check_checkpoint_round_trip(*hf_checkpoint(name), tmp_path / "saved")
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_lora_adapter_sizes_equal_peft_and_the_engine(name):
-    check_lora_sizes_equal_peft(tiny_config(name), TARGETS, ("query_key_value",))
-
-
-@pytest.mark.parametrize("name", ["falcon", "falcon_new"])
-def test_peft_loads_the_engines_adapter_to_the_engines_logits(name, hf_checkpoint, tmp_path):
-    """PEFT's default Falcon target (``query_key_value``, LoRA B rows in the grouped layout) and the MLP's output,
-    under ``transformer.h.{i}.self_attention`` / ``mlp``."""
-    check_peft_loads_the_engines_adapter(*hf_checkpoint(name), ("query_key_value", "dense_4h_to_h"),
-                                         tmp_path / "adapter")
 
 
 @pytest.mark.parametrize(("change", "word"), [
@@ -124,10 +76,9 @@ def test_qlora_is_refused_on_transformers_5_where_bitsandbytes_skips_falconlinea
     (traced: Falcon-7B/40B QLoRA rows quantised 0 modules and held fp32 weights); 4.x replaced them (isinstance)."""
     import aegis
     from aegis.errors import InvalidConfigError
+    from aegis.hub import resolve_model
     from aegis.memory.estimate import estimate
     from aegis.schema import LoRAConfig, StackProfile, TrainConfig
-
-    from aegis.hub import resolve_model
 
     profile = resolve_model("falcon-7b")
     lora = LoRAConfig(target_modules=TARGETS)

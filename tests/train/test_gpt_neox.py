@@ -1,38 +1,24 @@
 """GPT-NeoX (``gpt_neox``: Pythia, GPT-NeoX-20B): checkpoints under ``gpt_neox.*`` with the LM head saved as
 ``embed_out``, one ``query_key_value`` projection whose rows are grouped by head, partial RoPE (GPTNeoXConfig's 0.25,
 also read from the older ``rotary_pct``/``rotary_emb_base``), a GELU MLP with biases, and, with
-``use_parallel_residual`` (the default), attention and the MLP side by side on two LayerNorms. Planner, engine and
-transformers agree on parameters, gradients, checkpoints and LoRA; PEFT loads the engine's adapter and the engine loads
-PEFT's. Logits parity is in test_parity.py (``gpt_neox``, ``gpt_neox_sequential`` in conftest.TINY_CONFIGS) and the
-dropouts in test_model_dropout.py."""
+``use_parallel_residual`` (the default), attention and the MLP side by side on two LayerNorms: GPTNeoXConfig's
+defaults, the engine reading PEFT's own adapter, the refusals. Counts, gradients, checkpoints and LoRA against
+transformers and PEFT (the engine's adapter loaded by PEFT) are in test_layernorm_families.py, logits parity in
+test_parity.py (``gpt_neox``, ``gpt_neox_sequential`` in conftest.TINY_CONFIGS), the dropouts in
+test_model_dropout.py."""
 
 from __future__ import annotations
 
 import pytest
-from conftest import tiny_config
-from family_checks import (
-    check_checkpoint_round_trip,
-    check_counts_agree,
-    check_every_gradient_matches_torch,
-    check_lora_sizes_equal_peft,
-    check_peft_loads_the_engines_adapter,
-    check_training_loss_is_torch_cross_entropy,
-    meta_model,
-)
-
-from aegis import catalog
 from aegis.errors import UnsupportedArchitectureError
 from aegis.hub import profile_from_config
 from aegis.train.models import build_model
+from conftest import tiny_config
+from family_checks import (
+    meta_model,
+)
 
 NAMES = ["gpt_neox", "gpt_neox_sequential"]
-BUNDLED = [m for m in catalog.models() if catalog.read_model_config(m)["model_type"] == "gpt_neox"]
-
-
-@pytest.mark.parametrize("config", [tiny_config(n) for n in NAMES] + [catalog.read_model_config(m) for m in BUNDLED],
-                         ids=NAMES + [m.id for m in BUNDLED])
-def test_planner_engine_and_transformers_count_the_same_parameters(config):
-    check_counts_agree(config)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -54,40 +40,6 @@ def test_defaults_and_layout_follow_gptneoxconfig(name):
     assert spec.fused_qkv and spec.qkv_grouped and spec.plain_mlp and spec.layer_norm
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_every_gradient_matches_torch_autograd(name, hf_checkpoint):
-    """Through both layouts, the per-head q/k/v split, both LayerNorms of the parallel block, the biases and the
-    partial rotation."""
-    check_every_gradient_matches_torch(*hf_checkpoint(name))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_the_training_loss_is_torch_cross_entropy(name, hf_checkpoint):
-    check_training_loss_is_torch_cross_entropy(*hf_checkpoint(name))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_checkpoint_round_trip_keeps_transformers_names_and_values(name, hf_checkpoint, tmp_path):
-    """``gpt_neox.embed_in``, ``gpt_neox.layers.{i}.attention.query_key_value``, ``gpt_neox.final_layer_norm`` and
-    ``embed_out`` are read and written under the names transformers writes; transformers loads the saved folder to
-    the same logits."""
-    check_checkpoint_round_trip(*hf_checkpoint(name), tmp_path / "saved")
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_lora_adapter_sizes_equal_peft_and_the_engine(name):
-    check_lora_sizes_equal_peft(tiny_config(name), ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
-                                ("query_key_value",))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_peft_loads_the_engines_adapter_to_the_engines_logits(name, hf_checkpoint, tmp_path):
-    """PEFT's default GPT-NeoX target (``query_key_value``, whose LoRA B rows follow the per-head layout) and the
-    MLP's output projection, written under ``gpt_neox.layers.{i}.attention``/``mlp``."""
-    check_peft_loads_the_engines_adapter(*hf_checkpoint(name), ("query_key_value", "dense_4h_to_h"),
-                                         tmp_path / "adapter")
-
-
 def test_grouped_key_value_heads_are_refused_in_one_line():
     """GPTNeoXConfig has no num_key_value_heads: a config that sets fewer key/value heads is not a GPT-NeoX that
     transformers builds, and is refused rather than counted with grouped heads."""
@@ -107,7 +59,6 @@ def test_the_engine_reads_peft_s_adapter_to_peft_s_logits(hf_checkpoint, tmp_pat
     import numpy as np
     import peft
     import torch
-
     from aegis.train.weights import load_checkpoint, load_lora_adapter
 
     hf, folder = hf_checkpoint("gpt_neox")

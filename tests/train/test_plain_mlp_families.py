@@ -1,38 +1,18 @@
 """The families with a plain two-matrix MLP and LayerNorms: Phi-1/1.5/2 (``phi``: attention and the fc1/fc2 MLP side
 by side on one LayerNorm, ``dense``, partial RoPE, an lm_head bias) and StarCoder2 (``starcoder2``: sequential
-LayerNorm blocks, c_fc/c_proj, biases per use_bias, one sliding window). Planner, engine and transformers agree on
-parameters, gradients, checkpoints and LoRA; PEFT loads the engine's adapter. Logits parity is in test_parity.py
-(``phi``, ``phi_qk``, ``starcoder2`` in conftest.TINY_CONFIGS) and the models' dropouts in test_model_dropout.py."""
+LayerNorm blocks, c_fc/c_proj, biases per use_bias, one sliding window): PhiConfig's defaults and the catalog's names.
+Counts, gradients, checkpoints and LoRA against transformers and PEFT are in test_layernorm_families.py, logits parity
+in test_parity.py (``phi``, ``phi_qk``, ``starcoder2`` in conftest.TINY_CONFIGS), the dropouts in
+test_model_dropout.py."""
 
 from __future__ import annotations
 
-
 import pytest
-from conftest import tiny_config
-from family_checks import (
-    check_checkpoint_round_trip,
-    check_counts_agree,
-    check_every_gradient_matches_torch,
-    check_lora_sizes_equal_peft,
-    check_peft_loads_the_engines_adapter,
-    check_training_loss_is_torch_cross_entropy,
-)
-
 from aegis import catalog
 from aegis.train.models import build_model
+from conftest import tiny_config
 
-NAMES = ["phi", "phi_qk", "starcoder2"]
 BUNDLED = [m for m in catalog.models() if catalog.read_model_config(m)["model_type"] in ("phi", "starcoder2")]
-DEFAULT_TARGETS = {
-    "phi": ("q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"),
-    "starcoder2": ("q_proj", "k_proj", "v_proj", "o_proj", "c_fc", "c_proj"),
-}
-
-
-@pytest.mark.parametrize("config", [tiny_config(n) for n in NAMES] + [catalog.read_model_config(m) for m in BUNDLED],
-                         ids=NAMES + [m.id for m in BUNDLED])
-def test_planner_engine_and_transformers_count_the_same_parameters(config):
-    check_counts_agree(config)
 
 
 def test_defaults_follow_phiconfig():
@@ -46,40 +26,6 @@ def test_defaults_follow_phiconfig():
     assert spec.hidden_act == hf.hidden_act == "gelu_new"
     assert spec.rms_norm_eps == hf.layer_norm_eps
     assert spec.lm_head_bias and spec.parallel_block and spec.plain_mlp and not spec.qk_norm
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_every_gradient_matches_torch_autograd(name, hf_checkpoint):
-    """Through the parallel block (Phi), LayerNorm weights and biases, every linear bias, the lm_head bias (Phi) and
-    the tied head (StarCoder2)."""
-    check_every_gradient_matches_torch(*hf_checkpoint(name))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_the_training_loss_is_torch_cross_entropy(name, hf_checkpoint):
-    check_training_loss_is_torch_cross_entropy(*hf_checkpoint(name))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_checkpoint_round_trip_keeps_transformers_names_and_values(name, hf_checkpoint, tmp_path):
-    """Phi's ``model.final_layernorm``, ``self_attn.dense``, ``mlp.fc1/fc2`` and ``lm_head.bias``, StarCoder2's
-    ``mlp.c_fc/c_proj`` and norm biases are read and written under transformers' names (a tied head left out, as
-    transformers saves it); transformers loads the saved folder to the same logits."""
-    check_checkpoint_round_trip(*hf_checkpoint(name), tmp_path / "saved")
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_lora_adapter_sizes_equal_peft_and_the_engine(name):
-    """Planner == PEFT == the engine's adapters for "all-linear" and the plan's defaults, which are the models' own
-    module names (Phi: q/k/v, dense, fc1, fc2; StarCoder2: q/k/v/o, c_fc, c_proj)."""
-    config = tiny_config(name)
-    check_lora_sizes_equal_peft(config, DEFAULT_TARGETS[config["model_type"]])
-
-
-def test_peft_loads_the_engines_adapter_to_the_engines_logits(hf_checkpoint, tmp_path):
-    """An adapter trained on the parallel block's dense and fc2 (random B, so it changes the output), exported by
-    the engine, loaded by PEFT onto transformers' model: the same logits as the engine with the adapter."""
-    check_peft_loads_the_engines_adapter(*hf_checkpoint("phi"), ("dense", "fc2", "q_proj"), tmp_path / "adapter")
 
 
 def test_the_catalog_serves_phi_and_starcoder2_and_refuses_the_sizes_it_does_not_hold():

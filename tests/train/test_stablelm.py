@@ -1,38 +1,22 @@
 """StableLM (``stablelm``): LayerNorms with biases, q/k/v biases per ``use_qkv_bias``, a SwiGLU MLP, partial RoPE
 (StableLmConfig's 0.25 default), sequential blocks or, with ``use_parallel_residual``, attention and the MLP side by
-side on one LayerNorm. Planner, engine and transformers agree on parameters, gradients, checkpoints and LoRA; PEFT
-loads the engine's adapter; ``qk_layernorm`` (per-head LayerNorms) is refused in one line by planner and engine alike.
-Logits parity is in test_parity.py (``stablelm``, ``stablelm_parallel`` in conftest.TINY_CONFIGS) and the dropouts
-in test_model_dropout.py."""
+side on one LayerNorm: StableLmConfig's defaults, ``qk_layernorm`` (per-head LayerNorms) refused in one line by
+planner and engine alike, the catalog's names. Counts, gradients, checkpoints and LoRA against transformers and PEFT
+are in test_layernorm_families.py, logits parity in test_parity.py (``stablelm``, ``stablelm_parallel`` in
+conftest.TINY_CONFIGS), the dropouts in test_model_dropout.py."""
 
 from __future__ import annotations
 
-
 import pytest
-from conftest import tiny_config
-from family_checks import (
-    check_checkpoint_round_trip,
-    check_counts_agree,
-    check_every_gradient_matches_torch,
-    check_lora_sizes_equal_peft,
-    check_peft_loads_the_engines_adapter,
-    check_training_loss_is_torch_cross_entropy,
-    meta_model,
-)
-
-from aegis import catalog
 from aegis.errors import UnsupportedArchitectureError
 from aegis.hub import profile_from_config
 from aegis.train.models import build_model
+from conftest import tiny_config
+from family_checks import (
+    meta_model,
+)
 
 NAMES = ["stablelm", "stablelm_parallel"]
-BUNDLED = [m for m in catalog.models() if catalog.read_model_config(m)["model_type"] == "stablelm"]
-
-
-@pytest.mark.parametrize("config", [tiny_config(n) for n in NAMES] + [catalog.read_model_config(m) for m in BUNDLED],
-                         ids=NAMES + [m.id for m in BUNDLED])
-def test_planner_engine_and_transformers_count_the_same_parameters(config):
-    check_counts_agree(config)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -49,36 +33,6 @@ def test_defaults_and_layout_follow_stablelmconfig(name):
     assert spec.hidden_act == hf.hidden_act == "silu" and spec.rms_norm_eps == hf.layer_norm_eps
     assert spec.parallel_block == hf.use_parallel_residual and spec.qkv_bias == hf.use_qkv_bias
     assert spec.layer_norm and not spec.plain_mlp and not spec.o_bias and not spec.qk_norm
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_every_gradient_matches_torch_autograd(name, hf_checkpoint):
-    """Through both layouts, LayerNorm weights and biases, the q/k/v biases and the partial rotation."""
-    check_every_gradient_matches_torch(*hf_checkpoint(name))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_the_training_loss_is_torch_cross_entropy(name, hf_checkpoint):
-    check_training_loss_is_torch_cross_entropy(*hf_checkpoint(name))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_checkpoint_round_trip_keeps_transformers_names_and_values(name, hf_checkpoint, tmp_path):
-    """Norm biases, q/k/v biases and (parallel) the missing post_attention_layernorm are read and written under
-    transformers' names; transformers loads the saved folder to the same logits."""
-    check_checkpoint_round_trip(*hf_checkpoint(name), tmp_path / "saved")
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_lora_adapter_sizes_equal_peft_and_the_engine(name):
-    check_lora_sizes_equal_peft(tiny_config(name), ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                    "down_proj"))
-
-
-def test_peft_loads_the_engines_adapter_to_the_engines_logits(hf_checkpoint, tmp_path):
-    """An adapter on the parallel block's o_proj, down_proj and q_proj."""
-    check_peft_loads_the_engines_adapter(*hf_checkpoint("stablelm_parallel"), ("o_proj", "down_proj", "q_proj"),
-                                         tmp_path / "adapter")
 
 
 def test_per_head_qk_layernorm_is_refused_in_one_line_by_planner_and_engine():

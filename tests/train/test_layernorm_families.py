@@ -1,0 +1,84 @@
+"""The contract every LayerNorm family keeps with transformers and PEFT, over one table of tiny configs: Phi-1/1.5/2
+(``phi``, ``phi_qk``), StarCoder2, StableLM (sequential, parallel), GPT-NeoX (parallel on two LayerNorms, sequential)
+and Falcon (multi-query on one LayerNorm, ``new_decoder_architecture``, sequential). For each:
+
+- planner == engine tree == transformers' meta-device count, in total and per layer (the tiny configs and every
+  bundled config of the family);
+- every parameter's gradient equals torch autograd's through transformers' model, and the training loss is torch's
+  cross-entropy;
+- a checkpoint round trip keeps transformers' names (``model.final_layernorm``, ``gpt_neox.*`` and ``embed_out``,
+  ``transformer.h.{i}.self_attention.*``, ``ln_attn``/``ln_mlp``, a tied head left out) and transformers reloads it
+  to the same logits;
+- LoRA sizes: planner == PEFT == the engine for "all-linear", the plan's defaults (the models' own module names) and
+  a few named modules; PEFT loads the engine's adapter to the engine's logits.
+
+Family-specific behaviour (defaults, refusals, the catalog's names) is in test_plain_mlp_families.py,
+test_stablelm.py, test_gpt_neox.py and test_falcon.py; logits parity in test_parity.py; dropouts in
+test_model_dropout.py."""
+
+from __future__ import annotations
+
+import pytest
+from aegis import catalog
+from conftest import tiny_config
+from family_checks import (
+    check_checkpoint_round_trip,
+    check_counts_agree,
+    check_every_gradient_matches_torch,
+    check_lora_sizes_equal_peft,
+    check_peft_loads_the_engines_adapter,
+    check_training_loss_is_torch_cross_entropy,
+)
+
+_NEOX = ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h")
+DEFAULT_TARGETS = {  # model type -> (the plan's default LoRA targets, a few named modules)
+    "phi": (("q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"), ("q_proj", "v_proj")),
+    "starcoder2": (("q_proj", "k_proj", "v_proj", "o_proj", "c_fc", "c_proj"), ("q_proj", "v_proj")),
+    "stablelm": (("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), ("q_proj", "v_proj")),
+    "gpt_neox": (_NEOX, ("query_key_value",)),
+    "falcon": (_NEOX, ("query_key_value",)),
+}
+NAMES = ["phi", "phi_qk", "starcoder2", "stablelm", "stablelm_parallel", "gpt_neox", "gpt_neox_sequential", "falcon",
+         "falcon_new", "falcon_sequential"]
+BUNDLED = [m for m in catalog.models() if catalog.read_model_config(m)["model_type"] in DEFAULT_TARGETS]
+ADAPTERS = [  # (tiny config, modules adapted with random B)
+    ("phi", ("dense", "fc2", "q_proj")),  # the parallel block's dense and fc2
+    ("stablelm_parallel", ("o_proj", "down_proj", "q_proj")),
+    ("gpt_neox", ("query_key_value", "dense_4h_to_h")),  # LoRA B rows in the per-head q/k/v layout
+    ("gpt_neox_sequential", ("query_key_value", "dense_4h_to_h")),
+    ("falcon", ("query_key_value", "dense_4h_to_h")),  # multi-query: [q; k; v]
+    ("falcon_new", ("query_key_value", "dense_4h_to_h")),  # grouped per key/value head
+]
+
+
+@pytest.mark.parametrize("config", [tiny_config(n) for n in NAMES] + [catalog.read_model_config(m) for m in BUNDLED],
+                         ids=NAMES + [m.id for m in BUNDLED])
+def test_planner_engine_and_transformers_count_the_same_parameters(config):
+    check_counts_agree(config)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_gradient_matches_torch_autograd(name, hf_checkpoint):
+    check_every_gradient_matches_torch(*hf_checkpoint(name))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_training_loss_is_torch_cross_entropy(name, hf_checkpoint):
+    check_training_loss_is_torch_cross_entropy(*hf_checkpoint(name))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_checkpoint_round_trip_keeps_transformers_names_and_values(name, hf_checkpoint, tmp_path):
+    check_checkpoint_round_trip(*hf_checkpoint(name), tmp_path / "saved")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_lora_adapter_sizes_equal_peft_and_the_engine(name):
+    config = tiny_config(name)
+    defaults, few = DEFAULT_TARGETS[config["model_type"]]
+    check_lora_sizes_equal_peft(config, defaults, few)
+
+
+@pytest.mark.parametrize(("name", "targets"), ADAPTERS, ids=[n for n, _ in ADAPTERS])
+def test_peft_loads_the_engines_adapter_to_the_engines_logits(name, targets, hf_checkpoint, tmp_path):
+    check_peft_loads_the_engines_adapter(*hf_checkpoint(name), targets, tmp_path / "adapter")
