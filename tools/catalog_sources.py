@@ -1046,6 +1046,31 @@ ROWS += [
              "default)."),
 ]
 
+# StableLM-Alpha and StableCode-Alpha (2023): GPT-NeoX models (model_type gpt_neox), from litgpt's table.
+STABLELM_ALPHA = ("StableLM-Alpha model cards (Hub, stabilityai/stablelm-base-alpha-3b and -7b): 'StableLM-Base-Alpha is a "
+                  "suite of 3B and 7B parameter decoder-only language models'")
+STABLECODE = "StableCode-Completion-Alpha-3B model card (Hub): 'a 3 billion parameter decoder-only code completion model'"
+STABLECODE_INSTRUCT = ("StableCode-Instruct-Alpha-3B model card (Hub): 'a 3 billion parameter decoder-only instruction "
+                       "tuned code model'")
+ALPHA_NOTE = ("GPT-NeoX's layout (parallel attention and MLP, each on its own LayerNorm, a quarter of each head rotated) "
+              "from litgpt's table; the -tuned- models are the chat fine-tunes of the base models, with their shapes.")
+
+ROWS += [
+    row(f"stabilityai/stablelm-{kind}-alpha-{size}", "stablelm-alpha", size, variant, (LITGPT, f"stablelm-{kind}-alpha-{size}"),
+        P(size.upper(), STABLELM_ALPHA), arch="gpt_neox", note=ALPHA_NOTE)
+    for kind, variant in (("base", "base"), ("tuned", "instruct")) for size in ("3b", "7b")
+] + [
+    row("stabilityai/stablecode-completion-alpha-3b", "stablecode", "3b", "base",
+        (LITGPT, "stablecode-completion-alpha-3b"), P("3B", STABLECODE), arch="gpt_neox",
+        note="GPT-NeoX's layout from litgpt's table: 16,384 positions (the -4k model: 4,096)."),
+    row("stabilityai/stablecode-completion-alpha-3b-4k", "stablecode", "3b", "base",
+        (LITGPT, "stablecode-completion-alpha-3b-4k"), P("3B", STABLECODE), arch="gpt_neox",
+        note="GPT-NeoX's layout from litgpt's table, with 4,096 positions."),
+    row("stabilityai/stablecode-instruct-alpha-3b", "stablecode", "3b", "instruct",
+        (LITGPT, "stablecode-instruct-alpha-3b"), P("3B", STABLECODE_INSTRUCT), arch="gpt_neox",
+        note="GPT-NeoX's layout from litgpt's table (4,096 positions)."),
+]
+
 # Falcon (model_type falcon): the Hub files of Falcon-7B and Falcon-40B; litgpt's table for the chat models and 180B.
 FALCON_7B = "Falcon-7B model card (Hub): 'Falcon-7B is a 7B parameters causal decoder-only model'"
 FALCON_40B = "Falcon-40B model card (Hub): 'Falcon-40B is a 40B parameters causal decoder-only model'"

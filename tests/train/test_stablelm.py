@@ -65,7 +65,12 @@ def test_the_catalog_serves_stablelm_3b_and_2_and_refuses_the_lines_it_does_not_
         assert resolve_model(name).model_id == model_id
         assert parse_request_lenient(f"lora {name} on a100").request.model == model_id
     assert resolve_model("stablelm-3b-4e1t").total_params == 2_795_443_200  # the model card's table
-    for name in ("stablelm-2-12b", "stablelm-2-zephyr-1_6b", "stablelm-2-3b", "stablelm-base-alpha-3b", "stablelm-7b",
+    # the 2023 StableLM-Alpha and StableCode-Alpha models are GPT-NeoX models (litgpt's table), their own line
+    for name, model_id in (("stablelm-base-alpha-3b", "stabilityai/stablelm-base-alpha-3b"),
+                           ("stablelm-alpha:7b", "stabilityai/stablelm-base-alpha-7b"),
+                           ("stablecode-3b", "stabilityai/stablecode-completion-alpha-3b")):
+        assert resolve_model(name).model_id == model_id and resolve_model(name).architecture == "GPTNeoXForCausalLM"
+    for name in ("stablelm-2-12b", "stablelm-2-zephyr-1_6b", "stablelm-2-3b", "stablelm-base-alpha-15b", "stablelm-7b",
                  "stablelm"):
         with pytest.raises(UnknownModelError):
             match_model(name)

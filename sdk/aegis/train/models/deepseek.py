@@ -51,7 +51,8 @@ def spec_deepseek(config: dict[str, Any]) -> ArchSpec:
     mt = config["model_type"]
     m = arch.mla(config)
     heads = require(config, "num_attention_heads")
-    kv = arch.num_kv_heads(config)
+    raw = arch.value(config, "num_key_value_heads")  # the key itself: the registry derives kv_heads = heads for MLA
+    kv = heads if raw is None else raw
     if kv != heads:
         raise UnsupportedArchitectureError(
             f"{mt}: num_key_value_heads={kv} differs from num_attention_heads={heads}; MLA expands keys and values "
