@@ -206,14 +206,14 @@ def test_the_stored_name_index_is_the_rules_output_for_the_committed_catalog():
 def test_a_name_index_for_another_catalog_is_ignored(monkeypatch):
     """An index whose sha256 is not models.json's (a hand-edited catalog) is not read: the names are derived."""
     monkeypatch.setattr(catalog, "_models_text", lambda: catalog._read_text("models.json") + " ")
-    for cached in (catalog._stored_index, catalog._owners, catalog._by_key):
+    for cached in (catalog._stored_index, catalog._owners, catalog.name_keys):
         cached.cache_clear()
     monkeypatch.setattr(catalog._aliases, "alias_owners", lambda entries: {"derived": ("Yes-1B",)})
     try:
         assert catalog._owners() == {"derived": ("Yes-1B",)}
         assert catalog.name_keys() == {key("Yes-1B"): "derived"}
     finally:
-        for cached in (catalog._stored_index, catalog._owners, catalog._by_key):
+        for cached in (catalog._stored_index, catalog._owners, catalog.name_keys):
             cached.cache_clear()
 
 

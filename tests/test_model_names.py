@@ -503,8 +503,13 @@ _DS = "deepseek-ai/deepseek"
     ("qwen2-57b-a14b-instruct", "Qwen/Qwen2-57B-A14B-Instruct"), ("qwen2:57b", "Qwen/Qwen2-57B-A14B"),
     ("yi-1.5-6b-chat", "01-ai/Yi-1.5-6B-Chat"), ("yi1.5:6b", "01-ai/Yi-1.5-6B"),
     ("yi-1.5-34b-32k", "01-ai/Yi-1.5-34B-32K"),
+    # Zephyr and Vicuna: their own Hub files, not their base models'
+    ("zephyr-7b-beta", "HuggingFaceH4/zephyr-7b-beta"), ("zephyr:7b", "HuggingFaceH4/zephyr-7b-beta"),
+    ("HuggingFaceH4/zephyr-7b-beta", "HuggingFaceH4/zephyr-7b-beta"),
+    ("vicuna-7b-v1.5", "lmsys/vicuna-7b-v1.5"), ("vicuna:7b", "lmsys/vicuna-7b-v1.5"),
+    ("lmsys/vicuna-7b-v1.5", "lmsys/vicuna-7b-v1.5"),
 ])
-def test_deepseek_qwen15_codeqwen_checkpoints_resolve_to_their_own_configs(name, model_id) -> None:
+def test_checkpoints_resolve_to_their_own_configs(name, model_id) -> None:
     found = match_model(name)
     assert found.model_id == model_id and found.weights_id == model_id and found.note == "", found
     assert parse_request_lenient(f"lora {name} on h100").request.model == model_id
@@ -583,18 +588,6 @@ def test_a_variant_of_a_listed_id_trains_that_ids_weights() -> None:
     assert found.model_id == "deepseek-ai/DeepSeek-V3" and found.weights_id == "deepseek-ai/DeepSeek-R1"
     assert match_model("deepseek-v3-chat").weights_id == "deepseek-ai/DeepSeek-V3"
     assert match_model("olmo-3-7b-think").weights_id == "allenai/Olmo-3-7B-Think"
-
-
-@pytest.mark.parametrize(("name", "model_id"), [
-    ("zephyr-7b-beta", "HuggingFaceH4/zephyr-7b-beta"), ("zephyr:7b", "HuggingFaceH4/zephyr-7b-beta"),
-    ("HuggingFaceH4/zephyr-7b-beta", "HuggingFaceH4/zephyr-7b-beta"),
-    ("vicuna-7b-v1.5", "lmsys/vicuna-7b-v1.5"), ("vicuna:7b", "lmsys/vicuna-7b-v1.5"),
-    ("lmsys/vicuna-7b-v1.5", "lmsys/vicuna-7b-v1.5"),
-])
-def test_zephyr_and_vicuna_resolve_to_their_own_hub_files(name, model_id) -> None:
-    found = match_model(name)
-    assert found.model_id == model_id and found.weights_id == model_id and found.note == "", found
-    assert parse_request_lenient(f"lora {name} on h100").request.model == model_id
 
 
 @pytest.mark.parametrize("name", [

@@ -258,15 +258,9 @@ def _known_of(entry: Any) -> _Known:
 
 
 @lru_cache(maxsize=1)
-def _exact() -> dict[tuple[str, ...], frozenset[str]]:
-    """Token key of every id, repository name and alias → the bundled ids it names (the fast path: no name parsing)."""
-    return {k: frozenset((owner,)) for k, owner in catalog.name_keys().items()}
-
-
-@lru_cache(maxsize=1)
-def _catalog() -> tuple[tuple[_Known, ...], dict[tuple[str, ...], frozenset[str]]]:
+def _catalog() -> tuple[tuple[_Known, ...], dict[tuple[str, ...], str]]:
     """Every bundled model with the names it answers to (parsed once, when a name is not an exact catalog name)."""
-    return tuple(_known_of(e) for e in catalog.names()), _exact()
+    return tuple(_known_of(e) for e in catalog.names()), catalog.name_keys()
 
 
 @lru_cache(maxsize=512)
@@ -306,14 +300,12 @@ def match_model(name: str) -> ModelMatch:
         return ModelMatch(model_id=name, source="path")
     if _HUB_ID.match(name):
         return _match_hub_id(name)
-    ids = _exact().get(_key(name))
+    owner = catalog.name_keys().get(_key(name))  # the fast path: an id, repository name or alias, no parsing
     asked = _parse_name(name)
-    if ids and len(ids) == 1:
-        entry = _known_by_id(next(iter(ids)))
+    if owner is not None:
+        entry = _known_by_id(owner)
         return ModelMatch(model_id=entry.id, source="catalog", note=_variant_note(name, entry, asked),
                           checkpoint=_sibling_id(entry.id, name))
-    if ids:
-        raise UnknownModelError(_ambiguous(name, sorted(ids)))
     if asked.family is None:
         raise UnknownModelError(_unknown_message(name, asked))
     known = _catalog()[0]
@@ -511,7 +503,7 @@ def _spelling(name: str, asked: _Name, known: tuple[_Known, ...]) -> list[_Known
     for fixed in _nearest_families(family):
         full = [k for k in known if any(asked.same_model(n, family=fixed) for n in k.full)]
         key = tuple(fixed if t == family else t for t in _key(name))
-        named = [k for k in known if k.id in _catalog()[1].get(key, ())]  # the corrected name is a catalog name
+        named = [k for k in known if _catalog()[1].get(key) == k.id]  # the corrected name is a catalog name
         found += named if len(named) == 1 else _closest_variant(asked, full)
     return found
 

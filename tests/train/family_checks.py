@@ -121,18 +121,27 @@ def check_every_gradient_matches_torch(hf, folder: Path, vocab: int = 256) -> No
 def check_lora_sizes_equal_peft(config: dict, defaults: tuple[str, ...], few: tuple[str, ...] = ("q_proj", "v_proj")) -> None:
     """The plan's default targets are ``defaults``; for them, "all-linear" and ``few`` (q/v), the planner's trainable
     count == PEFT's == the engine's adapters."""
+    from aegis.hub import profile_from_config
+    from aegis.schema import default_lora_targets
+
+    profile = profile_from_config(config, model_id="test", source="path")
+    assert default_lora_targets(profile.linear_modules) == defaults
+    check_lora_counts_agree(config, (("all-linear",), defaults, few))
+
+
+def check_lora_counts_agree(config: dict, target_sets) -> None:
+    """For each tuple of LoRA targets: the planner's trainable count == PEFT's on transformers' model == the
+    engine's adapters."""
     import peft
 
     import aegis
     from aegis.hub import profile_from_config
-    from aegis.schema import default_lora_targets
     from aegis.train.lora import init_lora, lora_param_count
 
     profile = profile_from_config(config, model_id="test", source="path")
-    assert default_lora_targets(profile.linear_modules) == defaults
     model = build_model(config)
     params = model.init(jax.random.key(0))
-    for targets in (("all-linear",), defaults, few):
+    for targets in target_sets:
         peft_targets = "all-linear" if targets == ("all-linear",) else list(targets)
         wrapped = peft.get_peft_model(meta_model(config), peft.LoraConfig(r=8, target_modules=peft_targets))
         trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)

@@ -18,7 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from family_checks import check_checkpoint_round_trip, check_training_loss_is_torch_cross_entropy, meta_model
+from family_checks import (
+    check_checkpoint_round_trip,
+    check_lora_counts_agree,
+    check_training_loss_is_torch_cross_entropy,
+    meta_model,
+)
 from family_checks import tokens as _tokens
 from conftest import build_hf_model, tiny_config
 
@@ -137,24 +142,11 @@ def test_checkpoint_round_trip_keeps_transformers_names_and_values(name, hf_chec
 def test_lora_adapter_sizes_equal_peft_and_the_engine(name):
     """Planner == PEFT == the engine's adapters, for "all-linear" and for the plan's default targets (q/k/v/o:
     the experts are not nn.Linear, and routers stay out of the defaults)."""
-    import peft
-
-    import aegis
-    from aegis.train.lora import init_lora, lora_param_count
-
     config = tiny_config(name)
     profile = profile_from_config(config, model_id=name, source="path")
     defaults = default_lora_targets(profile.linear_modules)
     assert defaults == ("q_proj", "k_proj", "v_proj", "o_proj")
-    model = build_model(config)
-    params = model.init(jax.random.key(0))
-    for targets in (("all-linear",), defaults):
-        peft_targets = "all-linear" if targets == ("all-linear",) else list(targets)
-        wrapped = peft.get_peft_model(meta_model(config), peft.LoraConfig(r=8, target_modules=peft_targets))
-        trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
-        planned = profile.trainable_params("lora", aegis.LoRAConfig(rank=8, target_modules=targets))
-        engine = init_lora(model, params, rank=8, alpha=16, target_modules=targets, rng=jax.random.key(1))
-        assert planned == trainable == lora_param_count(engine), (targets, planned, trainable)
+    check_lora_counts_agree(config, (("all-linear",), defaults))
 
 
 def test_the_planner_mirrors_bitsandbytes_and_transformers_attention():

@@ -389,6 +389,10 @@ class Architecture(_Model):
         """Whether a parallel block gives the MLP its own LayerNorm (`parallel_mlp_norm`, for this config)."""
         return self.is_parallel(config) and bool(evaluate(self.parallel_mlp_norm, self.names(config)))
 
+    def runs_sdpa_math(self, config: dict[str, Any]) -> bool:
+        """Whether SDPA falls back to its math kernel for this config (`sdpa_math`)."""
+        return bool(evaluate(self.sdpa_math, self.names(config)))
+
     def check_supported(self, config: dict[str, Any]) -> None:
         """UnsupportedArchitectureError naming the first `unsupported` setting the config has."""
         v = self.names(config)

@@ -231,17 +231,12 @@ def _owners() -> dict[str, tuple[str, ...]]:
 
 
 @lru_cache(maxsize=1)
-def _by_key() -> dict[tuple[str, ...], str]:
-    """Token key of every name → the entry it names (each key has one owner: `_aliases.alias_owners`)."""
+def name_keys() -> dict[tuple[str, ...], str]:
+    """Token key of every id and alias → the entry it names (each key has one owner: `_aliases.alias_owners`)."""
     stored = _stored_index()
     if stored is not None:
         return {tuple(k.split(" ")): owner for k, owner in stored["keys"].items()}
     return {_aliases.key(name): owner for owner, found in _owners().items() for name in found}
-
-
-def name_keys() -> dict[tuple[str, ...], str]:
-    """Token key of every id and alias → its entry's id."""
-    return _by_key()
 
 
 @lru_cache(maxsize=1)
@@ -257,7 +252,7 @@ def model_entry(model_id: str) -> CatalogModel | None:
 
 def find_model(name: str) -> CatalogModel | None:
     """The entry a Hub id, name or alias names ('llama3.1:8b', 'Qwen2.5-7B-Instruct'), or None."""
-    owner = _by_key().get(_aliases.key(name))
+    owner = name_keys().get(_aliases.key(name))
     return model_entry(name) or (model_entry(owner) if owner else None)
 
 

@@ -44,7 +44,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from aegis.architectures import config as arch
-from aegis.architectures.registry import evaluate as registry_eval
 from aegis.errors import InvalidConfigError
 from aegis.families import Family, LayerShape
 
@@ -222,7 +221,7 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
     # projection's output, which for a fused qkv_proj is a view that keeps the whole q/k/v output alive
     copied = kv_w != q_w and (masked or s.sdpa_repeat_kv or s.eager)
     v_w = q_w if copied else (q_w + 2 * kv_w if fused_qkv and not cast else kv_w)
-    math_kernel = not s.eager and bool(registry_eval(fam.entry.sdpa_math, fam.entry.names(c)))
+    math_kernel = not s.eager and fam.entry.runs_sdpa_math(c)
     if math_kernel:
         # Falcon-7B: SDPA given one key/value head for many query heads (broadcast) runs the math kernel, which
         # upcasts: float32 q, expanded k and v, and the float32 probabilities

@@ -179,7 +179,7 @@ class Family:
 
     def checkpoint_names(self, config: dict[str, Any]) -> CheckpointNames:
         """`names` with what ``config`` adds (Falcon's two-norm blocks name their norms ``ln_attn``/``ln_mlp``)."""
-        return _checkpoint_names(registry.get(arch.model_type(config)), config)
+        return _checkpoint_names(registry.get(self.model_types[0]), config)
 
 
 # ----- shared config readers ------------------------------------------------------------------
@@ -285,8 +285,9 @@ def _spec_laid_out(config: dict[str, Any]) -> ArchSpec:
     partial RoPE), StarCoder2 (LayerNorms, plain c_fc/c_proj MLP, biases per use_bias), StableLM, GPT-NeoX (q/k/v
     grouped by head in one ``query_key_value``, two LayerNorms in the parallel block)."""
     spec = _spec_dense(config, **_layout(config))
-    names = _checkpoint_names(registry.get(arch.model_type(config)), config)
-    if names != _checkpoint_names(registry.get(arch.model_type(config))):  # norms named per config (Falcon)
+    family = FAMILIES[arch.model_type(config)]
+    names = family.checkpoint_names(config)
+    if names != family.names:  # norms named per config (Falcon's ln_attn / ln_mlp): the recipe reads them
         spec = dataclasses.replace(spec, extra={**spec.extra, "checkpoint_names": names})
     return spec
 
