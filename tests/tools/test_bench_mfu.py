@@ -32,8 +32,15 @@ def test_an_out_of_memory_configuration_is_a_row_and_other_errors_propagate(monk
         raise ValueError("a real bug")
 
     monkeypatch.setattr(tb, "run_benchmark", oom)
-    rows = bench_mfu.sweep("llama-3.2-1b", "full", seq=2048, batches=[8], remat="on", steps=1)
-    assert rows == [{"batch": 8, "remat": True, "error": "OOM"}]
-    assert "OOM" in bench_mfu._table(rows)
+    row = bench_mfu.measure("llama-3.2-1b", "full", seq=2048, batch=8, ckpt=True, steps=1)
+    assert row == {"batch": 8, "remat": True, "error": "OOM"}
+    assert "OOM" in bench_mfu._table([row])
     with pytest.raises(ValueError, match="a real bug"):
-        bench_mfu.sweep("llama-3.2-1b", "full", seq=2048, batches=[1], remat="off", steps=1)
+        bench_mfu.measure("llama-3.2-1b", "full", seq=2048, batch=1, ckpt=False, steps=1)
+
+
+def test_a_failing_worker_stops_the_sweep():
+    """Each row runs in its own process (the device's peak counter never goes down); a worker that fails for any
+    reason but memory is an error, not a row."""
+    with pytest.raises(RuntimeError, match="batch 2, remat off"):
+        bench_mfu.sweep("no-such-model-9b", "full", seq=64, batches=[2], remat="off", steps=1)

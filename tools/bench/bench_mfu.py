@@ -14,6 +14,9 @@ that says so. On a machine without a GPU, MFU is blank (no peak to divide by).
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 from typing import Any
 
 REMAT = {"off": (False,), "on": (True,), "both": (False, True)}
@@ -33,33 +36,44 @@ def _planned_peak(config: dict[str, Any], model_id: str, gpu_id: str, tc: Any) -
         return None
 
 
-def sweep(model: str, method: str, seq: int, batches: list[int], remat: str, steps: int) -> list[dict[str, Any]]:
-    """One measured row per (micro batch, checkpointing) configuration."""
+def measure(model: str, method: str, seq: int, batch: int, ckpt: bool, steps: int) -> dict[str, Any]:
+    """One measured row (in this process: the device's peak counter never goes down, so each row gets its own)."""
     from aegis.schema import LoRAConfig, TrainConfig
     from aegis.train.benchmark import resolve_config, run_benchmark
 
     config, model_id = resolve_config(model)
     lora = LoRAConfig() if method != "full" else None
+    row: dict[str, Any] = {"batch": batch, "remat": ckpt}
+    tc = TrainConfig(method=method, micro_batch_size=batch, seq_len=seq, gradient_checkpointing=ckpt,
+                     precision="bf16", lora=lora)
+    try:
+        res = run_benchmark(config, method, batch, seq, steps, model_id=model_id, precision="bf16",
+                            gradient_checkpointing=ckpt, lora=lora, record=False)
+    except Exception as err:  # noqa: BLE001 - XLA reports OOM as a runtime error; the sweep goes on
+        if "RESOURCE_EXHAUSTED" not in str(err) and "out of memory" not in str(err).lower():
+            raise
+        row["error"] = "OOM"
+        return row
+    rec = res.record
+    row.update(step_ms=rec.step_time_s * 1e3, tokens_per_s=rec.tokens_per_s, mfu=rec.mfu,
+               peak=rec.peak_memory_bytes, source=rec.memory_source, device=rec.device,
+               planned=_planned_peak(config, model_id, rec.gpu_id, tc))
+    return row
+
+
+def sweep(model: str, method: str, seq: int, batches: list[int], remat: str, steps: int) -> list[dict[str, Any]]:
+    """One measured row per (micro batch, checkpointing) configuration, each in a fresh process."""
     rows = []
     for ckpt in REMAT[remat]:
         for batch in batches:
-            row: dict[str, Any] = {"batch": batch, "remat": ckpt}
-            tc = TrainConfig(method=method, micro_batch_size=batch, seq_len=seq, gradient_checkpointing=ckpt,
-                             precision="bf16", lora=lora)
-            try:
-                res = run_benchmark(config, method, batch, seq, steps, model_id=model_id, precision="bf16",
-                                    gradient_checkpointing=ckpt, lora=lora, record=False)
-            except Exception as err:  # noqa: BLE001 - XLA reports OOM as a runtime error; keep sweeping
-                if "RESOURCE_EXHAUSTED" not in str(err) and "out of memory" not in str(err).lower():
-                    raise
-                row["error"] = "OOM"
-                rows.append(row)
-                continue
-            rec = res.record
-            row.update(step_ms=rec.step_time_s * 1e3, tokens_per_s=rec.tokens_per_s, mfu=rec.mfu,
-                       peak=rec.peak_memory_bytes, source=rec.memory_source, device=rec.device,
-                       planned=_planned_peak(config, model_id, rec.gpu_id, tc))
-            rows.append(row)
+            cmd = [sys.executable, "-m", "tools.bench.bench_mfu", "--one", "--model", model, "--method", method,
+                   "--seq", str(seq), "--batches", str(batch), "--remat", "on" if ckpt else "off",
+                   "--steps", str(steps)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:  # the worker turns an out-of-memory into a row: anything else is a bug
+                tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+                raise RuntimeError(f"batch {batch}, remat {'on' if ckpt else 'off'}: {tail}")
+            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     return rows
 
 
@@ -69,7 +83,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         head = f"{r['batch']:>5}{'on' if r['remat'] else 'off':>7}"
         if "error" in r:
-            lines.append(f"{head}{r['error']:>10}")
+            lines.append(f"{head}  {r['error']}")
             continue
         mfu = f"{r['mfu']:.0%}" if r["mfu"] is not None else "-"
         planned = r["planned"]
@@ -88,7 +102,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--remat", choices=sorted(REMAT), default="both", help="gradient checkpointing off, on or both")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per configuration (after 2 warm-up steps)")
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a single row as JSON (the sweep's worker)
     args = ap.parse_args(argv)
+    if args.one:
+        print(json.dumps(measure(args.model, args.method, args.seq, args.batches[0], args.remat == "on", args.steps)))
+        return
     import jax
 
     rows = sweep(args.model, args.method, args.seq, args.batches, args.remat, args.steps)

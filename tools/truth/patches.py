@@ -172,6 +172,10 @@ def cuda_dropout() -> Iterator[None]:
     training): CUDA's flash and memory-efficient kernels apply it in the kernel and keep only the RNG seed and
     offset, while the CPU dispatcher falls back to the math kernel and materialises fp32 scores, their dropout
     mask and output. The SDPA call runs with ``dropout_p=0`` here, which allocates what the CUDA kernels do.
+
+    Float32 grouped-query attention (``enable_gqa=True``, fewer key/value heads; e.g. a k-bit-prepared model without
+    autocast, whose hidden states are float32) runs CUDA's math kernel, as measured on an H100 (tools/truth/cuda.py:
+    Llama-3.2-1B QLoRA, 4.4 GiB above the flash-style trace); here it runs that kernel too.
     """
     import torch
     import torch.nn.functional as F
@@ -189,6 +193,15 @@ def cuda_dropout() -> Iterator[None]:
             args = (*args[:4], 0.0, *args[5:])
         else:
             kwargs["dropout_p"] = 0.0
+        query, key = args[0], args[1]
+        if query.dtype == torch.float32 and kwargs.get("enable_gqa") and key.shape[-3] != query.shape[-3]:
+            # CUDA: flash and cuDNN take only bf16/fp16 and the memory-efficient kernel no grouped heads, so float32
+            # grouped-query attention runs the math kernel (the CPU dispatcher would pick its flash kernel)
+            names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+            bound = {**dict(zip(names, args)), **kwargs}
+            return torch.ops.aten._scaled_dot_product_attention_math(
+                bound["query"], bound["key"], bound["value"], bound.get("attn_mask"), 0.0,
+                bound.get("is_causal", False), scale=bound.get("scale"), enable_gqa=True)[0]
         return original_sdpa(*args, **kwargs)
 
     F.dropout = dropout

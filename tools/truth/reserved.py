@@ -29,6 +29,7 @@ GIB = 1 << 30
 
 def setup_of(row: dict[str, Any]):
     """The TraceSetup a truth row traced."""
+    from tools.truth.build import row_key
     from tools.truth.setup import TraceSetup
 
     lora = row["method"] != "full"
@@ -40,8 +41,16 @@ def setup_of(row: dict[str, Any]):
         max_grad_norm=row["max_grad_norm"],
     )
     if lora:
-        kw.update(lora_rank=row["lora_rank"], lora_alpha=row["lora_alpha"], lora_targets=tuple(row["lora_targets"]))
-    return TraceSetup(**kw)
+        kw.update(lora_rank=row["lora_rank"], lora_alpha=row["lora_alpha"], lora_targets=tuple(row["lora_targets"]),
+                  lora_dropout=row.get("lora_dropout") or 0.0)
+    for field in ("kbit_prep", "checkpointing", "trainer"):
+        if row.get(field) is not None:
+            kw[field] = row[field]
+    kw["transformers"] = row.get("transformers_pinned")
+    setup = TraceSetup(**kw)
+    if row_key(row["model_id"], setup) != row["key"]:
+        raise ValueError(f"truth row {row['key']!r} does not round-trip to its setup ({row_key(row['model_id'], setup)!r})")
+    return setup
 
 
 def trace_reserved(row: dict[str, Any]) -> dict[str, Any]:
@@ -137,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in load_rows():
         if args.model and not any(m.lower() in row["model_id"].lower() for m in args.model):
             continue
-        if row["key"] in stored or row["peak_bytes"] > args.max_gib * GIB:
-            continue
+        if row["key"] in stored or row["peak_bytes"] > args.max_gib * GIB or row.get("transformers_pinned"):
+            continue  # pinned rows trace under their own transformers (see tools/truth/__init__.py)
         stored[row["key"]] = trace_reserved(row)
         TABLE.write_text(json.dumps({"description": __doc__.split("\n")[0], "rows": list(stored.values())}, indent=1) + "\n",
                          encoding="utf-8")

@@ -71,7 +71,11 @@ def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
 
 
-def _run(config: dict[str, Any] | str, setup: TraceSetup, record_origin: bool = False) -> tuple[TraceResult, LiveBytes]:
+def _run(
+    config: dict[str, Any] | str, setup: TraceSetup, record_origin: bool = False, on_setup: Any = None
+) -> tuple[TraceResult, LiveBytes]:
+    """The traced steps on the default device (the fake or real CPU, or a GPU for `tools.truth.cuda`);
+    ``on_setup()`` runs once the model and optimizer are built, where the step peaks start."""
     start = time.perf_counter()
     holder: dict[str, Any] = {}
 
@@ -110,9 +114,11 @@ def _run(config: dict[str, Any] | str, setup: TraceSetup, record_origin: bool = 
         trainable = [p for p in model.parameters() if p.requires_grad]
         after_setup = tracker.total_bytes
         tracker.reset_peak()
+        if on_setup is not None:
+            on_setup()
 
         autocast = (
-            torch.autocast("cpu", dtype=torch.bfloat16)
+            torch.autocast(input_ids.device.type, dtype=torch.bfloat16)
             if setup.autocast or (setup.method == "full" and setup.precision == "bf16_mixed")
             else contextlib.nullcontext()
         )

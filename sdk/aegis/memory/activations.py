@@ -221,10 +221,14 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
     # projection's output, which for a fused qkv_proj is a view that keeps the whole q/k/v output alive
     copied = kv_w != q_w and (masked or s.sdpa_repeat_kv or s.eager)
     v_w = q_w if copied else (q_w + 2 * kv_w if fused_qkv and not cast else kv_w)
-    math_kernel = not s.eager and fam.entry.runs_sdpa_math(c)
+    # SDPA on CUDA runs its math kernel where no fused kernel takes the call: Falcon-7B gives it one key/value head
+    # broadcast to every query head, and float32 grouped-query attention (enable_gqa; a k-bit-prepared model without
+    # autocast, or full fp32) fits neither flash/cuDNN (bf16/fp16 only) nor the memory-efficient kernel (no grouped
+    # heads). Measured on an H100: Llama-3.2-1B QLoRA b2 s1024 allocates 4.4 GiB more than the flash-style layout.
+    fp32_gqa = d == 4 and kv_w != q_w and not (masked or s.sdpa_repeat_kv)
+    math_kernel = not s.eager and (fam.entry.runs_sdpa_math(c) or fp32_gqa)
     if math_kernel:
-        # Falcon-7B: SDPA given one key/value head for many query heads (broadcast) runs the math kernel, which
-        # upcasts: float32 q, expanded k and v, and the float32 probabilities
+        # float32 q, expanded k and v (upcast where they were not), and the float32 probabilities
         acc.add("attention (math kernel: fp32 q, k, v, probabilities)", 4 * (3 * q_w + heads * s.seq_len))
     elif s.eager:
         # matmuls keep q and the repeated k, v; softmax keeps its fp32 output, the second matmul its cast
