@@ -42,12 +42,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 from aegis.architectures import config as arch
 from aegis.errors import InvalidConfigError
 from aegis.families import Family, LayerShape
 
-__all__ = ["Setting", "layer_activation_terms", "terms_by_layer", "layer_fixed_saved_bytes", "fixed_saved_by_layer",
+__all__ = ["Setting", "layer_activation_terms", "layer_activation_parts", "terms_by_layer", "parts_by_layer", "layer_fixed_saved_bytes", "fixed_saved_by_layer",
            "loss_bytes_per_token", "head_saved_bytes_per_token"]
 
 
@@ -87,14 +88,17 @@ class Setting:
 
 
 class _Acc:
-    """Accumulates saved bytes per token under labels."""
+    """Accumulates saved bytes per token under labels, and the tensors they are made of (``parts``: one per
+    `add`, or ``tensors`` equal ones), which the device-level stream allocates one by one as PyTorch does."""
 
     def __init__(self) -> None:
         self.terms: dict[str, float] = defaultdict(float)
+        self.parts: dict[str, list[float]] = defaultdict(list)
 
-    def add(self, label: str, nbytes: float) -> None:
+    def add(self, label: str, nbytes: float, tensors: int = 1) -> None:
         if nbytes:
             self.terms[label] += nbytes
+            self.parts[label].extend([nbytes / tensors] * tensors)
 
 
 def _norm(acc: _Acc, s: Setting, x_bytes: int, width: int, *, gemma: bool, label: str, layer_norm: bool = False,
@@ -122,23 +126,24 @@ def _linears(acc: _Acc, s: Setting, x_bytes: int, in_w: int, modules: list[tuple
     own = 0 if input_saved else x_bytes * in_w
     if s.base_trainable:
         if s.autocast and x_bytes != 2:
-            acc.add(label, 2 * in_w * len(modules))  # each autocast cast is a new bf16 copy
+            acc.add(label, 2 * in_w * len(modules), len(modules))  # each autocast cast is a new bf16 copy
         else:
             acc.add(label, own)
     wrapped = [out for names, out in modules if set(names) & s.lora_targets]
     if wrapped and s.lora_dropout:
         # each module: dropout output (saved by lora_A, a new tensor) + its bool mask; the cast copy is not saved
         a = s.adapter_compute_bytes
-        acc.add(label + " (LoRA dropout)", (a + s.dropout_mask_bytes) * in_w * len(wrapped))
-        acc.add(label + " (LoRA)", a * s.lora_rank * len(wrapped))
+        acc.add(label + " (LoRA dropout)", a * in_w * len(wrapped), len(wrapped))
+        acc.add(label + " (LoRA dropout)", s.dropout_mask_bytes * in_w * len(wrapped), len(wrapped))
+        acc.add(label + " (LoRA)", a * s.lora_rank * len(wrapped), len(wrapped))
     elif wrapped:
         a = s.adapter_compute_bytes
         if x_bytes == a and a == s.adapter_bytes:
             if not s.base_trainable:
                 acc.add(label + " (LoRA)", own)
         else:
-            acc.add(label + " (LoRA)", a * in_w * len(wrapped))
-        acc.add(label + " (LoRA)", a * s.lora_rank * len(wrapped))
+            acc.add(label + " (LoRA)", a * in_w * len(wrapped), len(wrapped))
+        acc.add(label + " (LoRA)", a * s.lora_rank * len(wrapped), len(wrapped))
     return 2 if s.autocast else x_bytes
 
 
@@ -151,7 +156,7 @@ def _mlp(acc: _Acc, s: Setting, fam: Family, x_bytes: int, hidden: int, width: i
                else [(lin_names("gate_proj"), width), (lin_names("up_proj"), width)])
     d = _linears(acc, s, x_bytes, hidden, gate_up, label, input_saved=input_saved)
     # act input (gate), act output and up, saved by act / mul; Liger's SiLUMul saves gate and up only
-    acc.add(label, (2 if s.liger else 3) * d * width)
+    acc.add(label, (2 if s.liger else 3) * d * width, 2 if s.liger else 3)
     return _linears(acc, s, d, width, [(lin_names("down_proj"), hidden)], label)
 
 
@@ -177,12 +182,21 @@ def _plain_mlp(acc: _Acc, s: Setting, fam: Family, c: dict, x_bytes: int, hidden
     if act not in ACT_SAVED_WIDTHS:
         raise InvalidConfigError(f"hidden_act {act!r}: the activation model knows {', '.join(sorted(ACT_SAVED_WIDTHS))}")
     d = _linears(acc, s, x_bytes, hidden, [(lin_names(fc_in), width)], "MLP", input_saved=input_saved)
-    acc.add("MLP", ACT_SAVED_WIDTHS[act] * d * width)
+    acc.add("MLP", ACT_SAVED_WIDTHS[act] * d * width, ACT_SAVED_WIDTHS[act])
     return _linears(acc, s, d, width, [(lin_names(fc_out), hidden)], "MLP")
 
 
 def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) -> dict[str, float]:
     """Bytes per token saved for backward by one decoder layer (no checkpointing)."""
+    return dict(_layer_acc(fam, c, layer, s).terms)
+
+
+def layer_activation_parts(fam: Family, c: dict, layer: LayerShape, s: Setting) -> dict[str, list[float]]:
+    """`layer_activation_terms` as the tensors (bytes per token each) each label is made of."""
+    return {label: list(parts) for label, parts in _layer_acc(fam, c, layer, s).parts.items()}
+
+
+def _layer_acc(fam: Family, c: dict, layer: LayerShape, s: Setting) -> _Acc:
     acc = _Acc()
     h, hd = fam.hidden(c), fam.head_dim(c)
     heads, kv = fam.heads(c), fam.kv_heads(c)
@@ -203,7 +217,7 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
             _moe(acc, s, fam, c, layer, y, h, lin_names)
         else:
             _mlp(acc, s, fam, y, h, layer.mlp_intermediate, "MLP", lin_names)
-        return dict(acc.terms)
+        return acc
     fused_qkv = fam.entry.fused_qkv  # Phi-3, GPT-NeoX: q, k and v are slices (views) of one projection's output
     projections = ([(lin_names(fused_qkv), q_w + 2 * kv_w)] if fused_qkv else
                    [(lin_names("q_proj"), q_w), (lin_names("k_proj"), kv_w), (lin_names("v_proj"), kv_w)])
@@ -229,10 +243,12 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
     math_kernel = not s.eager and (fam.entry.runs_sdpa_math(c) or fp32_gqa)
     if math_kernel:
         # float32 q, expanded k and v (upcast where they were not), and the float32 probabilities
-        acc.add("attention (math kernel: fp32 q, k, v, probabilities)", 4 * (3 * q_w + heads * s.seq_len))
+        acc.add("attention (math kernel: fp32 q, k, v, probabilities)", 4 * 3 * q_w, 3)
+        acc.add("attention (math kernel: fp32 q, k, v, probabilities)", 4 * heads * s.seq_len)
     elif s.eager:
         # matmuls keep q and the repeated k, v; softmax keeps its fp32 output, the second matmul its cast
-        acc.add("attention (q, k, v, out)", d * (2 * q_w + v_w))
+        acc.add("attention (q, k, v, out)", d * 2 * q_w, 2)
+        acc.add("attention (q, k, v, out)", d * v_w)
         if fam.attention_sinks:
             # GPT-OSS: one softmax over [scores, sink] in the compute dtype (s + 1 columns, kept by the value
             # matmul through a view), and the int64 index of the row max it subtracts first
@@ -246,7 +262,9 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
                 scores += s.dropout_mask_bytes  # replaces the cast as the tensor the value matmul saves
             acc.add("attention scores (eager)", scores * heads * s.seq_len)
     else:
-        acc.add("attention (q, k, v, out)", d * (q_w + k_w + v_w) + d * q_w + 4 * heads)  # + log-sum-exp
+        for width_ in (q_w, k_w, v_w, q_w):  # q, k, v and the output
+            acc.add("attention (q, k, v, out)", d * width_)
+        acc.add("attention (q, k, v, out)", 4 * heads)  # log-sum-exp
     # SDPA kernels write their output in [b, s, heads, d] layout: the transpose + contiguous before o_proj
     # is free, so o_proj's input is the very tensor SDPA saved. Eager attention makes a copy.
     o_proj = lin_names(fam.entry.output_projection)
@@ -272,7 +290,7 @@ def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) 
                    input_saved=shared_input)
     if fam.post_norms:
         _norm(acc, s, d_m, h, gemma=gemma, label="norms")
-    return dict(acc.terms)
+    return acc
 
 
 def _moe(acc: _Acc, s: Setting, fam: Family, c: dict, layer: LayerShape, y: int, h: int, lin_names) -> None:
@@ -406,11 +424,20 @@ def loss_bytes_per_token(fam: Family, c: dict, s: Setting) -> tuple[float, str]:
 def terms_by_layer(fam: Family, c: dict, layers, s: Setting) -> list[dict[str, float]]:
     """`layer_activation_terms` for each layer, computed once per distinct layer object
     (`aegis.families.layer_shapes` makes equal layers the same object)."""
-    seen: dict[int, dict[str, float]] = {}
+    return _per_layer(layer_activation_terms, fam, c, layers, s)
+
+
+def parts_by_layer(fam: Family, c: dict, layers, s: Setting) -> list[dict[str, list[float]]]:
+    """`layer_activation_parts` for each layer (computed once per distinct layer object)."""
+    return _per_layer(layer_activation_parts, fam, c, layers, s)
+
+
+def _per_layer(fn, fam: Family, c: dict, layers, s: Setting) -> list:
+    seen: dict[int, Any] = {}
     out = []
     for layer in layers:
-        terms = seen.get(id(layer))
-        if terms is None:
-            terms = seen[id(layer)] = layer_activation_terms(fam, c, layer, s)
-        out.append(terms)
+        value = seen.get(id(layer))
+        if value is None:
+            value = seen[id(layer)] = fn(fam, c, layer, s)
+        out.append(value)
     return out

@@ -16,8 +16,9 @@ The stream, per tensor (each its own allocation, as PyTorch makes them):
    an NF4 weight as its five allocations: packed codes, absmax, nested absmax, code book, offset —
    then the final norm and an untied head), then the LoRA adapters (``lora_A``, ``lora_B`` per wrapped
    module, fp32).
-2. **forward**, per layer: the tensors the activation model says the layer saves, one per term
-   (`aegis.memory.activations.layer_activation_terms`), plus the layer's output; under gradient
+2. **forward**, per layer: the tensors the activation model says the layer saves, each its own allocation
+   (`aegis.memory.activations.layer_activation_parts`: gate, up and the activation's tensors apart, not one
+   block per term), plus the layer's output; under gradient
    checkpointing only the layer input stays and the rest is freed at the end of the layer. Then the
    head's saved input, the logits, their fp32 upcast and the log-softmax output.
 3. **backward**: the NLL gradient and the log-softmax gradient, the loss buffers freed; per layer from
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 
 from aegis.families import get_family, layer_shapes
 from aegis.memory._dtypes import placement
-from aegis.memory.activations import fixed_saved_by_layer, head_saved_bytes_per_token, terms_by_layer
+from aegis.memory.activations import fixed_saved_by_layer, head_saved_bytes_per_token, parts_by_layer
 from aegis.memory.allocator import AllocatorOutOfMemoryError, CachingAllocator, gc_paused
 from aegis.memory.components import NF4_BLOCK, NF4_BLOCK2, sizes
 from aegis.schema import GPU, MemoryEstimate, ModelProfile, Tier, TrainConfig, lora_selects, lora_target_names
@@ -176,7 +177,8 @@ def allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEP
                         trainable[i].append(lin.count * shape)
 
     # -- the per-step quantities the estimate uses -----------------------------------------------------
-    terms = terms_by_layer(fam, c, layers, setting)
+    # each saved tensor its own allocation, as PyTorch makes them (a label's parts: gate, up, act, ...)
+    parts = [[v for label in by_label.values() for v in label] for by_label in parts_by_layer(fam, c, layers, setting)]
     # PEFT's merged W + B@A of adapted fused experts, saved once per layer whatever the token count
     fixed = fixed_saved_by_layer(layers, setting) if cfg.method != "full" else [0] * len(layers)
     head_saved = head_saved_bytes_per_token(fam, c, setting)
@@ -218,7 +220,7 @@ def allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEP
         saved: list[list[int]] = []
         for i in range(len(layers)):
             if cfg.gradient_checkpointing:
-                inner = [st.alloc(tokens * v) for v in terms[i].values()] + ([st.alloc(fixed[i])] if fixed[i] else [])
+                inner = [st.alloc(tokens * v) for v in parts[i]] + ([st.alloc(fixed[i])] if fixed[i] else [])
                 out = st.alloc(tokens * hidden * stream_b)
                 st.free(*inner)
                 if keeps_inputs:
@@ -227,7 +229,7 @@ def allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEP
                     st.free(x)  # offloaded to the host: brought back for the layer's backward
                     saved.append([])
             else:
-                own = [st.alloc(v) for v in cast_per_layer[i]] + [st.alloc(tokens * v) for v in terms[i].values()]
+                own = [st.alloc(v) for v in cast_per_layer[i]] + [st.alloc(tokens * v) for v in parts[i]]
                 own += [st.alloc(fixed[i])] if fixed[i] else []
                 out = st.alloc(tokens * hidden * stream_b)
                 st.free(x)  # the residual add needs no input for backward; the norm saved its own copy
@@ -263,7 +265,7 @@ def allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEP
         st.free(*loss_live, head, x, *casts)
         # -- backward, layer by layer ------------------------------------------------------------------
         for i in range(len(layers) - 1, -1, -1):
-            recompute = [st.alloc(tokens * v) for v in terms[i].values()] if cfg.gradient_checkpointing else []
+            recompute = [st.alloc(tokens * v) for v in parts[i]] if cfg.gradient_checkpointing else []
             recompute += [st.alloc(fixed[i])] if cfg.gradient_checkpointing and fixed[i] else []
             if cfg.gradient_checkpointing and not keeps_inputs:
                 recompute.append(st.alloc(tokens * hidden * stream_b))  # the input, back from the host
