@@ -28,13 +28,14 @@ def load_rows(path: Path = TABLE) -> list[dict[str, Any]]:
 
 
 def stack_of(row: dict[str, Any]) -> StackProfile:
-    """The stack a truth row traced: trainer imitated, transformers version, k-bit prep, checkpointing variant.
+    """The stack a truth row traced: trainer imitated, transformers version, k-bit prep, checkpointing variant, AdamW.
     Rows traced before these keys existed are HF Trainer, transformers 5.23.0, k-bit prep, non-reentrant."""
     return StackProfile(
         trainer=row.get("trainer", "hf"),
         transformers_version=row.get("transformers_version", "5.23.0"),
         kbit_prep=row.get("kbit_prep", True),
         checkpointing=row.get("checkpointing", "non_reentrant"),
+        adamw="fused" if row["optimizer"] == "adamw_fused" else "foreach",
     )
 
 

@@ -196,3 +196,28 @@ def test_default_profile_is_the_engine_as_before():
     explicit = cfg.model_copy(update={"stack": StackProfile(trainer="hf", transformers_version="5.23.0")})
     assert estimate(profile, cfg).tensor_bytes == estimate(profile, explicit).tensor_bytes
     assert estimate(profile, cfg).stack_notes == estimate(profile, explicit).stack_notes
+
+
+def test_adamw_temporaries_follow_the_trainers_optimizer():
+    """transformers 5's TrainingArguments default (torch >= 2.8) and Aegis's emitted scripts run fused AdamW, which
+    keeps no foreach temporaries; 4.x's adamw_torch runs foreach, a state-sized copy of sqrt(v) per decay tensor.
+    The traced rows say so (tests/data/memory_truth.json: a Llama-3.2-1B full row with each, no temporary in the
+    fused one), and the H100's reserved peak for the fused row is within 1% of the plan (test_gpu_truth)."""
+    from aegis.memory.components import optimizer_temp_bytes
+
+    profile = resolve_model("meta-llama/Llama-3.2-1B")
+
+    def cfg(stack: StackProfile) -> TrainConfig:
+        return TrainConfig(method="full", micro_batch_size=1, seq_len=512, stack=stack)
+
+    decay = 10**9
+    for stack in (StackProfile(), StackProfile(adamw="fused"), StackProfile(transformers_version="4.48", adamw="fused")):
+        assert optimizer_temp_bytes(cfg(stack), decay, 2)[0] == 0
+    for stack in (StackProfile(transformers_version="4.48.1"), StackProfile(adamw="foreach")):
+        assert optimizer_temp_bytes(cfg(stack), decay, 2)[0] == 2 * decay
+    foreach = estimate(profile, cfg(StackProfile(adamw="foreach")))
+    fused = estimate(profile, cfg(StackProfile()))
+    assert foreach.peak_phase == "optimizer step"  # b1 s512: the foreach copy is the step's peak
+    temporaries = next(c.bytes for c in foreach.components if "temporaries" in c.name)
+    assert fused.total_bytes <= foreach.total_bytes - temporaries / 2
+    assert StackProfile(adamw="foreach").label().endswith("foreach AdamW")

@@ -141,6 +141,8 @@ def optimizer_state_bytes(cfg: TrainConfig, trainable: int, state_bytes: int) ->
 
 def optimizer_temp_bytes(cfg: TrainConfig, decay_params: int, state_bytes: int) -> tuple[int, str]:
     """Transient memory of the optimizer step."""
-    if cfg.optimizer == "adamw":
+    if cfg.optimizer == "adamw" and not cfg.stack.adamw_fused:
         return decay_params * state_bytes, f"foreach sqrt(v) copy: {decay_params:,} x {state_bytes} B"
+    if cfg.optimizer == "adamw":
+        return 0, "fused AdamW: no large temporaries"
     return 0, "no large temporaries"

@@ -261,7 +261,11 @@ def allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEP
             loss_live = [glog] if glog is not None else []
         # head backward: the gradient flowing into the residual stream; the head's own grads
         g = st.alloc(tokens * hidden * stream_b)
-        grads = [st.alloc(t * gb) for t in head_trainable]
+        # the final norm's and an untied head's grads now; the embedding's when its backward runs, last. A tied
+        # head's grad of the shared weight comes now, and the embedding's is added to it out of place (traced:
+        # head grad, embedding grad, their sum; the first two freed)
+        grads = [st.alloc(t * gb) for t in head_trainable[1:]]
+        tied_head = st.alloc(embed * gb) if full and profile.tie_word_embeddings else None
         st.free(*loss_live, head, x, *casts)
         # -- backward, layer by layer ------------------------------------------------------------------
         for i in range(len(layers) - 1, -1, -1):
@@ -276,6 +280,13 @@ def allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEP
             g_new = st.alloc(tokens * hidden * stream_b)
             st.free(temp_big, g, *recompute, *saved[i])
             g = g_new
+        if full:  # the embedding's backward
+            emb = st.alloc(embed * gb)
+            if tied_head is not None:
+                total = st.alloc(embed * gb)
+                st.free(tied_head, emb)
+                emb = total
+            grads.append(emb)
         st.free(g)
         if mask is not None:
             st.free(mask)
@@ -285,7 +296,7 @@ def allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEP
                 states = [st.alloc(t * state_b) for t in all_trainable for _ in range(2)]
             elif cfg.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
                 states = [st.alloc(t * (1 + 4 / 2048)) for t in all_trainable for _ in range(2)]
-        if cfg.optimizer == "adamw":
+        if cfg.optimizer == "adamw" and not cfg.stack.adamw_fused:
             temps = [st.alloc(t * state_b) for t in decay]  # foreach sqrt(v) copy of the largest group
             st.free(*temps)
         st.free(*grads)  # zero_grad(set_to_none=True)

@@ -226,6 +226,12 @@ class StackProfile(Frozen):
     checkpointing: Checkpointing = Field(
         default="non_reentrant", description="Checkpointing variant when gradient checkpointing is on."
     )
+    adamw: Literal["foreach", "fused"] | None = Field(
+        default=None,
+        description="torch AdamW's implementation: foreach (a state-sized temporary per tensor of a group during the "
+        "step) or fused (none); None = the trainer's default: fused on transformers 5 (TrainingArguments' optim "
+        "adamw_torch_fused with torch >= 2.8, and what Aegis's emitted scripts ask for), foreach on 4.x (adamw_torch).",
+    )
 
     @field_validator("transformers_version")
     @classmethod
@@ -250,6 +256,13 @@ class StackProfile(Frozen):
         return self.trainer in ("hf", "trl", "axolotl")
 
     @property
+    def adamw_fused(self) -> bool:
+        """Whether AdamW runs fused (no foreach temporaries): as given, else transformers 5's default."""
+        if self.adamw is not None:
+            return self.adamw == "fused"
+        return self.transformers_major >= 5
+
+    @property
     def is_default(self) -> bool:
         """The profile Aegis modelled before stack profiles (HF Trainer, transformers 5, k-bit prep, non-reentrant)."""
         return (
@@ -258,6 +271,7 @@ class StackProfile(Frozen):
             and self.kbit_prep_effective
             and not self.liger
             and self.checkpointing == "non_reentrant"
+            and self.adamw is None
         )
 
     def label(self) -> str:
@@ -270,6 +284,8 @@ class StackProfile(Frozen):
             parts.append(f"{self.checkpointing} checkpointing")
         if self.kbit_prep is not None:
             parts.append("k-bit prep" if self.kbit_prep else "no k-bit prep")
+        if self.adamw is not None:
+            parts.append(f"{self.adamw} AdamW")
         return " · ".join(parts)
 
 
