@@ -32,7 +32,7 @@ def _setting_and_layer(config: dict, targets, dropout: float, version: str, meth
     stack = StackProfile(transformers_version=version)
     profile = profile_for_stack(profile_from_config(config, model_id="tiny", source="path"), stack)
     lora = LoRAConfig(rank=stack_probe.RANK, target_modules=tuple(targets), dropout=dropout)
-    cfg = TrainConfig(method=method, seq_len=stack_probe.SEQ, lora=lora, stack=stack)
+    cfg = TrainConfig(method=method, seq_len=stack_probe.SEQ, lora=lora, stack=stack, autocast=False)  # the probe runs no autocast
     fam = get_family(profile.config)
     setting = step_setting(profile, cfg, fam, placement(cfg))
     return fam, profile, setting, fam.layers_for(profile.config, profile.layout_major)[0]

@@ -22,6 +22,14 @@ def example_report() -> PlanReport:
 
 
 @pytest.fixture(scope="session")
+def aggressive_report() -> PlanReport:
+    """A plan with an aggressive tier (the seed's example has none: micro batch 8 does not fit a 3090)."""
+    report = plan(f"lora llama-3.1-8b on a100 with {support_dataset()}")
+    assert report.aggressive is not None
+    return report
+
+
+@pytest.fixture(scope="session")
 def nothing_fits_report() -> PlanReport:
     return plan("full finetune llama-3.1-70b on 3090")
 

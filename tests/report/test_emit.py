@@ -227,6 +227,19 @@ def test_hf_script_trains_a_tiny_model(targets, tmp_path, monkeypatch):
     assert saved["r"] == cfg.rank and names == set(expected)
 
 
+@pytest.mark.parametrize("request_text", [
+    "lora qwen2.5-0.5b on t4", "qlora llama-3.1-8b on 3090", "full qwen2.5-0.5b on a100", "lora llama-3.2-1b fp32 on a100",
+    "full qwen2.5-0.5b fp16 mixed on v100-32gb",
+])
+def test_the_plan_is_sized_under_the_autocast_the_emitted_flags_turn_on(request_text):
+    """bf16=True / fp16=True make accelerate wrap the forward in torch.autocast (Accelerator.native_amp), whatever
+    dtype the weights load in; an fp32 run has neither flag. Every tier the report sizes assumes the same."""
+    report = plan(request_text)
+    kwargs = _literal_kwargs(_calls(emit(report, "hf"), "TrainingArguments")[0])
+    tiers = [t for t in (report.recommended, report.aggressive, *report.fallbacks) if t is not None]
+    assert tiers and {t.config.autocast_effective for t in tiers} == {kwargs["bf16"] or kwargs["fp16"]}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("request_text", "base", "flags"), [
     ("lora qwen2.5-0.5b on t4", "float16", (False, True)),  # no bf16 tensor cores: fp16 base, loss-scaled fp16
@@ -249,6 +262,7 @@ def test_the_emitted_script_loads_the_dtypes_the_plan_sized(request_text, base, 
     source = emit(report, "hf")
     kwargs = _literal_kwargs(_calls(source, "TrainingArguments")[0])
     assert (kwargs["bf16"], kwargs["fp16"]) == flags
+    assert cfg.autocast_effective, "the flags turn on accelerate's autocast: the plan must be sized under it"
     script = tmp_path / "train_hf.py"
     script.write_text(source)
     ns = runpy.run_path(str(script), run_name="aegis_emitted")

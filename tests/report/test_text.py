@@ -57,7 +57,10 @@ def test_every_figure_has_its_reason(example_report):
     assert r.dataset.tokenizer in out
     assert ("approximate" in out) != r.dataset.tokenizer_exact
     assert _flat(rec.summary) in out
-    assert _flat(r.aggressive.summary) in out
+    if r.aggressive is not None:
+        assert _flat(r.aggressive.summary) in out
+    else:  # the section stays, with the solver's reason
+        assert "Aggressive Config: none: nothing faster than the recommended config fits" in out
     assert _flat(r.throughput.basis) in out and "(estimated)" in out and "aegis benchmark" in out
     for risk in r.risks:
         assert _flat(risk.detail) in out
@@ -165,7 +168,13 @@ def test_print_report_writes_to_the_console(example_report):
     assert "Recommended Config:" in buffer.getvalue()
 
 
-def test_measured_throughput_and_cloud_cost(example_report):
+def test_every_figure_of_the_aggressive_tier_has_its_reason(aggressive_report):
+    out = _flat(render_text(aggressive_report, explain=True))
+    assert _flat(aggressive_report.aggressive.summary) in out and "Aggressive Config" in out
+    assert "fits, but OOM is likely on the longest sequences" in out
+
+
+def test_measured_throughput_and_cloud_cost(example_report, aggressive_report):
     from aegis.hardware import find_gpu
     from aegis.schema import Cost
 
@@ -176,7 +185,8 @@ def test_measured_throughput_and_cloud_cost(example_report):
     out = _flat(render_text(example_report.model_copy(update={"gpu": gpu, "throughput": tp, "costs": (cost,)}), explain=True))
     assert "(measured)" in out and "to calibrate" not in out and "aegis benchmark, 2026-01" in out
     assert f"Cost: ~$1.50-$2.25 on {price.provider} ({gpu.id})" in out and "(local)" not in out
-    assert "restart costs money" in out  # the aggressive tier's advice on a rented GPU
+    rented = aggressive_report.model_copy(update={"gpu": gpu, "throughput": tp, "costs": (cost,)})
+    assert "restart costs money" in _flat(render_text(rented, explain=True))  # the aggressive tier's advice on a rented GPU
 
 
 # --- the plain layout (no rich import for `aegis plan`) against rich's own layout of the same sections ---------

@@ -44,7 +44,7 @@ def placement(cfg: TrainConfig) -> Placement:
         # adapters in fp32 (LoraConfig autocast_adapter_dtype=True)
         return Placement(base_bytes=2, base_trainable=False, autocast=False, stream_bytes=2, adapter_bytes=4,
                          unquantized_bytes=2, state_bytes=4)
-    if cfg.method == "qlora" and cfg.stack.trainer == "trl" and cfg.autocast:
+    if cfg.method == "qlora" and cfg.stack.trainer == "trl" and cfg.autocast_effective:
         return Placement(base_bytes=4, base_trainable=False, autocast=False, stream_bytes=4, adapter_bytes=4,
                          unquantized_bytes=4, state_bytes=4, embedding_bytes=2)
     if cfg.method == "qlora":

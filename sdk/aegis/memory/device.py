@@ -208,9 +208,9 @@ def allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEP
     # bf16 copies autocast makes of fp32 weights and keeps for backward (the estimate's "casts")
     cast_per_layer: list[list[int]] = [[] for _ in layers]
     cast_head: list[int] = []
-    if cfg.autocast and cfg.method == "lora":
+    if cfg.autocast_effective and cfg.method == "lora":
         cast_per_layer = [[t * 2 for t in own] for own in trainable]
-    elif cfg.autocast and cfg.method == "qlora" and place.embedding_bytes != 2:  # TRL's bf16 head needs no cast
+    elif cfg.autocast_effective and cfg.method == "qlora" and place.embedding_bytes != 2:  # TRL's bf16 head needs no cast
         cast_head = [(profile.lm_head_params or profile.embedding_params) * 2]
 
     for _step in range(steps):

@@ -225,9 +225,9 @@ def estimate(
         gathered_layer = max(layer_storage_bytes(layer, cfg, place) for layer in {id(x): x for x in layers}.values())
         gathered = 2 * gathered_layer
     casts = 0  # bf16 copies autocast keeps through forward and backward
-    if cfg.autocast and cfg.method == "lora":
+    if cfg.autocast_effective and cfg.method == "lora":
         casts = sz.adapter_params * 2 // n
-    elif cfg.autocast and cfg.method == "qlora" and place.embedding_bytes != 2:
+    elif cfg.autocast_effective and cfg.method == "qlora" and place.embedding_bytes != 2:
         casts = (profile.lm_head_params or profile.embedding_params) * 2  # the fp32 head, cast and saved
 
     moments: list[_Moment] = []
@@ -339,8 +339,8 @@ def step_setting(profile: ModelProfile, cfg: TrainConfig, fam, place) -> Setting
         lora_targets=lora_target_names(lora.target_modules, profile.linear_modules) if cfg.method != "full" else frozenset(),
         lora_rank=lora.rank,
         adapter_bytes=place.adapter_bytes or 4,
-        adapter_compute_bytes=2 if cfg.autocast and cfg.method != "full" else (place.adapter_bytes or 4),
-        sdpa_autocast=cfg.autocast,
+        adapter_compute_bytes=2 if cfg.autocast_effective and cfg.method != "full" else (place.adapter_bytes or 4),
+        sdpa_autocast=cfg.autocast_effective,
         eager=eager,
         flash=cfg.attention == "flash",
         seq_len=s,

@@ -33,6 +33,8 @@ from aegis.report.format import (
     optimizer_label,
     targets_label,
 )
+from aegis.memory._dtypes import placement
+from aegis.solver import AGGRESSIVE_OMITTED as _AGGRESSIVE_OMITTED
 from aegis.report._facts import (
     DtypeFacts,
     PlanFacts,
@@ -334,9 +336,18 @@ def stack_text(report: PlanReport) -> str:
     sharded = report.multi_gpu is not None and report.gpu_count > 1 and report.multi_gpu.assumed == "fsdp"
     if report.method == "qlora" and sharded and st.kbit_prep_effective:  # `aegis.memory.estimate.FSDP_QLORA_NOTE`
         parts.append("no k-bit prep under FSDP (TRL and axolotl skip it when sharding): bf16 embeddings/head/norms")
-    elif report.method == "qlora":
-        parts.append(("k-bit prep: fp32 embeddings/head/norms" if st.kbit_prep_effective
-                      else "no k-bit prep: bf16 embeddings/head/norms") + origin("kbit_prep"))
+    tier = report.recommended or (report.fallbacks[0] if report.fallbacks else None)
+    if report.method == "qlora" and not (sharded and st.kbit_prep_effective):
+        if not st.kbit_prep_effective:
+            kbit = "no k-bit prep: bf16 embeddings/head/norms"
+        elif tier is not None and placement(tier.config).embedding_bytes == 2:
+            kbit = "k-bit prep: fp32 norms, bf16 embeddings/head (TRL casts them back under bf16=True)"
+        else:
+            kbit = "k-bit prep: fp32 embeddings/head/norms"
+        parts.append(kbit + origin("kbit_prep"))
+    if tier is not None and tier.config.autocast_effective:  # the Trainer's bf16/fp16 flag: accelerate's autocast
+        dt = "fp16" if tier.config.precision == "fp16_mixed" else "bf16"
+        parts.append(f"{dt}=True: {dt} autocast")
     if st.liger:
         parts.append("Liger kernels")
     if st.checkpointing != "non_reentrant":
@@ -792,8 +803,11 @@ def build_sections(report: PlanReport, *, explain: bool = False) -> list[Section
         out.append(_memory(report, facts, explain))
     if report.recommended is not None:
         out.append(_recommended(report, facts, explain))
+    omitted = report.recommended is not None and _AGGRESSIVE_OMITTED in report.notes
     if report.aggressive is not None:
         out.append(_aggressive(report, report.aggressive, explain))
+    elif omitted:  # the section stays where readers look for it, with the solver's reason
+        out.append(Section("aggressive", "Aggressive Config", "", (Line("", "none: nothing faster than the recommended config fits"),)))
     if report.gpu_count > 1 and report.multi_gpu is not None:
         out.append(brief(_multi_gpu(report)))
     out.append(_estimates(report, explain))
@@ -801,6 +815,7 @@ def build_sections(report: PlanReport, *, explain: bool = False) -> list[Section
         out.append(_risks(report))
     if report.recommended is not None or report.fallbacks:
         out.append(_fallbacks(report, explain))
-    if report.notes:
-        out.append(Section("notes", "Notes", "", tuple(Line("", n) for n in report.notes)))
+    notes = [n for n in report.notes if not (omitted and n == _AGGRESSIVE_OMITTED)]
+    if notes:
+        out.append(Section("notes", "Notes", "", tuple(Line("", n) for n in notes)))
     return out

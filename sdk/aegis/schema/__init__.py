@@ -300,15 +300,27 @@ class TrainConfig(Frozen):
     attention: Attention = Field(default="sdpa", description="Attention implementation.")
     chunked_cross_entropy: bool = Field(default=False, description="Compute the loss in vocab chunks (no full fp32 logits).")
     precision: Precision = Field(default="bf16", description="Precision mode of weights, grads and optimizer states.")
-    autocast: bool = Field(
-        default=False,
-        description="bf16 weights run under torch.autocast too (HF Trainer bf16=True on a bf16 model); mixed modes always autocast.",
+    autocast: bool | None = Field(
+        default=None,
+        description="Matmuls run under torch.autocast (HF Trainer's bf16=True / fp16=True: accelerate wraps the forward "
+        "in it, whatever dtype the weights load in). None = the trainer's default: HF Trainer, TRL and axolotl "
+        "autocast in every 16-bit mode; a plain PEFT loop and Unsloth are modelled without. Mixed modes always autocast.",
     )
     optimizer: Optimizer = Field(default="adamw", description="Optimizer.")
     lora: LoRAConfig | None = Field(default=None, description="Adapter settings for lora/qlora (defaults when None).")
     stack: StackProfile = Field(
         default_factory=StackProfile, description="Trainer, transformers version and kernels the run uses."
     )
+
+    @property
+    def autocast_effective(self) -> bool:
+        """Whether the step runs under torch.autocast: as given, else the trainer's default. HF Trainer (and TRL and
+        axolotl, which run it) pass ``bf16=True``/``fp16=True`` to accelerate, whose ``prepare_model`` wraps the
+        model's forward in ``torch.autocast`` (accelerate ``Accelerator.native_amp``) even when the weights load in
+        bf16; Aegis's emitted scripts set the flag too. fp32 runs no autocast."""
+        if self.autocast is not None:
+            return self.autocast
+        return self.precision != "fp32" and self.stack.trainer in ("hf", "trl", "axolotl")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
