@@ -695,6 +695,7 @@ def _from_hub(repo_id: str) -> tuple[dict[str, Any], str]:
     close = suggest_models(repo_id)
     hint = f"; close bundled models: {', '.join(close)}" if close else ""
     try:
+        _reach_hub(repo_id)
         file = hf_hub_download(repo_id, "config.json", etag_timeout=5)
     except hf_errors.GatedRepoError as err:
         raise UnknownModelError(
@@ -713,6 +714,32 @@ def _from_hub(repo_id: str) -> tuple[dict[str, Any], str]:
     except OSError as err:
         raise OfflineError(_offline_message(repo_id, hint)) from err
     return json.loads(Path(file).read_text(encoding="utf-8")), "hub"
+
+
+def _network_errors() -> tuple[type[Exception], ...]:
+    """What the Hub client raises when it cannot connect: httpx2's transport errors (huggingface_hub 2.x) and
+    httpx's (1.x)."""
+    import importlib
+
+    found = []
+    for name in ("httpx2", "httpx"):
+        try:
+            found.append(importlib.import_module(name).TransportError)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+def _reach_hub(repo_id: str) -> None:
+    """One HEAD request for the config, without retries: with no network it fails in about a second (an
+    `OSError` for `_from_hub`) where `hf_hub_download` would retry for ~25 s (1+2+4+8+8 s of backoff, a logged
+    warning each time). The Hub's answers (unknown repo, gated, no such file) raise as `hf_hub_download`'s do."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    try:
+        get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=5)
+    except _network_errors() as err:
+        raise ConnectionError(f"Hugging Face Hub unreachable: {err}") from err
 
 
 def _offline_message(repo_id: str, hint: str) -> str:
