@@ -476,3 +476,34 @@ def test_sdpa_attention_dropout_allocates_what_cuda_kernels_do():
         assert peak(lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True)) == free
         assert peak(lambda: F.scaled_dot_product_attention(q, k, v, None, 0.1, True)) == free
     assert F.scaled_dot_product_attention is original
+
+
+def test_float32_grouped_query_attention_runs_the_math_kernel_unless_autocast_casts_it():
+    """On CUDA, float32 grouped-query SDPA can only run the math kernel (flash and cuDNN take 16-bit inputs, the
+    memory-efficient kernel no grouped heads), which keeps the [b, h, s, s] probabilities; under autocast the inputs
+    are cast to bf16 first and the flash kernel runs (H100: Llama-3.2-1B QLoRA 14.52 GiB without autocast, 9.97 GiB
+    with). Inside `cuda_dropout` the trace follows both, whatever the CPU dispatcher would pick."""
+    import torch
+    import torch.nn.functional as F
+
+    from tools.truth.patches import cuda_dropout
+
+    b, h, kv, s, d = 1, 8, 2, 256, 16
+    q = torch.randn(b, h, s, d)
+    k, v = torch.randn(b, kv, s, d), torch.randn(b, kv, s, d)
+    scores = b * h * s * s * 4
+
+    def peak(call) -> tuple[int, torch.dtype]:
+        tracker = LiveBytes()
+        with tracker:
+            out = call()
+        return tracker.peak_bytes, out.dtype
+
+    attend = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+    flash, _ = peak(attend)
+    with cuda_dropout():
+        math, dtype = peak(attend)
+        assert math >= flash + scores and dtype == torch.float32
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            cast, dtype = peak(attend)
+        assert dtype == torch.bfloat16 and cast < flash + scores // 2

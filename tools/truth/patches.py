@@ -175,7 +175,8 @@ def cuda_dropout() -> Iterator[None]:
 
     Float32 grouped-query attention (``enable_gqa=True``, fewer key/value heads; e.g. a k-bit-prepared model without
     autocast, whose hidden states are float32) runs CUDA's math kernel, as measured on an H100 (tools/truth/cuda.py:
-    Llama-3.2-1B QLoRA, 4.4 GiB above the flash-style trace); here it runs that kernel too.
+    Llama-3.2-1B QLoRA, 4.4 GiB above the flash-style trace); here it runs that kernel too. Under autocast the inputs
+    are cast to its dtype first, as CUDA's autocast does (same H100: that QLoRA step under autocast, 9.97 GiB).
     """
     import torch
     import torch.nn.functional as F
@@ -193,7 +194,15 @@ def cuda_dropout() -> Iterator[None]:
             args = (*args[:4], 0.0, *args[5:])
         else:
             kwargs["dropout_p"] = 0.0
-        query, key = args[0], args[1]
+        qkv = ("query", "key", "value")
+        device = (args[0] if args else kwargs["query"]).device.type
+        if torch.is_autocast_enabled(device):
+            # CUDA's autocast casts SDPA's inputs to its dtype before a kernel is chosen (SDPA is on its
+            # lower-precision list), so float32 hidden states under autocast still get the bf16 flash kernel
+            dtype = torch.get_autocast_dtype(device)
+            args = tuple(a.to(dtype) if i < 3 and a.is_floating_point() else a for i, a in enumerate(args))
+            kwargs = {k: (v.to(dtype) if k in qkv and v.is_floating_point() else v) for k, v in kwargs.items()}
+        query, key = (args + tuple(kwargs[n] for n in qkv[len(args):2]))[:2]
         if query.dtype == torch.float32 and kwargs.get("enable_gqa") and key.shape[-3] != query.shape[-3]:
             # CUDA: flash and cuDNN take only bf16/fp16 and the memory-efficient kernel no grouped heads, so float32
             # grouped-query attention runs the math kernel (the CPU dispatcher would pick its flash kernel)

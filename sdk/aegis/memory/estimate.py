@@ -224,15 +224,17 @@ def estimate(
     if n > 1:  # the current and the prefetched layer, unsharded, in their storage dtype
         gathered_layer = max(layer_storage_bytes(layer, cfg, place) for layer in {id(x): x for x in layers}.values())
         gathered = 2 * gathered_layer
-    casts = 0  # bf16 copies autocast keeps through forward and backward
+    casts = head_cast = 0  # bf16 copies autocast keeps through forward and backward
     if cfg.autocast_effective and cfg.method == "lora":
         casts = sz.adapter_params * 2 // n
     elif cfg.autocast_effective and cfg.method == "qlora" and place.embedding_bytes != 2:
-        casts = (profile.lm_head_params or profile.embedding_params) * 2  # the fp32 head, cast and saved
+        # the frozen fp32 head's bf16 copy: autocast caches only leaf weights that require grad, so this one is the
+        # head matmul's saved operand, freed by the head's backward (the layers' backward runs without it)
+        head_cast = (profile.lm_head_params or profile.embedding_params) * 2
 
     moments: list[_Moment] = []
     moments.append(_Moment("start of backward (loss)", {
-        "weights": weights, "adapters": adapters, "optimizer": states, "gathered": gathered, "casts": casts,
+        "weights": weights, "adapters": adapters, "optimizer": states, "gathered": gathered, "casts": casts + head_cast,
         "buckets": buckets, "activations": act_total + int(tokens * head_saved) + (0 if cfg.gradient_checkpointing else sum(fixed)),
         "masks": masks, "logits": loss_total,
     }))
