@@ -73,6 +73,9 @@ def plan(
     checkpoint_mode: Annotated[Optional[str], typer.Option(
         help="Checkpointing variant: non_reentrant, reentrant, offload (Unsloth's; its default).")] = None,
     lora_dropout: Annotated[Optional[float], typer.Option(min=0.0, max=0.99, help="LoRA dropout (default 0).")] = None,
+    autocast: Annotated[Optional[bool], typer.Option(
+        "--autocast/--no-autocast",
+        help="The step runs under torch.autocast (default: the trainer's; HF Trainer's bf16=True does).")] = None,
     emit: Annotated[Optional[str], typer.Option(help="Also write a trainer config: axolotl, hf or unsloth.")] = None,
     out: Annotated[Optional[str], typer.Option(help="Where --emit writes (default: stdout).")] = None,
     json_: JsonOpt = False,
@@ -89,7 +92,7 @@ def plan(
         micro_batch_size=batch, effective_batch_size=effective_batch, seq_len=seq, epochs=epochs, optimizer=optimizer,
         gradient_checkpointing=checkpointing, progress=fmt is Output.text and sys.stderr.isatty(),
         trainer=trainer, transformers_version=transformers, kbit_prep=kbit_prep, liger=liger,
-        checkpointing_mode=checkpoint_mode, lora_dropout=lora_dropout,
+        checkpointing_mode=checkpoint_mode, lora_dropout=lora_dropout, autocast=autocast,
     )
     _print_report(report, fmt, explain=explain)
     if emit:

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 
 from aegis import hardware
-from aegis.errors import RequestParseError, UnknownModelError
+from aegis.errors import InvalidConfigError, RequestParseError, UnknownModelError
 from aegis.hub import match_model, resolve_model
 from aegis.memory.estimate import estimate
 from aegis.memory.stack import profile_for_stack
@@ -149,10 +149,12 @@ def plan_request(
         notes.append(f"{gpu.name} has no bf16 tensor cores (compute capability {gpu.compute_capability}): planned "
                      f"fp16 mixed precision (fp16=True, loss scaling) at {gpu.tflops(precision):g} TFLOPS; "
                      "say 'bf16' to plan emulated bf16")
+    if req.autocast is False and precision in ("bf16_mixed", "fp16_mixed"):
+        raise InvalidConfigError(f"{precision} runs fp32 or fp16 weights under autocast: drop --no-autocast, or plan bf16")
     kwargs = dict(method=method, seq_len=seq_len, effective_batch_size=eff, lora=lora,
                   optimizer=req.optimizer or "adamw", precision=precision,
                   micro_batch_size=req.micro_batch_size, gradient_checkpointing=req.gradient_checkpointing,
-                  gpu_count=gpu_count, eval_seq_len=eval_seq, stack=stack)
+                  gpu_count=gpu_count, eval_seq_len=eval_seq, stack=stack, autocast=req.autocast)
     solution = solve(profile, gpu, **kwargs)
     multi = None
     if gpu_count > 1:

@@ -103,6 +103,7 @@ def solve(
     gpu_count: int = 1,
     eval_seq_len: int | None = None,
     stack: StackProfile | None = None,
+    autocast: bool | None = None,
 ) -> Solution:
     """Search micro batch (binary search over powers of two), checkpointing, optimizer, chunked CE, rank."""
     lora = lora if method != "full" else None
@@ -110,7 +111,8 @@ def solve(
         lora = LoRAConfig()
     per_gpu_batch = max(1, effective_batch_size // max(1, gpu_count))
     base = TrainConfig(method=method, seq_len=seq_len, precision=precision, optimizer=optimizer, lora=lora,
-                       micro_batch_size=1, gradient_accumulation_steps=per_gpu_batch, stack=stack or StackProfile())
+                       micro_batch_size=1, gradient_accumulation_steps=per_gpu_batch, stack=stack or StackProfile(),
+                       autocast=autocast)
     comfort = comfort_bytes(gpu)
 
     def make(mb: int, ckpt: bool, **extra) -> TrainConfig:

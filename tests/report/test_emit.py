@@ -13,6 +13,8 @@ import yaml
 from transformers.training_args import OptimizerNames
 
 from aegis.errors import InvalidConfigError, NothingFitsError
+from aegis.hub import resolve_model
+from aegis.memory.estimate import estimate
 from aegis.planner import plan
 from aegis.schema import ALL_LINEAR_TARGETS
 from aegis.report import EMIT_KINDS, emit
@@ -238,6 +240,20 @@ def test_the_plan_is_sized_under_the_autocast_the_emitted_flags_turn_on(request_
     kwargs = _literal_kwargs(_calls(emit(report, "hf"), "TrainingArguments")[0])
     tiers = [t for t in (report.recommended, report.aggressive, *report.fallbacks) if t is not None]
     assert tiers and {t.config.autocast_effective for t in tiers} == {kwargs["bf16"] or kwargs["fp16"]}
+
+
+def test_a_plan_sized_without_autocast_emits_neither_flag():
+    """``autocast=False`` (a pure bf16 step) is sized without autocast, and the script it emits sets neither
+    bf16 nor fp16, so the Trainer runs the bf16 model as loaded; mixed precision without autocast is refused."""
+    with_ac, without = plan("lora llama-3.2-1b on a100"), plan("lora llama-3.2-1b on a100", autocast=False)
+    assert without.recommended.config.autocast_effective is False
+    kwargs = _literal_kwargs(_calls(emit(without, "hf"), "TrainingArguments")[0])
+    assert (kwargs["bf16"], kwargs["fp16"]) == (False, False)
+    same = without.recommended.config.model_copy(update={"autocast": None})
+    assert estimate(resolve_model("llama-3.2-1b"), same).tensor_bytes != without.recommended.memory.tensor_bytes
+    assert with_ac.recommended.config.autocast_effective
+    with pytest.raises(InvalidConfigError, match="autocast"):
+        plan("lora qwen2.5-0.5b on t4", autocast=False)
 
 
 @pytest.mark.slow

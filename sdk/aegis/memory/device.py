@@ -210,7 +210,8 @@ def allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEP
     cast_head: list[int] = []
     if cfg.autocast_effective and cfg.method == "lora":
         cast_per_layer = [[t * 2 for t in own] for own in trainable]
-    elif cfg.autocast_effective and cfg.method == "qlora" and place.embedding_bytes != 2:  # TRL's bf16 head needs no cast
+    elif cfg.autocast_effective and cfg.method == "qlora" and (place.embedding_bytes or place.unquantized_bytes) != 2:
+        # an fp32 head (k-bit prep) is cast; a bf16 one (TRL's, or no k-bit prep) is not
         cast_head = [(profile.lm_head_params or profile.embedding_params) * 2]
 
     for _step in range(steps):

@@ -85,6 +85,7 @@ def estimate_memory(
     trainer: Trainer | None = None,
     transformers_version: str | None = None,
     lora_dropout: float | None = None,
+    autocast: bool | None = None,
 ) -> MemoryEstimate:
     """Predict the peak memory of a training step. Raises `InvalidConfigError` on impossible settings.
 
@@ -92,7 +93,8 @@ def estimate_memory(
     plus DDP's gradient buckets).
 
     ``stack`` (or its fields ``trainer``/``transformers_version``) names the software the run uses
-    (`aegis.schema.StackProfile`; default HF Trainer on transformers 5); ``lora_dropout`` the LoRA dropout.
+    (`aegis.schema.StackProfile`; default HF Trainer on transformers 5); ``lora_dropout`` the LoRA dropout;
+    ``autocast`` whether the step runs under torch.autocast (None: the trainer's default, `TrainConfig.autocast`).
 
     ``framework="hf"`` sizes HF Trainer on PyTorch; ``"jax"`` Aegis' JAX engine as XLA compiles it
     (`aegis.memory.jax_profile`; XLA:CPU's layout when no GPU is named)."""
@@ -113,7 +115,7 @@ def estimate_memory(
             method=method, micro_batch_size=micro_batch_size, seq_len=seq_len,
             gradient_checkpointing=gradient_checkpointing, attention=attention,
             gradient_accumulation_steps=gradient_accumulation_steps, chunked_cross_entropy=chunked_cross_entropy, precision=precision, optimizer=optimizer,
-            lora=lora if method != "full" else None, stack=stack,
+            lora=lora if method != "full" else None, stack=stack, autocast=autocast,
         )
     except ValueError as err:
         raise InvalidConfigError(_first_error(err)) from err
@@ -227,7 +229,7 @@ def estimate(
     casts = head_cast = 0  # bf16 copies autocast keeps through forward and backward
     if cfg.autocast_effective and cfg.method == "lora":
         casts = sz.adapter_params * 2 // n
-    elif cfg.autocast_effective and cfg.method == "qlora" and place.embedding_bytes != 2:
+    elif cfg.autocast_effective and cfg.method == "qlora" and (place.embedding_bytes or place.unquantized_bytes) != 2:
         # the frozen fp32 head's bf16 copy: autocast caches only leaf weights that require grad, so this one is the
         # head matmul's saved operand, freed by the head's backward (the layers' backward runs without it)
         head_cast = (profile.lm_head_params or profile.embedding_params) * 2

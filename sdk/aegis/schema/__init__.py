@@ -327,6 +327,8 @@ class TrainConfig(Frozen):
         for name in ("micro_batch_size", "seq_len", "gradient_accumulation_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.autocast is False and self.precision in ("bf16_mixed", "fp16_mixed"):
+            raise ValueError(f"{self.precision} is fp32 weights under autocast: drop autocast=False, or plan bf16")
         if self.method == "full" and self.lora is not None:
             raise ValueError("full fine-tuning takes no LoRA settings: drop `lora` or use method lora/qlora")
         return self

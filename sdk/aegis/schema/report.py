@@ -90,6 +90,9 @@ class PlanRequest(Frozen):
         default=None, description="Checkpointing variant (default non_reentrant; offload with Unsloth)."
     )
     lora_dropout: float | None = Field(default=None, ge=0, lt=1, description="LoRA dropout (default 0).")
+    autocast: bool | None = Field(
+        default=None, description="The step runs under torch.autocast (default: the trainer's; HF Trainer, TRL and "
+        "axolotl with bf16=True / fp16=True do). False: a pure bf16 step, as a custom loop without autocast runs it.")
 
     def merged(self, override: "PlanRequest") -> "PlanRequest":
         """This request with every field `override` sets replacing ours (flags win over text)."""
