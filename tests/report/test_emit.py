@@ -242,6 +242,19 @@ def test_the_plan_is_sized_under_the_autocast_the_emitted_flags_turn_on(request_
     assert tiers and {t.config.autocast_effective for t in tiers} == {kwargs["bf16"] or kwargs["fp16"]}
 
 
+@pytest.mark.parametrize(("trainer", "kind", "autocast"), [
+    ("hf", "hf", True), ("trl", "hf", True), ("axolotl", "axolotl", True), ("unsloth", "unsloth", True), ("peft", "hf", False),
+])
+def test_the_emitted_precision_flags_follow_the_trainers_autocast(trainer, kind, autocast):
+    """Every Trainer-based stack autocasts under bf16=True; a plain PEFT loop does not, and the script emitted for its
+    plan trains the bf16 model as loaded, as the plan sized it."""
+    report = plan("qlora llama-3.2-1b on a100", trainer=trainer, detect_stack=False)
+    assert all(t.config.autocast_effective is autocast for t in (report.recommended, *report.fallbacks))
+    text = emit(report, kind)
+    flags = yaml.safe_load(text)["bf16"] if kind == "axolotl" else _literal_kwargs(_calls(text, "TrainingArguments")[0])["bf16"]
+    assert flags is autocast
+
+
 def test_a_plan_sized_without_autocast_emits_neither_flag():
     """``autocast=False`` (a pure bf16 step) is sized without autocast, and the script it emits sets neither
     bf16 nor fp16, so the Trainer runs the bf16 model as loaded; mixed precision without autocast is refused."""

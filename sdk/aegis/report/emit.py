@@ -83,7 +83,8 @@ def _precision(precision: str, method: str, autocast: bool = True) -> dict[str, 
     """Trainer flags and dtypes of a precision mode. Mixed modes load fp32 master weights for full fine-tuning;
     LoRA's frozen base loads in the 16-bit compute dtype (the memory model sizes it at 2 bytes), PEFT keeps the
     adapters fp32 and the Trainer's autocast (and, for fp16, its loss scaler) does the rest. A plan sized without
-    autocast (``autocast=False`` on bf16) gets neither flag: the bf16 model trains as loaded."""
+    autocast (a plain PEFT loop's, or ``autocast=False``, on bf16) gets neither flag: the bf16 model trains as
+    loaded, as the plan sized it."""
     compute = {"bf16": "bfloat16", "bf16_mixed": "bfloat16", "fp16_mixed": "float16", "fp32": "float32"}[precision]
     mixed_full = method == "full" and precision in ("bf16_mixed", "fp16_mixed")
     return {
@@ -166,7 +167,7 @@ def _context(report: PlanReport) -> dict[str, Any]:
         # sharded QLoRA is planned without k-bit preparation (`aegis.memory.estimate.FSDP_QLORA_NOTE`)
         "kbit_prep": report.stack.kbit_prep_effective and not (fsdp and cfg.method == "qlora"),
         "use_reentrant": report.stack.checkpointing == "reentrant",
-        **_precision(cfg.precision, cfg.method, cfg.autocast is not False),
+        **_precision(cfg.precision, cfg.method, cfg.autocast_effective),
     }
 
 

@@ -303,8 +303,8 @@ class TrainConfig(Frozen):
     autocast: bool | None = Field(
         default=None,
         description="Matmuls run under torch.autocast (HF Trainer's bf16=True / fp16=True: accelerate wraps the forward "
-        "in it, whatever dtype the weights load in). None = the trainer's default: HF Trainer, TRL and axolotl "
-        "autocast in every 16-bit mode; a plain PEFT loop and Unsloth are modelled without. Mixed modes always autocast.",
+        "in it, whatever dtype the weights load in). None = the trainer's default: HF Trainer, TRL, axolotl and Unsloth "
+        "(all run the Trainer) autocast in every 16-bit mode; a plain PEFT loop does not. Mixed modes always autocast.",
     )
     optimizer: Optimizer = Field(default="adamw", description="Optimizer.")
     lora: LoRAConfig | None = Field(default=None, description="Adapter settings for lora/qlora (defaults when None).")
@@ -314,13 +314,13 @@ class TrainConfig(Frozen):
 
     @property
     def autocast_effective(self) -> bool:
-        """Whether the step runs under torch.autocast: as given, else the trainer's default. HF Trainer (and TRL and
-        axolotl, which run it) pass ``bf16=True``/``fp16=True`` to accelerate, whose ``prepare_model`` wraps the
-        model's forward in ``torch.autocast`` (accelerate ``Accelerator.native_amp``) even when the weights load in
-        bf16; Aegis's emitted scripts set the flag too. fp32 runs no autocast."""
+        """Whether the step runs under torch.autocast: as given, else the trainer's default. HF Trainer (and TRL,
+        axolotl and Unsloth, which run it) pass ``bf16=True``/``fp16=True`` to accelerate, whose ``prepare_model``
+        wraps the model's forward in ``torch.autocast`` (accelerate ``Accelerator.native_amp``) even when the weights
+        load in bf16; Aegis's emitted scripts set the flag too. A plain PEFT loop and fp32 runs have no autocast."""
         if self.autocast is not None:
             return self.autocast
-        return self.precision != "fp32" and self.stack.trainer in ("hf", "trl", "axolotl")
+        return self.precision != "fp32" and self.stack.trainer != "peft"
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
