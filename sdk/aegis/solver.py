@@ -113,6 +113,7 @@ def solve(
     base = TrainConfig(method=method, seq_len=seq_len, precision=precision, optimizer=optimizer, lora=lora,
                        micro_batch_size=1, gradient_accumulation_steps=per_gpu_batch, stack=stack or StackProfile(),
                        autocast=autocast)
+    base = base.model_copy(update={"autocast": base.autocast_effective})  # explicit in every tier (and plan.json)
     comfort = comfort_bytes(gpu)
 
     def make(mb: int, ckpt: bool, **extra) -> TrainConfig:
