@@ -51,8 +51,7 @@ def config_of(row: dict[str, Any]) -> TrainConfig:
         method=row["method"], micro_batch_size=row["micro_batch_size"], seq_len=row["seq_len"],
         gradient_checkpointing=row["gradient_checkpointing"], attention=row["attention"],
         precision=row["precision"], optimizer="adamw", lora=lora,
-        # mixed precision always runs under autocast; a bf16 row says whether it did
-        autocast=bool(row.get("autocast")) if row["precision"] == "bf16" else None, stack=stack_of(row),
+        autocast=bool(row.get("autocast")) and row["precision"] == "bf16", stack=stack_of(row),  # mixed: always
     )
 
 

@@ -255,6 +255,15 @@ def test_the_emitted_precision_flags_follow_the_trainers_autocast(trainer, kind,
     assert flags is autocast
 
 
+def test_mixed_precision_always_runs_under_autocast():
+    """fp32 (or fp16) master weights train under autocast whatever the flag says; a plan saved with the old
+    ``autocast: false`` default still loads and sizes the step the Trainer runs."""
+    from aegis.schema import TrainConfig
+
+    for precision in ("bf16_mixed", "fp16_mixed"):
+        assert TrainConfig(method="full", precision=precision, autocast=False).autocast_effective
+
+
 def test_a_plan_sized_without_autocast_emits_neither_flag():
     """``autocast=False`` (a pure bf16 step) is sized without autocast, and the script it emits sets neither
     bf16 nor fp16, so the Trainer runs the bf16 model as loaded; mixed precision without autocast is refused."""

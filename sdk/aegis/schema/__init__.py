@@ -318,6 +318,8 @@ class TrainConfig(Frozen):
         axolotl and Unsloth, which run it) pass ``bf16=True``/``fp16=True`` to accelerate, whose ``prepare_model``
         wraps the model's forward in ``torch.autocast`` (accelerate ``Accelerator.native_amp``) even when the weights
         load in bf16; Aegis's emitted scripts set the flag too. A plain PEFT loop and fp32 runs have no autocast."""
+        if self.precision in ("bf16_mixed", "fp16_mixed"):  # fp32 (or fp16) weights: always under autocast
+            return True
         if self.autocast is not None:
             return self.autocast
         return self.precision != "fp32" and self.stack.trainer != "peft"
@@ -327,8 +329,6 @@ class TrainConfig(Frozen):
         for name in ("micro_batch_size", "seq_len", "gradient_accumulation_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if self.autocast is False and self.precision in ("bf16_mixed", "fp16_mixed"):
-            raise ValueError(f"{self.precision} is fp32 weights under autocast: drop autocast=False, or plan bf16")
         if self.method == "full" and self.lora is not None:
             raise ValueError("full fine-tuning takes no LoRA settings: drop `lora` or use method lora/qlora")
         return self
