@@ -197,7 +197,7 @@ def test_interrupt_thread_commands_reach_the_run(bot_env, jax_compile_cache: Pat
     # a non-allow-listed user's reply is refused and changes nothing
     lines_before = inbox.read_text()
     assert bot.app.dispatch(thread_reply("stop", thread, user=EVIL)).status == 200
-    refusal = fake.wait_for(lambda p: p["user"] == EVIL, method="chat.postEphemeral")
+    refusal = fake.wait_for(lambda p: p["user"] == EVIL, method="chat.postEphemeral", timeout_s=240)  # as the waits above
     assert refusal["thread_ts"] == thread and inbox.read_text() == lines_before
     assert bot.runs.status(run_id).status != "stopped"
 
