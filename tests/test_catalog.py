@@ -16,7 +16,7 @@ from aegis import catalog
 from aegis.catalog import CatalogModel, PublishedCount
 from aegis.catalog._aliases import key
 from aegis.families import supported_model_types
-from aegis.hub import profile_from_config
+from aegis.profiles import profile_from_config
 from tools.check_catalog import counts_of, verdict
 from tools.import_catalog import Shape, hf_config
 

@@ -168,7 +168,7 @@ def test_phi_3_small_is_refused_never_read_as_another_phi_3(name: str) -> None:
 def test_a_phi_3_small_config_is_an_unsupported_architecture_not_another_family() -> None:
     """Passing Phi-3-small's config.json (its real model_type and class) names what is not supported."""
     from aegis.errors import UnsupportedArchitectureError
-    from aegis.hub import profile_from_config
+    from aegis.profiles import profile_from_config
 
     config = {"architectures": ["Phi3SmallForCausalLM"], "model_type": "phi3small", "hidden_size": 4096,
               "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 100352}

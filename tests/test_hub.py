@@ -93,7 +93,7 @@ def test_lora_trainable_equals_peft(model, targets):
     import torch
     import transformers
 
-    from aegis.hub import profile_from_config
+    from aegis.profiles import profile_from_config
 
     config = {**resolve_model(model).config, "num_hidden_layers": 2}
     config.pop("layer_types", None)

@@ -1,6 +1,6 @@
 """Planner, engine and transformers agree on every bundled and tiny config.json.
 
-Three readings of one config: the planner's profile (`aegis.hub.profile_from_config`, shapes from
+Three readings of one config: the planner's profile (`aegis.profiles.profile_from_config`, shapes from
 `aegis.families`), the JAX engine's parameter tree (`aegis.train.models.build_model(...).param_shapes()`,
 shapes only) and transformers' model built on the meta device. They must agree on the parameter count
 (a tied head counted once), head_dim, kv heads, tied embeddings and which layers use which sliding window.
@@ -44,8 +44,8 @@ def _config(case: str) -> dict[str, Any]:
 
 def _planner(cfg: dict[str, Any]) -> dict[str, Any]:
     from aegis.families import get_family
-    from aegis.hub import profile_from_config
     from aegis.memory.jax_profile import engine_leaves
+    from aegis.profiles import profile_from_config
 
     try:
         profile = profile_from_config(cfg, model_id="test/config", source="catalog")
@@ -247,7 +247,7 @@ def test_gemma2_softcaps_default_like_transformers() -> None:
 @pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "phi3", "gemma2", "gemma3_text", "mixtral"])
 def test_positions_and_eps_default_like_transformers(model_type: str) -> None:
     """max_position_embeddings (planner profile, engine rope) and rms_norm_eps (engine) without the keys."""
-    from aegis.hub import profile_from_config
+    from aegis.profiles import profile_from_config
     from aegis.train.models import build_model
 
     extra = {"gemma2": dict(head_dim=16), "gemma3_text": dict(head_dim=16), "mixtral": _MIXTRAL}.get(model_type, {})

@@ -1,7 +1,7 @@
 """Check the bundled model configs against published parameter counts and transformers.
 
 For every entry of ``sdk/aegis/catalog/models.json``: the planner's count from shapes
-(`aegis.hub.profile_from_config`) is compared with each parameter count the entry says is published
+(`aegis.profiles.profile_from_config`) is compared with each parameter count the entry says is published
 (model card, paper, Hub safetensors total) — total, non-embedding or active — within one unit of the
 published figure's last digit (exact for an exact figure). A figure the entry marks as known to
 disagree (with the reason) is reported, not failed. With transformers installed, the model is also
@@ -24,7 +24,7 @@ import warnings
 from dataclasses import dataclass
 
 from aegis import catalog
-from aegis.hub import profile_from_config
+from aegis.profiles import profile_from_config
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ def _model(name: str | None) -> tuple[dict[str, Any], str]:
 
 
 def _profile(config: dict[str, Any], model_id: str) -> ModelProfile:
-    from aegis.hub import profile_from_config
+    from aegis.profiles import profile_from_config
 
     return profile_from_config(config, model_id=model_id, source="path")
 

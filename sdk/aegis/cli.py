@@ -159,7 +159,7 @@ def models(
 
     from aegis import catalog
     from aegis.compare import _table
-    from aegis.hub import profile_from_config
+    from aegis.profiles import profile_from_config
 
     fmt = _output(json_, markdown)
     found = catalog.search(query, family=family, size=size)

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import difflib
 import re
 from functools import lru_cache
 
@@ -54,6 +53,8 @@ def find_gpu(name: str) -> GPU:
     for candidate in (key, key.replace("-", ""), key.removeprefix("rtx-"), "rtx-" + key):
         if candidate in table:
             return table[candidate]
+    import difflib  # suggestions only: a GPU that resolves never needs it
+
     names = difflib.get_close_matches(key, list(table), n=8, cutoff=0.5)
     close = list(dict.fromkeys(table[n].id for n in names))[:3]
     hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""

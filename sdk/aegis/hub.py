@@ -1,6 +1,8 @@
 """Model resolution: an id, alias or path → a `ModelProfile` computed from config.json shapes.
 
-One function decides what a model name means, for the parser and the loader alike: `match_model`.
+One function decides what a model name means, for the parser and the loader alike: `match_model`. This module owns
+names; a config.json from the Hugging Face Hub or its cache comes from `aegis.hub_fetch`, and
+`aegis.profiles.profile_from_config` counts it.
 
     match_model("llama-3.1-8b-chat")       # ModelMatch(model_id='meta-llama/Llama-3.1-8B-Instruct', source='catalog',
                                            #   note='meta-llama/Llama-3.1-8B-Instruct (config used for llama-3.1-8b-chat)…')
@@ -32,10 +34,8 @@ How a name is read (never a model of another family, version, size or variant):
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
-import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -46,13 +46,14 @@ from pydantic import Field
 
 from aegis import catalog
 from aegis.catalog._aliases import key as _key
-from aegis.errors import InvalidConfigError, OfflineError, UnknownModelError
-from aegis.families import get_family
-from aegis.schema import Frozen, LinearModule, ModelProfile
+from aegis.errors import InvalidConfigError, UnknownModelError
+from aegis.hub_fetch import cached_config, cached_repos, fetch_config
+from aegis.profiles import profile_from_config
+from aegis.schema import Frozen, ModelProfile
 
 __all__ = [
     "ModelMatch", "match_model", "suggest_models", "names_one_model", "resolve_model", "canonical_model_id",
-    "profile_from_config", "list_models",
+    "list_models",
 ]
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -377,7 +378,7 @@ def _match_hub_id(repo_id: str) -> ModelMatch:
     if entry is not None:
         note = "" if entry.id.lower() == repo_id.lower() else _shared_note(repo_id, entry.id)
         return ModelMatch(model_id=entry.id, source="catalog", note=note, checkpoint=_sibling_id(entry.id, repo_id))
-    if _cached_config(repo_id):
+    if cached_config(repo_id):
         return ModelMatch(model_id=repo_id, source="cache")
     org, _, rest = repo_id.partition("/")
     asked = _parse_name(rest)
@@ -531,30 +532,8 @@ def _nearest_families(word: str) -> list[str]:
     return sorted(f for f, d in dist.items() if d == best <= limit)
 
 
-def _cached_config(repo_id: str) -> str | None:
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        found = try_to_load_from_cache(repo_id, "config.json")
-    except (ValueError, OSError):  # an id the Hub would refuse
-        return None
-    return found if isinstance(found, str) and os.path.isfile(found) else None
-
-
-def _cached_repos() -> list[str]:
-    """Model repos with a cached config.json (names read from the cache's ``models--org--name`` folders)."""
-    from huggingface_hub import constants
-
-    try:
-        folders = os.listdir(constants.HF_HUB_CACHE)
-    except OSError:
-        return []
-    repos = [f.removeprefix("models--").replace("--", "/", 1) for f in folders if f.startswith("models--")]
-    return sorted(r for r in repos if "/" in r and _cached_config(r))
-
-
 def _match_cache(asked: _Name, *, exact_variant: bool) -> ModelMatch | None:
-    repos = [r for r in _cached_repos() if asked.same_model(n := _parse_name(r)) and (
+    repos = [r for r in cached_repos() if asked.same_model(n := _parse_name(r)) and (
         not exact_variant or n.variant == asked.variant)]
     exact = [r for r in repos if _parse_name(r).variant == asked.variant]
     pick = (exact or repos)[:1]
@@ -569,6 +548,8 @@ def _match_cache(asked: _Name, *, exact_variant: bool) -> ModelMatch | None:
 
 def suggest_models(name: str, n: int = 3) -> tuple[str, ...]:
     """Bundled ids close to ``name``, best first: same family and version, then the family, nearest size first."""
+    import difflib  # suggestions only: a name that resolves never needs it
+
     asked = _parse_name(name)
     known = _catalog()[0]
     families = {asked.family} if asked.family else set()
@@ -670,7 +651,7 @@ def _load(model_id: str, source: Source) -> ModelProfile:
         entry = catalog.model_entry(model_id)
         assert entry is not None
         return profile_from_config(catalog.read_model_config(entry), model_id=model_id, source="catalog")
-    config, where = _from_hub(model_id)
+    config, where = fetch_config(model_id, suggest=suggest_models)
     return profile_from_config(config, model_id=model_id, source=where)
 
 
@@ -683,129 +664,3 @@ def _from_path(path: Path) -> ModelProfile:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise InvalidConfigError(f"{file} is not valid JSON ({err}); re-download the model's config.json") from err
     return profile_from_config(config, model_id=str(path), source="path")
-
-
-def _from_hub(repo_id: str) -> tuple[dict[str, Any], str]:
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub import errors as hf_errors
-
-    cached = _cached_config(repo_id)
-    if cached:
-        return json.loads(Path(cached).read_text(encoding="utf-8")), "cache"
-    close = suggest_models(repo_id)
-    hint = f"; close bundled models: {', '.join(close)}" if close else ""
-    try:
-        _reach_hub(repo_id)
-        file = hf_hub_download(repo_id, "config.json", etag_timeout=5)
-    except hf_errors.GatedRepoError as err:
-        raise UnknownModelError(
-            f"{repo_id} is gated: accept its licence on the Hub and log in (`hf auth login`), "
-            "or pass the path of its config.json"
-        ) from err
-    except hf_errors.RepositoryNotFoundError as err:
-        raise UnknownModelError(
-            f"unknown model {repo_id!r}: no such model on the Hugging Face Hub{hint}; check the id, or pass the path "
-            "of its config.json (`--model ./path/config.json`)"
-        ) from err
-    except (hf_errors.OfflineModeIsEnabled, hf_errors.LocalEntryNotFoundError) as err:  # before its base class
-        raise OfflineError(_offline_message(repo_id, hint)) from err
-    except hf_errors.EntryNotFoundError as err:
-        raise UnknownModelError(f"{repo_id} has no config.json on the Hub: pass a local config.json path") from err
-    except OSError as err:
-        raise OfflineError(_offline_message(repo_id, hint)) from err
-    return json.loads(Path(file).read_text(encoding="utf-8")), "hub"
-
-
-def _network_errors() -> tuple[type[Exception], ...]:
-    """What the Hub client raises when it cannot connect: httpx2's transport errors (huggingface_hub 2.x) and
-    httpx's (1.x)."""
-    import importlib
-
-    found = []
-    for name in ("httpx2", "httpx"):
-        try:
-            found.append(importlib.import_module(name).TransportError)
-        except (ImportError, AttributeError):
-            continue
-    return tuple(found)
-
-
-def _reach_hub(repo_id: str) -> None:
-    """One HEAD request for the config, without retries: with no network it fails in about a second (an
-    `OSError` for `_from_hub`) where `hf_hub_download` would retry for ~25 s (1+2+4+8+8 s of backoff, a logged
-    warning each time). The Hub's answers (unknown repo, gated, no such file) raise as `hf_hub_download`'s do."""
-    from huggingface_hub import get_hf_file_metadata, hf_hub_url
-
-    try:
-        get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=5)
-    except _network_errors() as err:
-        raise ConnectionError(f"Hugging Face Hub unreachable: {err}") from err
-
-
-def _offline_message(repo_id: str, hint: str) -> str:
-    return (f"cannot reach the Hugging Face Hub for {repo_id} and it is not cached: connect once (it is fetched and "
-            f"cached), or pass the path of its config.json (`--model ./path/config.json`){hint}")
-
-
-def profile_from_config(config: Any, *, model_id: str, source: str, transformers_major: int = 5) -> ModelProfile:
-    """Compute a `ModelProfile` from a config.json dict (every count from shapes), with the module layout
-    ``transformers_major`` builds (4.x: MoE experts as separate nn.Linear)."""
-    if not isinstance(config, dict):
-        raise InvalidConfigError(f"config for {model_id} is not a JSON object: pass a Hugging Face config.json")
-    if config.get("model_type") == "gemma3" and isinstance(config.get("text_config"), dict):
-        config = {**config["text_config"], "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"]}
-    family = get_family(config)
-    layers = family.layers_for(config, transformers_major)
-    hidden, vocab = family.hidden(config), family.vocab(config)
-    if hidden == 0 or vocab == 0 or not layers or family.heads(config) == 0:
-        raise InvalidConfigError(f"config for {model_id} has a zero size (hidden, vocab, layers or heads): check config.json")
-    embedding = vocab * hidden
-    lm_head = (0 if family.tied(config) else vocab * hidden) + (vocab if family.lm_head_bias(config) else 0)
-    final_norm = family.final_norm_params(config)
-    layer_params = tuple(layer.params for layer in layers)
-    total = embedding + lm_head + final_norm + sum(layer_params)
-    active = embedding + lm_head + final_norm + sum(layer.active_params for layer in layers)
-    merged: dict[tuple, int] = {}
-    for layer in layers:
-        for lin in layer.linears:
-            key = (lin.name, lin.in_features, lin.out_features, lin.bias, lin.matched_by, lin.lora_targetable, lin.quantizable,
-                   lin.lora_rank_factor)
-            merged[key] = merged.get(key, 0) + lin.count
-    modules = tuple(
-        LinearModule(
-            name=name, in_features=i, out_features=o, count=n, bias=b,
-            matched_by=mb or (name,), lora_targetable=lt, quantizable=qz, lora_rank_factor=rf,
-        )
-        for (name, i, o, b, mb, lt, qz, rf), n in merged.items()
-    )
-    sliding = next((layer.sliding_window for layer in layers if layer.sliding_window), None)
-    moe = next((layer for layer in layers if layer.num_experts), None)
-    return ModelProfile(
-        model_id=model_id,
-        source=source,  # type: ignore[arg-type]
-        architecture=(config.get("architectures") or [type(family).__name__])[0],
-        model_type=config["model_type"],
-        family=family.name,
-        family_description=family.description,
-        num_layers=len(layers),
-        hidden_size=hidden,
-        intermediate_size=moe.mlp_intermediate if moe else family.intermediate(config),
-        num_attention_heads=family.heads(config),
-        num_key_value_heads=family.kv_heads(config),
-        head_dim=family.head_dim(config),
-        vocab_size=vocab,
-        tie_word_embeddings=family.tied(config),
-        max_position_embeddings=family.max_positions(config),
-        num_experts=moe.num_experts if moe else 0,
-        num_experts_per_tok=moe.experts_per_tok if moe else 0,
-        sliding_window=sliding,
-        total_params=total,
-        embedding_params=embedding,
-        lm_head_params=lm_head,
-        layer_params=layer_params,
-        norm_params=final_norm + sum(layer.norm_params for layer in layers),
-        active_params_per_token=active,
-        linear_modules=modules,
-        config=config,
-        layout_major=transformers_major,
-    )

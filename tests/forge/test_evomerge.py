@@ -288,8 +288,8 @@ def test_fitness_weights_follow_the_size_and_the_plot_names_its_extra(tmp_path, 
 
 def test_eval_batch_comes_from_the_planner(evo):
     from aegis.forge._evo_fitness import plan_eval_batch
-    from aegis.hub import profile_from_config
     from aegis.memory.estimate import estimate_memory
+    from aegis.profiles import profile_from_config
 
     config = json.loads((evo["base"] / "config.json").read_text())
     profile = profile_from_config(config, model_id="t", source="path")
@@ -329,8 +329,8 @@ def test_low_diversity_doubles_mutation_injects_and_keeps_distinct_elites(evo):
 def test_ste_train_batch_comes_from_the_planner(evo):
     """BitNet's STE run (and any forge training step) sizes its micro batch with the planner's JAX estimate."""
     from aegis.forge._evo_fitness import plan_train_batch
-    from aegis.hub import profile_from_config
     from aegis.memory.estimate import estimate_memory
+    from aegis.profiles import profile_from_config
 
     config = json.loads((evo["base"] / "config.json").read_text())
     profile = profile_from_config(config, model_id="t", source="path")

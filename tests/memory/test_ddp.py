@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from aegis.errors import InvalidConfigError
-from aegis.hub import profile_from_config
 from aegis.memory.estimate import estimate
+from aegis.profiles import profile_from_config
 from aegis.schema import LoRAConfig, TrainConfig
 
 CONFIG = dict(model_type="llama", hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,

@@ -13,7 +13,7 @@ import pytest
 
 from aegis.memory.estimate import FSDP_QLORA_NOTE, estimate
 from aegis.planner import plan
-from aegis.hub import profile_from_config
+from aegis.profiles import profile_from_config
 from aegis.report import emit
 from aegis.schema import LoRAConfig, StackProfile, TrainConfig
 

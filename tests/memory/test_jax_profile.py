@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import aegis
-from aegis.hub import profile_from_config
 from aegis.memory import estimate
 from aegis.memory.jax_profile import engine_leaves, estimate_jax
+from aegis.profiles import profile_from_config
 from aegis.schema import LoRAConfig, TrainConfig
 
 PEAK_TOLERANCE = 0.12

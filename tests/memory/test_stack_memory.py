@@ -16,12 +16,13 @@ import pytest
 
 from aegis.errors import InvalidConfigError
 from aegis.families import get_family
-from aegis.hub import profile_from_config, resolve_model
+from aegis.hub import resolve_model
 from aegis.memory import estimate
 from aegis.memory._dtypes import placement
 from aegis.memory.activations import layer_activation_terms, loss_bytes_per_token
 from aegis.memory.estimate import estimate_memory, step_setting
 from aegis.memory.stack import profile_for_stack
+from aegis.profiles import profile_from_config
 from aegis.schema import LoRAConfig, StackProfile, TrainConfig
 from tools import stack_probe
 

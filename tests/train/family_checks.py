@@ -87,7 +87,7 @@ def decoder_layers(hf, config: dict):
 
 def check_counts_agree(config: dict) -> None:
     """Planner == engine tree == transformers' meta-device count, in total and layer by layer."""
-    from aegis.hub import profile_from_config
+    from aegis.profiles import profile_from_config
 
     hf = meta_model(config)
     profile = profile_from_config(config, model_id="test", source="path")
@@ -121,7 +121,7 @@ def check_every_gradient_matches_torch(hf, folder: Path, vocab: int = 256) -> No
 def check_lora_sizes_equal_peft(config: dict, defaults: tuple[str, ...], few: tuple[str, ...] = ("q_proj", "v_proj")) -> None:
     """The plan's default targets are ``defaults``; for them, "all-linear" and ``few`` (q/v), the planner's trainable
     count == PEFT's == the engine's adapters."""
-    from aegis.hub import profile_from_config
+    from aegis.profiles import profile_from_config
     from aegis.schema import default_lora_targets
 
     profile = profile_from_config(config, model_id="test", source="path")
@@ -135,7 +135,7 @@ def check_lora_counts_agree(config: dict, target_sets) -> None:
     import peft
 
     import aegis
-    from aegis.hub import profile_from_config
+    from aegis.profiles import profile_from_config
     from aegis.train.lora import init_lora, lora_param_count
 
     profile = profile_from_config(config, model_id="test", source="path")

@@ -21,7 +21,7 @@ from family_checks import check_training_loss_is_torch_cross_entropy, tokens as 
 from conftest import build_hf_model, tiny_config
 
 from aegis.architectures import config as arch
-from aegis.hub import profile_from_config
+from aegis.profiles import profile_from_config
 from aegis.train.models import build_model
 from aegis.train.models.spec import BUFFER_LEAVES
 from aegis.train.weights import load_checkpoint, save_checkpoint, to_hf_state_dict

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from aegis.errors import UnsupportedArchitectureError
-from aegis.hub import profile_from_config
+from aegis.profiles import profile_from_config
 from aegis.train.models import build_model
 from conftest import tiny_config
 from family_checks import (

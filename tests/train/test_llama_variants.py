@@ -17,7 +17,7 @@ from conftest import tiny_config
 from family_checks import engine_param_count, meta_model
 
 from aegis import catalog
-from aegis.hub import profile_from_config
+from aegis.profiles import profile_from_config
 from aegis.schema import default_lora_targets
 from aegis.train.models import build_model
 from aegis.train.weights import load_checkpoint, save_checkpoint, to_hf_state_dict

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from aegis.data import ByteTokenizer, tiny_llama_config, toy_dataset_path
-from aegis.hub import profile_from_config
 from aegis.memory import estimate
+from aegis.profiles import profile_from_config
 from aegis.schema import TrainConfig
 from aegis.train.data import Example, load_jsonl
 from aegis.train.loop import Trainer

@@ -28,7 +28,7 @@ from family_checks import tokens as _tokens
 from conftest import build_hf_model, tiny_config
 
 from aegis.errors import CheckpointError, InvalidConfigError, UnsupportedArchitectureError
-from aegis.hub import profile_from_config
+from aegis.profiles import profile_from_config
 from aegis.schema import default_lora_targets
 from aegis.train.models import build_model
 from aegis.train.weights import load_checkpoint, save_checkpoint, to_hf_state_dict

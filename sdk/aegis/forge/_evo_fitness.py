@@ -90,7 +90,7 @@ def _config(folder: Path) -> dict[str, Any]:
 def flops_per_token(config: dict[str, Any], seq_len: int) -> float:
     """Forward FLOPs per token: 2 per weight of the layers and the head, plus causal attention
     (QK^T and AV, ``2 * seq_len * heads * head_dim`` per layer on average over positions)."""
-    from aegis.hub import profile_from_config
+    from aegis.profiles import profile_from_config
 
     p = profile_from_config(config, model_id="candidate", source="path")
     head = p.lm_head_params or p.embedding_params
@@ -122,8 +122,8 @@ def plan_train_batch(config: dict[str, Any], seq_len: int, cap: int, budget_byte
 
 
 def _largest_batch(config, seq_len, cap, budget_bytes, peak, *, eval_batch: bool) -> int:
-    from aegis.hub import profile_from_config
     from aegis.memory.estimate import estimate_memory
+    from aegis.profiles import profile_from_config
 
     profile = profile_from_config(config, model_id="forge", source="path")
     budget = _device_budget_bytes() if budget_bytes is None else budget_bytes

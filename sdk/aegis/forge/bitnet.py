@@ -13,7 +13,7 @@ the LM head, every norm, biases and MoE routers, and any decoder layer listed in
 conservative fallback keeps the last one: ``keep_layers=(-1,)``).
 
 The size category (:data:`SIZE_CATEGORIES`, from the Agent Forge phase-4 plan) is read at run time from the
-parameter count that :func:`aegis.hub.profile_from_config` computes from config.json; it sets the target
+parameter count that :func:`aegis.profiles.profile_from_config` computes from config.json; it sets the target
 compression the result is compared against (reported, never enforced).
 
 The output folder holds ``config.json`` and the tokenizer files unchanged, ``model.safetensors`` (sharded with
@@ -103,7 +103,7 @@ class CompressionResult(Frozen):
 
     out: Path = Field(description="The packed model folder.")
     size_category: str = Field(description="Size category from the parameter count.")
-    total_params: int = Field(description="Parameters of the model (aegis.hub.profile_from_config).")
+    total_params: int = Field(description="Parameters of the model (aegis.profiles.profile_from_config).")
     ternary_params: int = Field(description="Weights made ternary.")
     preserved_params: int = Field(description="Parameters kept in their original dtype.")
     zero_weights: int = Field(description="Ternary weights equal to 0.")
@@ -172,8 +172,8 @@ def compress_model(
     from aegis.forge._bitnet_pack import absmean_ternary, pack_ternary
     from aegis.forge._io import DTYPES, FLOATING, ModelWeights, ShardWriter
     from aegis.forge.merge import MAX_SHARD_BYTES
-    from aegis.hub import profile_from_config
     from aegis.model_source import TOKENIZER_FILES, locate_model
+    from aegis.profiles import profile_from_config
 
     src_path, out = Path(src), Path(out)
     if out.resolve() == src_path.resolve():

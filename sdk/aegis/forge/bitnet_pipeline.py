@@ -7,7 +7,7 @@ supervised run, revert layers that cost too much, pack, and report against the s
 
 Steps (the Agent Forge phase-4 procedure, with the BitNet b1.58 papers' quantisers):
 
-1. The model's size is read at run time (:func:`aegis.hub.profile_from_config` on its config.json): the size
+1. The model's size is read at run time (:func:`aegis.profiles.profile_from_config` on its config.json): the size
    category (:data:`aegis.forge.bitnet.SIZE_CATEGORIES`) gives the calibration sample count, the target
    compression and expected sparsity; the accuracy-drop bars (warning above 5 %, critical above 10 %, relative
    to the full-precision model) are the plan's for every size.
@@ -333,8 +333,8 @@ def compress_calibrated(
     import jax
 
     from aegis.forge.bitnet import compress_model, load_packed, size_category
-    from aegis.hub import profile_from_config
     from aegis.model_source import locate_model
+    from aegis.profiles import profile_from_config
     from aegis.train.models import build_model
     from aegis.train.weights import load_checkpoint
 

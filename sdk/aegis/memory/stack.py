@@ -53,7 +53,7 @@ def profile_for_stack(profile: ModelProfile, stack: StackProfile) -> ModelProfil
     key = (profile.model_id, profile.source, major)
     cached = _V4.get(key)
     if cached is None or cached.config != profile.config:
-        from aegis.hub import profile_from_config
+        from aegis.profiles import profile_from_config
 
         cached = profile_from_config(profile.config, model_id=profile.model_id, source=profile.source, transformers_major=major)
         _V4[key] = cached

@@ -73,8 +73,8 @@ def _abstract_batch(trainer: Trainer) -> dict[str, jax.ShapeDtypeStruct]:
 def _planned_estimate(trainer: Trainer) -> MemoryEstimate:
     """The planner's ``framework="jax"`` estimate for the trainer's model config and TrainConfig, in the
     layout of the device the trainer runs on (XLA:CPU, a catalog GPU, or a generic XLA:GPU)."""
-    from aegis.hub import profile_from_config
     from aegis.memory import estimate, estimate_jax
+    from aegis.profiles import profile_from_config
     from aegis.train.benchmark import detect_gpu_id, resolve_config
 
     config, model_id = resolve_config(trainer.model_config)
