@@ -99,7 +99,7 @@ def _transformers(cfg: dict[str, Any]) -> dict[str, Any]:
     from aegis.architectures import registry
 
     layer = model.get_submodule(registry.get(cfg["model_type"]).layers_path)[0]
-    attn = next(getattr(layer, n) for n in ("self_attn", "attention", "self_attention") if hasattr(layer, n))
+    attn = next(getattr(layer, n) for n in ("self_attn", "attention", "self_attention", "attn") if hasattr(layer, n))
     return dict(
         params=sum(p.numel() for p in model.parameters()),  # a tied head is one parameter, listed once
         # MLA: the query / key head width; GPT-NeoX: head_size

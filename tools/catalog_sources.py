@@ -1146,3 +1146,56 @@ ROWS += [
         note=SC2_NOTE.format(size=800, commit="Upload Starcoder2ForCausalLM") + " (transformers 4.39.0.dev0, "
              "bfloat16). Its dropouts are 0 (the base file's are 0.1)."),
 ]
+
+
+# GPT-2 (model_type gpt2): learned positions, Conv1D linears, LayerNorms and biases. The Hub files are rebuilt from
+# qizhou000/DAFNet's copy of gpt2-xl's config.json (byte-identical to the Hub's), changing only the widths nanoGPT's
+# from_pretrained table gives each size (and the keys the Hub's medium and distil files add), and kept where the
+# sha256 equals the Hub file's in dinoml/model-configs-rs's inventory.
+_NANOGPT = ("karpathy/nanoGPT@3adf61e154c3fe3fca428ad6bc3818b27a3b8291:model.py, GPT.from_pretrained's config_args: "
+            "n_layer, n_head, n_embd of gpt2 / gpt2-medium / gpt2-large / gpt2-xl, vocab 50,257, block 1,024, biases")
+GPT2_CARD = "openai-community/{name} model card (Hub): '{words}'"
+
+
+def _gpt2_source(size: int, sha256: str, revision: str, changed: str) -> str:
+    return hash_verified(revision, size, sha256, f"gpt2-xl's Hub config.json as qizhou000/DAFNet@4fb2bf56 keeps it "
+                                                 f"(models/gpt2-xl/config.json) with {changed} ({_NANOGPT})")
+
+
+ROWS += [
+    row("openai-community/gpt2", "gpt-2", "124m", "base", (VENDORED, "openai-community--gpt2.json"),
+        P("124M", GPT2_CARD.format(name="gpt2", words="the smallest version of GPT-2, with 124M parameters")),
+        note=_gpt2_source(665, "0daed7749b4f02b8f76240d5444551d7b08712dab4d0adb8239c56ba823bb7b4",
+                          "607a30d783dfa663caf39e06633721c8d4cfcd7e",
+                          "n_embd 768, n_head 12, n_layer 12 and without output_past") +
+        " 1,024 learned positions: a hard limit on the sequence. Dropouts 0.1 in training."),
+    row("openai-community/gpt2-medium", "gpt-2", "355m", "base",
+        (VENDORED, "openai-community--gpt2-medium.json"),
+        P("355M", GPT2_CARD.format(name="gpt2-medium", words="GPT-2 Medium is the 355M parameter version of GPT-2")),
+        note=_gpt2_source(718, "ef1a44d889ad1a0acc7731c78134f1b87d2d222f110e97dd10fd4117331caf22",
+                          "6dcaa7a952f72f9298047fd5137cd6e4f05f41da",
+                          "n_embd 1,024, n_head 16, n_layer 24, n_special 0 and predict_special_tokens (keys "
+                          "transformers ignores), without output_past") + " 1,024 learned positions."),
+    row("openai-community/gpt2-large", "gpt-2", "774m", "base",
+        (VENDORED, "openai-community--gpt2-large.json"),
+        P("774M", GPT2_CARD.format(name="gpt2-large", words="GPT-2 Large is the 774M parameter version of GPT-2")),
+        note=_gpt2_source(666, "7fccdcfd6622055342a734c663ee0b61ff4fd697f42467595df0bf4448c8c170",
+                          "32b71b12589c2f8d625668d2335a01cac3249519",
+                          "n_embd 1,280, n_head 20, n_layer 36, without output_past (xu737/PeFAD@a9bdaa1c keeps the "
+                          "same file, gpt2-l/config.json, with a trailing newline)") + " 1,024 learned positions."),
+    row("openai-community/gpt2-xl", "gpt-2", "1.5b", "base", (VENDORED, "openai-community--gpt2-xl.json"),
+        P("1.5B", GPT2_CARD.format(name="gpt2-xl", words="GPT-2 XL is the 1.5B parameter version of GPT-2")),
+        P("1558M", _NANOGPT + ": its comment '# 1558M params'"),
+        note=_gpt2_source(689, "be48115d52314bc27327e160bf10197760db02ea689d10adb24db4102edf7a8a",
+                          "15ea56dee5df4983c59b2538573817e1667135e2", "nothing changed") +
+        " 1,024 learned positions."),
+    row("distilbert/distilgpt2", "distilgpt2", "82m", "base",
+        (VENDORED, "distilbert--distilgpt2.json"),
+        P("82M", "distilbert/distilgpt2 model card (Hub): 'DistilGPT2 ... has 82 million parameters'"),
+        sole_size="distilbert/distilgpt2 model card: one model, distilled from the 124M GPT-2",
+        note=_gpt2_source(762, "4ec5947c1d59fee6212cdf3b0ec1a53eac02092554c5ff0a733488cbd2c64f3a",
+                          "2290a62682d06624634c1f46a6ad5be0f47f38aa",
+                          "n_embd 768, n_head 12, n_layer 6, _num_labels, id2label and label2id (keys transformers "
+                          "ignores for a causal LM), without output_past") +
+        " GPT-2 (124M)'s widths in 6 layers; 1,024 learned positions."),
+]

@@ -135,7 +135,17 @@ def plan_request(
         seq_len = dataset.seq_len
     else:
         seq_len = min(DEFAULT_SEQ_LEN, profile.max_position_embeddings)
-    if seq_len > profile.max_position_embeddings:
+    if seq_len > profile.max_position_embeddings and profile.position_embedding_params:
+        limit = profile.max_position_embeddings  # learned positions (GPT-2): there is no embedding past the last row
+        if req.seq_len:
+            raise RequestParseError(
+                f"{profile.model_id} has learned positions for {limit:,} tokens, so seq {seq_len:,} cannot run: "
+                f"ask for seq {limit:,} or less"
+            )
+        notes.append(f"the dataset's seq {seq_len:,} is cut to the model's {limit:,} learned positions (longer samples "
+                     "are truncated)")
+        seq_len = limit
+    elif seq_len > profile.max_position_embeddings:
         notes.append(f"seq {seq_len:,} exceeds the model's {profile.max_position_embeddings:,} positions")
     rank = req.lora_rank or DEFAULT_LORA_RANK
     targets = req.lora_targets or default_lora_targets(profile.linear_modules)

@@ -33,9 +33,10 @@ def profile_from_config(config: Any, *, model_id: str, source: str, transformers
     embedding = vocab * hidden
     lm_head = (0 if family.tied(config) else vocab * hidden) + (vocab if family.lm_head_bias(config) else 0)
     final_norm = family.final_norm_params(config)
+    positions = family.position_embedding_params(config)  # GPT-2's learned wpe
     layer_params = tuple(layer.params for layer in layers)
-    total = embedding + lm_head + final_norm + sum(layer_params)
-    active = embedding + lm_head + final_norm + sum(layer.active_params for layer in layers)
+    total = embedding + positions + lm_head + final_norm + sum(layer_params)
+    active = embedding + positions + lm_head + final_norm + sum(layer.active_params for layer in layers)
     merged: dict[tuple, int] = {}
     for layer in layers:
         for lin in layer.linears:
@@ -73,6 +74,7 @@ def profile_from_config(config: Any, *, model_id: str, source: str, transformers
         total_params=total,
         embedding_params=embedding,
         lm_head_params=lm_head,
+        position_embedding_params=positions,
         layer_params=layer_params,
         norm_params=final_norm + sum(layer.norm_params for layer in layers),
         active_params_per_token=active,

@@ -13,6 +13,7 @@ import re
 
 import pytest
 
+from aegis.architectures import config as arch
 from aegis.architectures import registry
 from aegis.errors import UnsupportedArchitectureError
 from tests.train.conftest import TINY_CONFIGS
@@ -41,7 +42,7 @@ def _transformers_params(cfg: dict) -> dict[str, tuple[int, ...]]:
 def test_every_layer_names_what_transformers_holds(case: str, cfg: dict) -> None:
     entry = registry.get(cfg["model_type"])
     hf = _transformers_params(cfg)
-    for i in range(cfg["num_hidden_layers"]):
+    for i in range(arch.required_int(cfg, "num_hidden_layers")):  # GPT-2: n_layer
         prefix = f"{entry.layers_path}.{i}."
         theirs = {k: v for k, v in hf.items() if k.startswith(prefix)}
         ours = dict(entry.layer_params(cfg, i))
@@ -50,7 +51,9 @@ def test_every_layer_names_what_transformers_holds(case: str, cfg: dict) -> None
             f"{sorted(theirs.keys() - ours.keys())}, shapes differ {[k for k in ours if k in theirs and ours[k] != theirs[k]]}"
     names = entry.names(cfg)
     final = {n: s for p in entry.final_norm for n, s in p.checkpoint(names)}
-    outside = (f"{entry.layers_path}.", f"{entry.embedding_path}.", "lm_head.")  # what is left: the final norm
+    wpe = dict(entry.position_embedding.checkpoint(names)) if entry.position_embedding is not None else {}
+    assert wpe == {k: v for k, v in hf.items() if k in wpe}  # GPT-2's learned positions, [n_positions, n_embd]
+    outside = (f"{entry.layers_path}.", f"{entry.embedding_path}.", "lm_head.", *wpe)  # what is left: the final norm
     assert final == {k: v for k, v in hf.items() if not k.startswith(outside)}
 
 
@@ -128,7 +131,7 @@ def _engine_layers(cfg: dict) -> dict[int, dict[str, tuple[int, ...]]]:
         if stack not in ("model.layers", "model.dense_layers"):
             return
         dense = model.spec.dense_layers if model.spec.moe is not None else 0
-        layers = range(dense) if stack == "model.dense_layers" else range(dense, cfg["num_hidden_layers"])
+        layers = range(dense) if stack == "model.dense_layers" else range(dense, arch.required_int(cfg, "num_hidden_layers"))
         for j, i in enumerate(layers):
             out.setdefault(i, {})[".".join(path[2:])] = tuple(node[1:])
 
@@ -144,7 +147,7 @@ def test_the_engine_tree_holds_the_registry_parameters(name: str) -> None:
     from aegis.train.models.families import FAMILIES
 
     names = FAMILIES[entry.model_type].checkpoint_names(cfg)  # Falcon: ln_attn / ln_mlp per config
-    assert sorted(engine) == list(range(cfg["num_hidden_layers"]))
+    assert sorted(engine) == list(range(arch.required_int(cfg, "num_hidden_layers")))
     for i, theirs in engine.items():
         ours = {}
         for full, shape in entry.layer_params(cfg, i):
@@ -152,6 +155,8 @@ def test_the_engine_tree_holds_the_registry_parameters(name: str) -> None:
             p = next(p for p in entry.layer_param_kinds(cfg, i) if key.startswith(p.path))
             if p.transposed and len(shape) == 3:
                 shape = (shape[0], shape[2], shape[1])
+            if p.conv1d and len(shape) == 2:  # GPT-2's Conv1D [in, out]: the engine holds [out, in] like nn.Linear
+                shape = shape[::-1]
             key = names.engine(full).removeprefix(f"model.layers.{i}.")  # GPT-NeoX: attention.* is self_attn.*
             ours[_ENGINE_RENAMES.get(entry.model_type, {}).get(key, key)] = shape
         extra = {k for k in theirs.keys() - ours.keys() if k.endswith("e_score_correction_bias")}

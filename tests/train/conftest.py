@@ -276,6 +276,16 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "hidden_act": "gelu_fast",
         "layer_norm_eps": 1e-5,
     },
+    "gpt2": {  # GPT-2's layout under its own key names (n_embd, n_layer, n_head, n_positions): learned positions,
+        # Conv1D c_attn / c_proj / c_fc, LayerNorms with biases, gelu_new, tied head; the MLP 4 x n_embd (n_inner left out)
+        "model_type": "gpt2", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 48,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+    },
+    "gpt2_inner": {  # n_inner set, exact GELU, an untied head, another LayerNorm epsilon
+        "model_type": "gpt2", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 2, "n_positions": 32,
+        "n_inner": 96, "activation_function": "gelu", "tie_word_embeddings": False, "layer_norm_epsilon": 1e-6,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+    },
     "falcon": {  # Falcon-7B's layout: multi-query (one key/value head), attention and MLP side by side on one LayerNorm,
         # no biases, tied embeddings, the MLP 4 x hidden (ffn_hidden_size left out)
         **{k: v for k, v in _COMMON.items() if k not in ("rms_norm_eps", "num_key_value_heads", "intermediate_size",

@@ -1,7 +1,7 @@
 """The model's own dropouts in training (Granite 3.0's attention dropout; Seed-OSS's attention and residual
 dropouts; Phi's attention, residual and embedding dropouts; Phi-3's resid_pdrop; StarCoder2's attention, residual and embedding dropouts;
 StableLM's attention dropout and hidden_dropout on the MLP output alone; GPT-NeoX's attention dropout and hidden_dropout
-on the embeddings and both sublayer outputs): transformers in train mode, given the engine's masks, gives the engine's logits and gradients; eval
+on the embeddings and both sublayer outputs; GPT-2's attn_pdrop, resid_pdrop and embd_pdrop): transformers in train mode, given the engine's masks, gives the engine's logits and gradients; eval
 runs none; the hand-written attention backward matches autodiff through the same mask."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from aegis.train.models import build_model, get_family
 from aegis.train.models.layers import Ctx, dropout, eager_attention
-from aegis.train.weights import load_checkpoint
+from aegis.train.weights import load_checkpoint, to_hf_state_dict
 
 from family_checks import tokens
 
@@ -31,6 +31,8 @@ CASES = {
     # GPT-NeoX: hidden_dropout on the embeddings (emb_dropout) and on both sublayer outputs
     "gpt_neox": {"attention_dropout": 0.3, "hidden_dropout": 0.2},
     "gpt_neox_sequential": {"attention_dropout": 0.3, "hidden_dropout": 0.2},
+    # GPT-2: attn_pdrop on the probabilities, resid_pdrop on both sublayer outputs, embd_pdrop on wte + wpe
+    "gpt2": {"attn_pdrop": 0.3, "resid_pdrop": 0.2, "embd_pdrop": 0.1},
 }
 
 
@@ -96,11 +98,12 @@ def test_training_forward_and_gradients_match_transformers_given_the_same_masks(
     assert not np.allclose(np.asarray(logits), np.asarray(model.apply(params, jnp.asarray(ids))), atol=1e-3)
     grads = jax.grad(engine_loss)(params)
     proj = model.spec.qkv_name if model.spec.fused_qkv else "q_proj"
-    q = grads["model"]["layers"]["self_attn"][proj]["weight"]  # [L, out, in], stacked per layer
+    on_disk = to_hf_state_dict(model, grads)  # transformers' names and layouts (GPT-2's Conv1D: [in, out])
     names = get_family(model.config["model_type"]).names  # GPT-NeoX: gpt_neox.layers.{i}.attention.*
     for layer in range(model.spec.num_layers):
-        ref = hf.get_submodule(names.checkpoint(f"model.layers.{layer}.self_attn.{proj}")).weight.grad.numpy()
-        np.testing.assert_allclose(np.asarray(q[layer]), ref, rtol=2e-3, atol=2e-5)
+        module = names.checkpoint(f"model.layers.{layer}.self_attn.{proj}")
+        ref = hf.get_submodule(module).weight.grad.numpy()
+        np.testing.assert_allclose(on_disk[f"{module}.weight"], ref, rtol=2e-3, atol=2e-5)
 
 
 def test_eval_runs_no_dropout(hf_checkpoint, tiny_configs):

@@ -97,7 +97,10 @@ def _quantize_linear4bit(model: torch.nn.Module) -> tuple[int, list[torch.Tensor
         bnb_4bit_compute_dtype=torch.bfloat16,
     )
     skip = _modules_to_not_convert(model)
-    old = {name: mod for name, mod in model.named_modules() if type(mod) is torch.nn.Linear}
+    from transformers.pytorch_utils import Conv1D
+
+    # transformers quantises nn.Linear and GPT-2's Conv1D ([in, out], transposed to [out, in] before quantising)
+    old = {name: mod for name, mod in model.named_modules() if type(mod) is torch.nn.Linear or isinstance(mod, Conv1D)}
     from torch.utils._python_dispatch import _disable_current_modes
 
     # The replacement modules are built on the meta device; Params4bit cannot wrap a
@@ -115,6 +118,8 @@ def _quantize_linear4bit(model: torch.nn.Module) -> tuple[int, list[torch.Tensor
             continue
         src = old[name]
         weight = src.weight.detach().to(torch.bfloat16)
+        if isinstance(src, Conv1D):
+            weight = weight.t().contiguous()
         packed, state = bnbf.quantize_4bit(
             weight, blocksize=64, compress_statistics=True, quant_type="nf4", quant_storage=torch.uint8
         )

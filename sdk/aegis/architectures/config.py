@@ -29,6 +29,7 @@ from aegis.errors import InvalidConfigError
 __all__ = [
     "TRANSFORMERS_DEFAULTS",
     "model_type",
+    "canonical",
     "value",
     "head_dim",
     "num_kv_heads",
@@ -76,15 +77,32 @@ def model_type(config: dict[str, Any]) -> str:
     return entry.model_type if entry is not None else mt
 
 
+def canonical(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the standard keys a model type stores under its own names (the registry's ``attribute_map``,
+    transformers' ``Config.attribute_map``: GPT-2's ``n_embd`` is ``hidden_size``) added, read as `value` reads
+    them (the class default where config.json leaves the key out); the same dict when there are none."""
+    entry = _entry(config)
+    if entry is None or not entry.attribute_map:
+        return config
+    out = dict(config)
+    for key in (*entry.attribute_map, "vocab_size"):
+        if key not in out and (v := value(config, key)) is not None:
+            out[key] = v
+    return out
+
+
 def value(config: dict[str, Any], key: str) -> Any:
-    """``config[key]`` when present (even ``null``), else an older key transformers reads for it (the registry's
-    ``key_aliases``), else transformers' class default for the model type (a field default, or one its
+    """``config[key]`` when present (even ``null``), else the key this model type stores it under (the registry's
+    ``attribute_map``: GPT-2's ``n_embd`` for ``hidden_size``), else an older key transformers reads for it
+    (``key_aliases``), else transformers' class default for the model type (a field default, or one its
     ``__post_init__`` sets)."""
     if key in config:
         return config[key]
     entry = _entry(config)
     if entry is None:
         return None
+    if key in entry.attribute_map:
+        return value(config, entry.attribute_map[key])
     alias = entry.key_aliases.get(key)
     if alias is not None and alias in config:  # GPT-NeoX's rotary_pct for partial_rotary_factor
         return config[alias]
@@ -103,6 +121,9 @@ def _int(config: dict[str, Any], key: str, raw: Any) -> int:
 
 def _required(config: dict[str, Any], key: str) -> int:
     raw = config.get(key)
+    entry = _entry(config) if raw is None else None
+    if entry is not None and (key in entry.attribute_map or key in entry.defaults):
+        raw = value(config, key)  # GPT-2: n_embd for hidden_size; a default the registry lists (GPT2Config's vocab)
     if raw is None:
         raise InvalidConfigError(
             f"config.json ({config.get('model_type', '?')}) has no {key!r}: is this a causal-LM config.json "

@@ -144,6 +144,9 @@ class Param(_Model):
     """Whether bitsandbytes replaces it (default: an nn.Linear is, expert tensors and bare weights are not)."""
     rank_factor: int = 1
     transposed: bool = False
+    conv1d: bool = False
+    """A ``linear`` stored as transformers' ``Conv1D`` (GPT-2): checkpoint ``<path>.weight`` is [in, out]; PEFT wraps
+    it with ``fan_in_fan_out`` and bitsandbytes transposes it before quantising."""
     when: str | None = None
     unless: str | None = None
 
@@ -161,7 +164,7 @@ class Param(_Model):
         if self.name is not None:
             return self.name
         head, _, rest = self.path.partition(".")
-        return rest if rest and head in ("self_attn", "self_attention", "attention", "mlp") else self.path
+        return rest if rest and head in ("self_attn", "self_attention", "attention", "attn", "mlp") else self.path
 
     def present(self, names: Vars) -> bool:
         if self.when is not None and not evaluate(self.when, names):
@@ -174,7 +177,7 @@ class Param(_Model):
         bias = bool(evaluate(self.bias, names))
         if self.linear is not None:
             i, o = (int(evaluate(x, names)) for x in self.linear)
-            return [(f"{p}.weight", (o, i))] + ([(f"{p}.bias", (o,))] if bias else [])
+            return [(f"{p}.weight", (i, o) if self.conv1d else (o, i))] + ([(f"{p}.bias", (o,))] if bias else [])
         if self.experts is not None:
             i, o = (int(evaluate(x, names)) for x in self.experts)
             e = int(names["experts"])
@@ -324,6 +327,15 @@ class Architecture(_Model):
     """A fused q/k/v projection's output rows are grouped by key/value head, ``[q_1 .. q_g; k; v]`` for each in turn
     (g query heads per key/value head: GPT-NeoX's ``query_key_value`` with g = 1, Falcon's); else ``[q; k; v]``
     (Phi-3 ``qkv_proj``)."""
+    attribute_map: dict[str, str] = Field(default_factory=dict)
+    """transformers' ``Config.attribute_map``: a standard key and the key this model type's config.json holds it
+    under (GPT-2: ``hidden_size`` is ``n_embd``); `aegis.architectures.config` reads either."""
+    position_embedding: Param | None = None
+    """A learned absolute position embedding added to the token embeddings (GPT-2's ``wpe``: ``matrix``
+    [positions, hidden]); None for rotary or position-free families. Its row count is a hard limit on the sequence."""
+    base_model_prefix: str | None = None
+    """transformers' ``base_model_prefix`` where checkpoints on the Hub may leave it out (GPT-2's files, saved from
+    ``GPT2Model``, name ``h.0.attn.c_attn.weight`` for ``transformer.h.0.attn.c_attn.weight``)."""
     key_aliases: dict[str, str] = Field(default_factory=dict)
     """Older config.json keys transformers still reads for a key (GPT-NeoX: ``rotary_pct`` for
     ``partial_rotary_factor``, ``rotary_emb_base`` for ``rope_theta``): read where the key itself is absent."""
@@ -363,7 +375,7 @@ class Architecture(_Model):
     def fused_qkv(self) -> str | None:
         """Short name of a fused q/k/v projection (Phi-3 ``qkv_proj``, GPT-NeoX ``query_key_value``); None when q, k
         and v are separate (or MLA)."""
-        return next((p.short_name for p in self.attention if p.short_name in ("qkv_proj", "query_key_value")), None)
+        return next((p.short_name for p in self.attention if p.short_name in ("qkv_proj", "query_key_value", "c_attn")), None)
 
     @property
     def output_projection(self) -> str:

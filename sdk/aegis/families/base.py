@@ -120,13 +120,13 @@ class Family:
 
     # -- config readers ---------------------------------------------------------------------------
     def hidden(self, c: dict[str, Any]) -> int:
-        return cfg_int(c, "hidden_size")
+        return arch.required_int(c, "hidden_size")  # GPT-2's n_embd (the registry's attribute_map)
 
     def num_layers(self, c: dict[str, Any]) -> int:
-        return cfg_int(c, "num_hidden_layers")
+        return arch.required_int(c, "num_hidden_layers")
 
     def heads(self, c: dict[str, Any]) -> int:
-        return cfg_int(c, "num_attention_heads")
+        return arch.required_int(c, "num_attention_heads")
 
     # keys a config.json may omit: read with transformers' defaults (`aegis.architectures.config`), or as the
     # registry derives them (DeepSeek: every head has its own keys; q/k heads are nope + rope wide)
@@ -140,7 +140,7 @@ class Family:
         return int(self._names(c)["intermediate"])
 
     def vocab(self, c: dict[str, Any]) -> int:
-        return cfg_int(c, "vocab_size")
+        return arch.required_int(c, "vocab_size")
 
     def tied(self, c: dict[str, Any]) -> bool:
         return arch.tie_word_embeddings(c)
@@ -274,6 +274,14 @@ class Family:
                 router, router_params = [], int(registry.evaluate(moe.router_params, self._names(c)))
             out.append(dataclasses.replace(layer, linears=tuple(kept + router + experts), router_params=router_params))
         return out
+
+    def position_embedding_params(self, c: dict[str, Any]) -> int:
+        """Parameters of a learned absolute position embedding (GPT-2's ``wpe``: positions x hidden), else 0."""
+        p = self.entry.position_embedding
+        if p is None:
+            return 0
+        rows, cols = (int(registry.evaluate(x, self._names(c))) for x in p.matrix or ())
+        return rows * cols
 
     def final_norm_params(self, c: dict[str, Any]) -> int:
         return self._vector_params(self.entry.final_norm, self._names(c))

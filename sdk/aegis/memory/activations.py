@@ -262,7 +262,10 @@ def _layer_acc(fam: Family, c: dict, layer: LayerShape, s: Setting) -> _Acc:
                 scores += s.dropout_mask_bytes  # replaces the cast as the tensor the value matmul saves
             acc.add("attention scores (eager)", scores * heads * s.seq_len)
     else:
-        for width_ in (q_w, k_w, v_w, q_w):  # q, k, v and the output
+        # q, k, v and the output; without RoPE (GPT-2's learned positions) a fused projection's q and k stay views of
+        # its output, which the values (v_w) already keep alive
+        views = fused_qkv and not cast and not copied and fam.entry.position_embedding is not None
+        for width_ in (v_w, q_w) if views else (q_w, k_w, v_w, q_w):
             acc.add("attention (q, k, v, out)", d * width_)
         acc.add("attention (q, k, v, out)", 4 * heads)  # log-sum-exp
     # SDPA kernels write their output in [b, s, heads, d] layout: the transpose + contiguous before o_proj

@@ -33,6 +33,7 @@ from aegis.units import gib
 from aegis.schema import (
     GPU, Attention, Framework, LoRAConfig, MemoryComponent, MemoryEstimate, Method, ModelProfile, Optimizer, Precision, StackProfile,
     Trainer, TrainConfig,
+    default_lora_targets,
     lora_selects,
     lora_target_names,
 )
@@ -59,6 +60,11 @@ class _Moment:
     @property
     def total(self) -> int:
         return sum(self.parts.values())
+
+
+def _selects_any(profile: ModelProfile, lora: LoRAConfig) -> bool:
+    targets = lora_target_names(lora.target_modules, profile.linear_modules)
+    return any(lora_selects(m, targets) for m in profile.linear_modules)
 
 
 def estimate_memory(
@@ -101,6 +107,8 @@ def estimate_memory(
     profile = model if isinstance(model, ModelProfile) else resolve_model(model)
     if method != "full" and lora is None:
         lora = LoRAConfig(rank=lora_rank) if lora_rank else LoRAConfig()
+        if not _selects_any(profile, lora):  # no q/k/v/o/gate/up/down (GPT-2's c_attn): the plan's own defaults
+            lora = lora.model_copy(update={"target_modules": default_lora_targets(profile.linear_modules)})
     try:
         if lora is not None and lora_dropout is not None:
             lora = lora.model_copy(update={"dropout": LoRAConfig(dropout=lora_dropout).dropout})

@@ -118,6 +118,8 @@ def engine_leaves(profile: ModelProfile) -> list[Leaf]:
     layers = fam.layers(c)
     d, v = fam.hidden(c), fam.vocab(c)
     out = [Leaf("model.embed_tokens.weight", (v, d), matrix=False, quantizable=False, stacked=False)]
+    if positions := fam.position_embedding_params(c):  # GPT-2's learned positions (wpe), never quantised
+        out.append(Leaf("model.embed_positions.weight", (positions // d, d), matrix=False, quantizable=False, stacked=False))
     for n, layer in _layer_stacks(layers):
         out += _stack_leaves(fam, c, n, layer, d)
     out.append(Leaf("model.norm.weight", (fam.final_norm_params(c),), matrix=False, quantizable=False, stacked=False))

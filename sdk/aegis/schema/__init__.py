@@ -165,6 +165,9 @@ class ModelProfile(Frozen):
     total_params: int = Field(description="All parameters, every expert included.")
     embedding_params: int = Field(description="Input embedding matrix.")
     lm_head_params: int = Field(description="Output projection; 0 when tied to the embeddings.")
+    position_embedding_params: int = Field(
+        default=0, description="Learned absolute position embedding (GPT-2's wpe: positions x hidden); 0 for RoPE models."
+    )
     layer_params: tuple[int, ...] = Field(description="Parameters of each decoder layer, in order.")
     norm_params: int = Field(description="All normalisation weights (layers and final norm).")
     active_params_per_token: int = Field(description="Parameters one token touches (MoE: top-k experts only).")

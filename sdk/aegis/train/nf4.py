@@ -68,7 +68,7 @@ NF4_CODE = np.array(
     dtype=np.float32,
 )
 
-DEFAULT_SKIP = ("embed_tokens", "lm_head", "gate", "router", "shared_expert_gate")
+DEFAULT_SKIP = ("embed_tokens", "embed_positions", "lm_head", "gate", "router", "shared_expert_gate")
 """Module names whose weights stay unquantised: embeddings, head, MoE routers (norms and biases always stay)."""
 
 

@@ -17,6 +17,7 @@ tensor and the expected shape, the missing shard, or the unsupported dtype.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from pathlib import Path
@@ -156,6 +157,12 @@ class CheckpointReader:
     def __contains__(self, name: str) -> bool:
         return name in self._where
 
+    def unprefixed(self, name: str, prefix: str) -> str:
+        """``name``, or ``name`` without its leading ``prefix.`` where only that is stored (transformers reads a
+        base model's checkpoint into the LM: GPT-2's Hub files name ``h.0.*`` for ``transformer.h.0.*``)."""
+        short = name[len(prefix) + 1:] if name.startswith(prefix + ".") else name
+        return short if name not in self._where and short in self._where else name
+
     def read_into(self, name: str, out: np.ndarray) -> None:
         """Copy tensor ``name`` into ``out`` (same shape): one ``readinto`` from the file when ``out`` has the
         stored dtype and is contiguous (no page faults through a memory map, no temporary), else a cast."""
@@ -274,6 +281,7 @@ def load_checkpoint(
     total_bytes = reader.total_bytes()
     done_bytes = 0
     recipe = get_family(model.config.get("model_type")).recipe
+    prefix = _base_model_prefix(model)
     target = jnp.dtype(dtype or model.param_dtype)
     np_target = np.dtype(ml_dtypes.bfloat16) if target == jnp.bfloat16 else np.dtype(target)
     params: dict[str, Any] = {}
@@ -285,6 +293,8 @@ def load_checkpoint(
         for j, i in enumerate(layer_ids):
             name = template.format(i=i) if i is not None else template
             r = recipe(name, model.spec)
+            if prefix and not all(key in reader for key in r.keys):  # GPT-2's Hub files: h.0.*, not transformer.h.0.*
+                r = dataclasses.replace(r, keys=tuple(reader.unprefixed(key, prefix) for key in r.keys))
             consumed.update(r.keys)
             for key in r.keys:
                 if key not in reader:
@@ -312,6 +322,13 @@ def load_checkpoint(
             on_progress(min(done_bytes, total_bytes), total_bytes)
     _check_nothing_left_out(reader, consumed)
     return params
+
+
+def _base_model_prefix(model: Model) -> str | None:
+    from aegis.architectures import registry
+
+    entry = registry.find(model.config.get("model_type"))
+    return entry.base_model_prefix if entry is not None else None
 
 
 def _check_nothing_left_out(reader: CheckpointReader, consumed: set[str]) -> None:
@@ -480,7 +497,7 @@ def save_lora_adapter(
         "target_modules": targets,
         "target_parameters": sorted(parameters) or None,
         "bias": "none",
-        "fan_in_fan_out": False,
+        "fan_in_fan_out": model.spec.conv1d,  # GPT-2's Conv1D stores [in, out]
         "inference_mode": True,
         "init_lora_weights": True,
         "use_rslora": False,

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from aegis.errors import InvalidConfigError
 from aegis.train.models.layers import Ctx, attention_block, dropout, layer_norm, mlp_block, moe_block, rms_norm
 from aegis.train.models.rope import cos_sin
 from aegis.train.models.spec import FULL_WINDOW, ArchSpec, layer_stacks, param_shapes, stack_spec
@@ -307,7 +308,15 @@ class Model:
                 positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
         elif positions is None:
             positions = segment_positions(segment_ids)
-        x = jnp.take(params["model"]["embed_tokens"]["weight"], input_ids, axis=0).astype(self.dtype)
+        x = jnp.take(params["model"]["embed_tokens"]["weight"], input_ids, axis=0)
+        if self.spec.position_embeddings:  # GPT-2: wte(ids) + wpe(positions), added in the weights' dtype
+            if s > self.spec.position_embeddings:
+                raise InvalidConfigError(
+                    f"{self.family} has learned positions for {self.spec.position_embeddings:,} tokens, the sequence "
+                    f"has {s:,}: lower seq_len to {self.spec.position_embeddings:,} or less."
+                )
+            x = x + jnp.take(params["model"]["embed_positions"]["weight"], positions, axis=0)
+        x = x.astype(self.dtype)
         if self.spec.embed_scale is not None:
             x = x * jnp.asarray(self.spec.embed_scale, self.dtype)
         if self.spec.embedding_dropout > 0.0 and rng is not None:  # Phi's embd_pdrop, training only

@@ -103,6 +103,8 @@ class CheckpointNames:
     embedding: str = "model.embed_tokens"
     final_norm: str = "model.norm"
     lm_head: str = "lm_head"
+    position_embedding: str = "model.embed_positions"
+    """GPT-2's ``transformer.wpe``: a learned position embedding, where the family has one."""
     in_layer: tuple[tuple[str, str], ...] = ()
     """(engine module under a layer, the checkpoint's), where they differ (``self_attn.dense``, ``attention.dense``)."""
 
@@ -111,7 +113,8 @@ class CheckpointNames:
         return self != CheckpointNames()
 
     def _tops(self) -> tuple[tuple[str, str], ...]:
-        return (("model.embed_tokens", self.embedding), ("model.norm", self.final_norm), ("lm_head", self.lm_head))
+        return (("model.embed_tokens", self.embedding), ("model.norm", self.final_norm), ("lm_head", self.lm_head),
+                ("model.embed_positions", self.position_embedding))
 
     def checkpoint(self, name: str) -> str:
         """The checkpoint's name of engine tensor or module ``name``."""
@@ -151,16 +154,18 @@ def _checkpoint_names(entry: registry.Architecture, config: dict[str, Any] | Non
         for p in params:
             if p.kind == "linear" and f"{section}.{p.short_name}" != p.path:
                 in_layer.append((f"{section}.{p.short_name}", p.path))
-    if config is not None:
-        names = entry.names(config)
-        for p in entry.norms:
-            if p.name is not None and p.name != p.path and p.present(names):
-                pair = (p.name.rsplit(".", 1)[0], p.path.rsplit(".", 1)[0])
-                if pair not in in_layer:
-                    in_layer.append(pair)
+    names = entry.names(config) if config is not None else None
+    for p in entry.norms:  # renamed norms: always (GPT-2's ln_1 / ln_2), or as this config has them (Falcon)
+        unconditional = p.when is None and p.unless is None
+        if p.name is not None and p.name != p.path and (unconditional or (names is not None and p.present(names))):
+            pair = (p.name.rsplit(".", 1)[0], p.path.rsplit(".", 1)[0])
+            if pair not in in_layer:
+                in_layer.append(pair)
+    wpe = entry.position_embedding
     return CheckpointNames(
         layers=entry.layers_path, embedding=entry.embedding_path, final_norm=entry.final_norm[0].path.rsplit(".", 1)[0],
         lm_head=entry.lm_head_saved_as, in_layer=tuple(in_layer),
+        **({"position_embedding": wpe.path.rsplit(".", 1)[0]} if wpe is not None else {}),
     )
 
 
@@ -290,6 +295,18 @@ def _spec_laid_out(config: dict[str, Any]) -> ArchSpec:
     if names != family.names:  # norms named per config (Falcon's ln_attn / ln_mlp): the recipe reads them
         spec = dataclasses.replace(spec, extra={**spec.extra, "checkpoint_names": names})
     return spec
+
+
+def _spec_gpt2(config: dict[str, Any]) -> ArchSpec:
+    """GPT-2: the laid-out dense decoder (LayerNorms, fused ``c_attn``, plain ``c_fc``/``c_proj`` MLP, biases) with
+    learned absolute positions (``wpe``) in place of RoPE, its linears stored as ``Conv1D``."""
+    config = arch.canonical(config)  # n_embd, n_layer, n_head, n_positions as the shared readers name them
+    spec = _spec_laid_out(config)
+    entry = registry.get("gpt2")
+    assert entry.position_embedding is not None and entry.position_embedding.matrix is not None
+    rows = int(registry.evaluate(entry.position_embedding.matrix[0], entry.names(config)))
+    nope = dataclasses.replace(spec.ropes[0], rope_type="none")
+    return dataclasses.replace(spec, ropes=(nope,), position_embeddings=rows, conv1d=True)
 
 
 def _spec_smollm3(config: dict[str, Any]) -> ArchSpec:
@@ -431,6 +448,7 @@ _SPECS: dict[str, Callable[[dict[str, Any]], ArchSpec]] = {
     "granite": spec_granite, "granitemoe": spec_granitemoe, "mixtral": _spec_mixtral, "qwen2_moe": _spec_qwen2_moe, "qwen3_moe": _spec_qwen3_moe,
     "deepseek": spec_deepseek, "gpt_oss": spec_gpt_oss, "phimoe": spec_phimoe, "phi": _spec_laid_out,
     "starcoder2": _spec_laid_out, "stablelm": _spec_laid_out, "gpt_neox": _spec_laid_out, "falcon": _spec_laid_out,
+    "gpt2": _spec_gpt2,
 }
 """The registry's ``engine.spec`` names -> the spec builders (the forward pass's choices are code)."""
 _LAYERS: dict[str, LayerFn] = {
@@ -456,6 +474,22 @@ def _checkpoint_renamed(recipe: Callable[[str, ArchSpec], Recipe], names: Checkp
     return renamed
 
 
+def _transposed_conv1d(recipe: Callable[[str, ArchSpec], Recipe], entry: registry.Architecture) -> Callable[[str, ArchSpec], Recipe]:
+    """``recipe`` with the family's ``Conv1D`` weights (GPT-2) transposed: stored [in, out], held [out, in] like
+    every other linear."""
+    sections = (("self_attn", entry.attention), ("mlp", entry.mlp))
+    suffixes = tuple(f".{section}.{p.short_name}.weight" for section, params in sections for p in params if p.conv1d)
+
+    def transposed(name: str, spec: ArchSpec) -> Recipe:
+        r = recipe(name, spec)
+        if not name.endswith(suffixes):
+            return r
+        assert r.stored_as_kept, name
+        return dataclasses.replace(r, join=lambda xs: np.swapaxes(xs[0], -1, -2), split=lambda x: [np.swapaxes(x, -1, -2)])
+
+    return transposed
+
+
 def _family(entry: registry.Architecture) -> Family:
     """The engine's family for one registry entry: its spec builder, layer function and checkpoint names."""
     recipe: Callable[[str, ArchSpec], Recipe] = _identity_recipe
@@ -467,6 +501,8 @@ def _family(entry: registry.Architecture) -> Family:
         recipe = _expert_recipe(*moe.checkpoint_experts, rename=rename)
     elif entry.engine.recipe != "identity":
         recipe = _RECIPES[entry.engine.recipe]
+    if any(p.conv1d for p in (*entry.attention, *entry.mlp)):
+        recipe = _transposed_conv1d(recipe, entry)
     names = _checkpoint_names(entry)
     if names.renames:  # Phi's model.final_layernorm; GPT-NeoX's gpt_neox.* and embed_out
         recipe = _checkpoint_renamed(recipe, names)
