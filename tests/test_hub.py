@@ -131,7 +131,7 @@ def test_aliases_and_errors(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(aegis.InvalidConfigError, match="not valid JSON"):
         resolve_model(str(bad))
-    bad.write_text(json.dumps({"model_type": "opt", "architectures": ["OPTForCausalLM"]}))
+    bad.write_text(json.dumps({"model_type": "bloom", "architectures": ["BloomForCausalLM"]}))
     with pytest.raises(aegis.UnsupportedArchitectureError, match="supported model_types: .*llama"):
         resolve_model(str(bad))
     bad.write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))

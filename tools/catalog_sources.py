@@ -1199,3 +1199,39 @@ ROWS += [
                           "ignores for a causal LM), without output_past") +
         " GPT-2 (124M)'s widths in 6 layers; 1,024 learned positions."),
 ]
+
+
+# OPT (model_type opt): learned positions offset by 2, LayerNorms and biases, ReLU MLP. The Hub files are rebuilt from
+# OPT-125m's config.json as public copies quote it key by key (transformers 4.21.0.dev0, float16), with each size's
+# widths from the OPT paper's Table 1, and kept where the sha256 equals the Hub file's in
+# dinoml/model-configs-rs's inventory. OPT-350m (post-LayerNorm, project_in/out) is refused by the registry.
+OPT_PAPER = ("OPT paper (Zhang et al., arXiv 2205.01068), Table 1: 125M, 350M, 1.3B, 2.7B, 6.7B, 13B, 30B, 66B, 175B "
+             "parameters, with each size's layers, heads and width")
+
+
+def _opt_source(size: int, sha256: str, revision: str, changed: str) -> str:
+    return hash_verified(revision, size, sha256, f"OPT-125m's config.json as public copies quote it {changed}")
+
+
+ROWS += [
+    row("facebook/opt-125m", "opt", "125m", "base", (VENDORED, "facebook--opt-125m.json"), P("125M", OPT_PAPER),
+        note=_opt_source(651, "54162c9cd0377110df1859dfabebb106fc0988c8aadb88207ce1ee0d34985df6",
+                         "27dcfa74d334bc871f3234de431e71c6eeba5dd6", "(as it is)") +
+        " 2,048 learned positions (2,050 rows: OPT's offset of 2), a hard limit on the sequence; dropout 0.1 on both "
+        "sublayer outputs in training."),
+    row("facebook/opt-1.3b", "opt", "1.3b", "base", (VENDORED, "facebook--opt-1.3b.json"), P("1.3B", OPT_PAPER),
+        note=_opt_source(653, "f1aaceefb7d34d346e9b0400d95fdb4970567bcbe1d4aba1068c5402099b644f",
+                         "3f5c25d0bc631cb57ac65913f76e22c2dfb61d62",
+                         "with hidden_size and word_embed_proj_dim 2,048, 32 heads, 24 layers, ffn_dim 8,192") +
+        " 2,048 learned positions."),
+    row("facebook/opt-6.7b", "opt", "6.7b", "base", (VENDORED, "facebook--opt-6.7b.json"), P("6.7B", OPT_PAPER),
+        note=_opt_source(651, "05bcf525449fe484fd741ec49620e96e74992c13e46d83327165645a38666ce6",
+                         "a45aa65bbeb77c1558bc99bedc6779195462dab0",
+                         "with hidden_size and word_embed_proj_dim 4,096, 32 heads, 32 layers, ffn_dim 16,384, "
+                         "_remove_final_layer_norm false and no _name_or_path") + " 2,048 learned positions."),
+    row("facebook/opt-30b", "opt", "30b", "base", (VENDORED, "facebook--opt-30b.json"), P("30B", OPT_PAPER),
+        note=_opt_source(651, "b8a260a845f4cc70560757da2c7afc1b8cb6a2823d28331a78b0ac780f969be8",
+                         "ceea0a90ac0f6fae7c2c34bcb40477438c152546",
+                         "with hidden_size and word_embed_proj_dim 7,168, 56 heads, 48 layers, ffn_dim 28,672, "
+                         "_remove_final_layer_norm false and no _name_or_path") + " 2,048 learned positions."),
+]

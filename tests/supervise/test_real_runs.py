@@ -444,28 +444,31 @@ def test_sharded_and_tied_checkpoints_load_as_transformers_reads_them(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_gpt2_folder_fine_tunes_with_lora_and_peft_loads_the_adapter(tmp_path, data):
-    """GPT-2 (Conv1D linears, learned positions, config keys of its own; saved by transformers with the stray
-    Llama-style keys GPT2Config ignores): LoRA on ShareGPT with the plan's default targets (c_attn, c_proj, c_fc)
-    lowers transformers' assistant loss, and PEFT loads the adapter (fan_in_fan_out) to the engine's logits."""
+@pytest.mark.parametrize(("model_type", "targets", "conv1d"), [("gpt2", {"c_attn", "c_proj", "c_fc"}, True),
+                                                              ("opt", {"q_proj", "out_proj", "fc1", "fc2"}, False)])
+def test_learned_position_models_fine_tune_with_lora_and_peft_loads_the_adapter(tmp_path, data, model_type, targets,
+                                                                                 conv1d):
+    """GPT-2 (Conv1D linears, config keys of its own) and OPT (positions offset by 2, layers under model.decoder), as
+    transformers saves them with the stray Llama-style keys their configs ignore: LoRA on ShareGPT with the plan's
+    default targets lowers transformers' assistant loss, and PEFT loads the adapter (GPT-2: fan_in_fan_out) to the
+    engine's logits."""
     from peft import PeftModel
 
-    gpt2 = make_model_folder(tmp_path / "gpt2", template=CHATML, model_type="gpt2")
-    config = json.loads((gpt2 / "config.json").read_text())
-    assert config["model_type"] == "gpt2" and "n_embd" in config
+    folder = make_model_folder(tmp_path / model_type, template=CHATML, model_type=model_type)
+    assert json.loads((folder / "config.json").read_text())["model_type"] == model_type
     cfg = {
-        "model": str(gpt2), "data": str(data["sharegpt"]), "training": TRAINING,
+        "model": str(folder), "data": str(data["sharegpt"]), "training": TRAINING,
         "train_config": {"method": "lora", "micro_batch_size": 8, "seq_len": 64, "precision": "fp32",
                          "lora": {"rank": 8, "alpha": 16}},
     }
-    export = _run(tmp_path, "gpt2", cfg) / "export"
+    export = _run(tmp_path, model_type, cfg) / "export"
     adapter = json.loads((export / "adapter_config.json").read_text())
-    assert adapter["fan_in_fan_out"] and set(adapter["target_modules"]) >= {"c_attn", "c_fc"}
-    examples = _examples(gpt2, data["sharegpt"])
-    before = _assistant_loss(_hf(gpt2), examples)
-    tuned = PeftModel.from_pretrained(_hf(gpt2), export).eval()
+    assert adapter["fan_in_fan_out"] == conv1d and set(adapter["target_modules"]) >= targets
+    examples = _examples(folder, data["sharegpt"])
+    before = _assistant_loss(_hf(folder), examples)
+    tuned = PeftModel.from_pretrained(_hf(folder), export).eval()
     assert 1 - _assistant_loss(tuned, examples) / before > 0.1
     ids = np.asarray(examples[0].input_ids)
     with torch.no_grad():
         theirs = tuned(torch.tensor(ids, dtype=torch.long)[None]).logits[0].numpy()
-    np.testing.assert_allclose(_jax_logits(gpt2, export, ids), theirs, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(_jax_logits(folder, export, ids), theirs, atol=1e-4, rtol=1e-4)

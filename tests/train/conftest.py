@@ -286,6 +286,16 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "n_inner": 96, "activation_function": "gelu", "tie_word_embeddings": False, "layer_norm_epsilon": 1e-6,
         "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
     },
+    "opt": {  # OPT-125m's layout: learned positions read 2 rows on (OPTLearnedPositionalEmbedding's offset), q/k/v/out_proj
+        # and fc1/fc2 with biases, ReLU, LayerNorms named self_attn_layer_norm / final_layer_norm, tied head
+        "model_type": "opt", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "ffn_dim": 96, "max_position_embeddings": 40, "dropout": 0.0,
+    },
+    "opt_nobias": {  # enable_bias false, GELU, an untied head
+        "model_type": "opt", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "ffn_dim": 128, "max_position_embeddings": 32, "dropout": 0.0, "enable_bias": False,
+        "activation_function": "gelu", "tie_word_embeddings": False,
+    },
     "falcon": {  # Falcon-7B's layout: multi-query (one key/value head), attention and MLP side by side on one LayerNorm,
         # no biases, tied embeddings, the MLP 4 x hidden (ffn_hidden_size left out)
         **{k: v for k, v in _COMMON.items() if k not in ("rms_norm_eps", "num_key_value_heads", "intermediate_size",

@@ -121,3 +121,18 @@ def test_qlora_keeps_the_position_table_unquantised():
     assert not isinstance(q["model"]["embed_positions"]["weight"], NF4Tensor)
     assert isinstance(q["model"]["layers"]["self_attn"]["c_attn"]["weight"], NF4Tensor)
     assert isinstance(q["model"]["layers"]["mlp"]["c_fc"]["weight"], NF4Tensor)
+
+
+def test_keys_gpt2config_does_not_have_are_ignored_as_transformers_ignores_them():
+    """A GPT-2 config.json written with Llama-style keys (head_dim, num_key_value_heads, intermediate_size: what
+    ``AutoConfig.for_model("gpt2", hidden_size=..., num_key_value_heads=...)`` saves) is the same model to
+    transformers: the same count, and the same spec and plan here."""
+    from family_checks import meta_model
+
+    clean = tiny_config("gpt2")
+    stray = {**clean, "head_dim": 3, "num_key_value_heads": 1, "intermediate_size": 7}
+    assert sum(p.numel() for p in meta_model(stray).parameters()) == sum(p.numel() for p in meta_model(clean).parameters())
+    assert build_model(stray).spec == build_model(clean).spec
+    a, b = (profile_from_config(c, model_id="t", source="path") for c in (stray, clean))
+    assert (a.total_params, a.head_dim, a.num_key_value_heads, a.intermediate_size) == (
+        b.total_params, b.head_dim, b.num_key_value_heads, b.intermediate_size)

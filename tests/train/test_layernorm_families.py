@@ -1,7 +1,7 @@
 """The contract every LayerNorm family keeps with transformers and PEFT, over one table of tiny configs: Phi-1/1.5/2
 (``phi``, ``phi_qk``), StarCoder2, StableLM (sequential, parallel), GPT-NeoX (parallel on two LayerNorms, sequential)
-Falcon (multi-query on one LayerNorm, ``new_decoder_architecture``, sequential) and GPT-2 (learned positions, Conv1D
-linears under ``transformer.h.{i}``). For each:
+Falcon (multi-query on one LayerNorm, ``new_decoder_architecture``, sequential) GPT-2 (learned positions, Conv1D
+linears under ``transformer.h.{i}``) and OPT (learned positions offset by 2, ``model.decoder.layers.{i}``). For each:
 
 - planner == engine tree == transformers' meta-device count, in total and per layer (the tiny configs and every
   bundled config of the family);
@@ -39,9 +39,10 @@ DEFAULT_TARGETS = {  # model type -> (the plan's default LoRA targets, a few nam
     "gpt_neox": (_NEOX, ("query_key_value",)),
     "falcon": (_NEOX, ("query_key_value",)),
     "gpt2": (("c_attn", "c_proj", "c_fc"), ("c_attn",)),  # Conv1D: PEFT wraps them fan_in_fan_out
+    "opt": (("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"), ("q_proj", "v_proj")),
 }
 NAMES = ["phi", "phi_qk", "starcoder2", "stablelm", "stablelm_parallel", "gpt_neox", "gpt_neox_sequential", "falcon",
-         "falcon_new", "falcon_sequential", "gpt2", "gpt2_inner"]
+         "falcon_new", "falcon_sequential", "gpt2", "gpt2_inner", "opt", "opt_nobias"]
 BUNDLED = [m for m in catalog.models() if catalog.read_model_config(m)["model_type"] in DEFAULT_TARGETS]
 ADAPTERS = [  # (tiny config, modules adapted with random B)
     ("phi", ("dense", "fc2", "q_proj")),  # the parallel block's dense and fc2
@@ -52,6 +53,7 @@ ADAPTERS = [  # (tiny config, modules adapted with random B)
     ("falcon_new", ("query_key_value", "dense_4h_to_h")),  # grouped per key/value head
     ("gpt2", ("c_attn", "c_proj", "c_fc")),  # Conv1D weights [in, out]; c_proj in attention and the MLP
     ("gpt2_inner", ("c_attn", "c_proj")),
+    ("opt", ("out_proj", "fc1", "q_proj")),  # fc1/fc2 sit on the layer itself (no mlp. module)
 ]
 
 

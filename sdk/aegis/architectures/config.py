@@ -235,6 +235,8 @@ def rms_norm_eps(config: dict[str, Any]) -> float:
     """The norms' epsilon (``rms_norm_eps``; Phi's LayerNorm ``layer_norm_eps``), or its transformers default."""
     entry = _entry(config)
     eps = value(config, entry.norm_eps_key if entry is not None else "rms_norm_eps")
+    if eps is None and entry is not None:
+        eps = entry.norm_eps_default  # OPT: nn.LayerNorm's own default, no config key
     return float(eps if eps is not None else 1e-6)
 
 

@@ -333,6 +333,11 @@ class Architecture(_Model):
     position_embedding: Param | None = None
     """A learned absolute position embedding added to the token embeddings (GPT-2's ``wpe``: ``matrix``
     [positions, hidden]); None for rotary or position-free families. Its row count is a hard limit on the sequence."""
+    position_offset: int = 0
+    """Rows of the position table before position 0 (OPT's ``OPTLearnedPositionalEmbedding``: 2, a fairseq legacy):
+    position p reads row p + offset."""
+    norm_eps_default: float | None = None
+    """The norms' epsilon where the config has no key for it (OPT's ``nn.LayerNorm`` default, 1e-5)."""
     base_model_prefix: str | None = None
     """transformers' ``base_model_prefix`` where checkpoints on the Hub may leave it out (GPT-2's files, saved from
     ``GPT2Model``, name ``h.0.attn.c_attn.weight`` for ``transformer.h.0.attn.c_attn.weight``)."""

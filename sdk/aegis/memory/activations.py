@@ -172,6 +172,10 @@ two factors, the tanh output and the final mul's two operands: seven (traced on 
 one tanh output of the MLP's width per layer, beside the input)."""
 
 
+ACT_SAVES_OUTPUT = frozenset({"relu"})
+"""Activations whose backward reads their output (``threshold_backward``), not their input."""
+
+
 def _plain_mlp(acc: _Acc, s: Setting, fam: Family, c: dict, x_bytes: int, hidden: int, width: int, lin_names, *,
                input_saved: bool) -> int:
     """The two-matrix MLP ``out(act(in(x)))`` (Phi's fc1/fc2, StarCoder2's c_fc/c_proj): the input projection shares
@@ -183,7 +187,8 @@ def _plain_mlp(acc: _Acc, s: Setting, fam: Family, c: dict, x_bytes: int, hidden
         raise InvalidConfigError(f"hidden_act {act!r}: the activation model knows {', '.join(sorted(ACT_SAVED_WIDTHS))}")
     d = _linears(acc, s, x_bytes, hidden, [(lin_names(fc_in), width)], "MLP", input_saved=input_saved)
     acc.add("MLP", ACT_SAVED_WIDTHS[act] * d * width, ACT_SAVED_WIDTHS[act])
-    return _linears(acc, s, d, width, [(lin_names(fc_out), hidden)], "MLP")
+    # ReLU saves its output, the very tensor the output projection saves as its input (OPT's fc1 -> relu -> fc2)
+    return _linears(acc, s, d, width, [(lin_names(fc_out), hidden)], "MLP", input_saved=act in ACT_SAVES_OUTPUT)
 
 
 def layer_activation_terms(fam: Family, c: dict, layer: LayerShape, s: Setting) -> dict[str, float]:

@@ -309,13 +309,15 @@ class Model:
         elif positions is None:
             positions = segment_positions(segment_ids)
         x = jnp.take(params["model"]["embed_tokens"]["weight"], input_ids, axis=0)
-        if self.spec.position_embeddings:  # GPT-2: wte(ids) + wpe(positions), added in the weights' dtype
-            if s > self.spec.position_embeddings:
+        if self.spec.position_embeddings:  # GPT-2, OPT: wte(ids) + wpe(positions), added in the weights' dtype
+            limit = self.spec.position_embeddings - self.spec.position_offset
+            if s > limit:
                 raise InvalidConfigError(
-                    f"{self.family} has learned positions for {self.spec.position_embeddings:,} tokens, the sequence "
-                    f"has {s:,}: lower seq_len to {self.spec.position_embeddings:,} or less."
+                    f"{self.family} has learned positions for {limit:,} tokens, the sequence has {s:,}: lower seq_len "
+                    f"to {limit:,} or less."
                 )
-            x = x + jnp.take(params["model"]["embed_positions"]["weight"], positions, axis=0)
+            rows = positions + self.spec.position_offset if self.spec.position_offset else positions
+            x = x + jnp.take(params["model"]["embed_positions"]["weight"], rows, axis=0)
         x = x.astype(self.dtype)
         if self.spec.embed_scale is not None:
             x = x * jnp.asarray(self.spec.embed_scale, self.dtype)

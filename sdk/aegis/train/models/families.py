@@ -297,16 +297,21 @@ def _spec_laid_out(config: dict[str, Any]) -> ArchSpec:
     return spec
 
 
-def _spec_gpt2(config: dict[str, Any]) -> ArchSpec:
-    """GPT-2: the laid-out dense decoder (LayerNorms, fused ``c_attn``, plain ``c_fc``/``c_proj`` MLP, biases) with
-    learned absolute positions (``wpe``) in place of RoPE, its linears stored as ``Conv1D``."""
-    config = arch.canonical(config)  # n_embd, n_layer, n_head, n_positions as the shared readers name them
+def _spec_learned_positions(config: dict[str, Any]) -> ArchSpec:
+    """GPT-2 and OPT: the laid-out dense decoder (LayerNorms, biases, a plain MLP) with learned absolute positions
+    (GPT-2's ``wpe``; OPT's ``embed_positions``, offset by 2) in place of RoPE; GPT-2's linears stored as ``Conv1D``."""
+    entry = registry.get(arch.model_type(config))
+    config = arch.canonical(config)  # GPT-2's n_embd, n_layer, n_head, n_positions as the shared readers name them
+    # neither config class has head_dim, num_key_value_heads or intermediate_size (GPT-2: n_inner; OPT: ffn_dim): a
+    # config.json that carries them (Llama-style kwargs passed to it) is read as transformers reads it, without them
+    config = {k: v for k, v in config.items() if k not in ("head_dim", "num_key_value_heads", "intermediate_size")}
     spec = _spec_laid_out(config)
-    entry = registry.get("gpt2")
     assert entry.position_embedding is not None and entry.position_embedding.matrix is not None
     rows = int(registry.evaluate(entry.position_embedding.matrix[0], entry.names(config)))
     nope = dataclasses.replace(spec.ropes[0], rope_type="none")
-    return dataclasses.replace(spec, ropes=(nope,), position_embeddings=rows, conv1d=True)
+    conv1d = any(p.conv1d for p in (*entry.attention, *entry.mlp))
+    return dataclasses.replace(spec, ropes=(nope,), position_embeddings=rows, position_offset=entry.position_offset,
+                               conv1d=conv1d)
 
 
 def _spec_smollm3(config: dict[str, Any]) -> ArchSpec:
@@ -448,7 +453,7 @@ _SPECS: dict[str, Callable[[dict[str, Any]], ArchSpec]] = {
     "granite": spec_granite, "granitemoe": spec_granitemoe, "mixtral": _spec_mixtral, "qwen2_moe": _spec_qwen2_moe, "qwen3_moe": _spec_qwen3_moe,
     "deepseek": spec_deepseek, "gpt_oss": spec_gpt_oss, "phimoe": spec_phimoe, "phi": _spec_laid_out,
     "starcoder2": _spec_laid_out, "stablelm": _spec_laid_out, "gpt_neox": _spec_laid_out, "falcon": _spec_laid_out,
-    "gpt2": _spec_gpt2,
+    "learned_positions": _spec_learned_positions,
 }
 """The registry's ``engine.spec`` names -> the spec builders (the forward pass's choices are code)."""
 _LAYERS: dict[str, LayerFn] = {

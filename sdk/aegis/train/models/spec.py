@@ -103,7 +103,8 @@ class ArchSpec:
     plain_mlp: bool = False  # Phi, StarCoder2: the two-matrix MLP out(act(in(x))), named by ``plain_mlp_names``
     plain_mlp_names: tuple[str, str] = ("fc1", "fc2")  # its input and output projections (StarCoder2: c_fc, c_proj)
     o_name: str = "o_proj"  # the attention output projection's name (Phi: ``dense``)
-    position_embeddings: int = 0  # GPT-2: learned absolute positions (model.embed_positions [rows, d]); 0: none
+    position_embeddings: int = 0  # GPT-2, OPT: learned absolute positions (model.embed_positions [rows, d]); 0: none
+    position_offset: int = 0  # OPT: position p reads row p + 2
     conv1d: bool = False  # GPT-2: checkpoints store the linears as Conv1D ([in, out]); PEFT adapts them fan_in_fan_out
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
