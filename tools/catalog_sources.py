@@ -1235,3 +1235,17 @@ ROWS += [
                          "with hidden_size and word_embed_proj_dim 7,168, 56 heads, 48 layers, ffn_dim 28,672, "
                          "_remove_final_layer_norm false and no _name_or_path") + " 2,048 learned positions."),
 ]
+
+
+# GPT-BigCode (model_type gpt_bigcode): GPT-2's layout in nn.Linear with multi-query attention.
+SANTACODER = ("SantaCoder paper (Allal et al., arXiv 2301.03988), abstract: 'We train 1.1B parameter models on the "
+              "Java, JavaScript, and Python subsets of The Stack'")
+
+ROWS += [
+    row("bigcode/gpt_bigcode-santacoder", "santacoder", "1.1b", "base", (GITHUB, f"{_MLC}#gpt_bigcode"),
+        P("1.1B", SANTACODER),
+        note="mlc-llm's MODEL_PRESETS 'gpt_bigcode' entry (transformers 4.28.0.dev0): SantaCoder's shapes in "
+             "GPTBigCodeConfig keys (24 layers, 2,048 wide, 16 query heads and one key/value head, 2,048 learned "
+             "positions, vocabulary 49,280), the transformers-native bigcode/gpt_bigcode-santacoder. Dropouts 0.1 "
+             "in training."),
+]

@@ -286,6 +286,15 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "n_inner": 96, "activation_function": "gelu", "tie_word_embeddings": False, "layer_norm_epsilon": 1e-6,
         "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
     },
+    "gpt_bigcode": {  # StarCoder's layout: GPT-2's in nn.Linear, multi-query (one key/value head: [q; k; v] in c_attn)
+        "model_type": "gpt_bigcode", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 48,
+        "n_inner": 96, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+    },
+    "gpt_bigcode_mha": {  # multi_query false: every head its own key and value, c_attn's rows [q_h; k_h; v_h] per head
+        "model_type": "gpt_bigcode", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 32,
+        "multi_query": False, "activation_function": "gelu", "tie_word_embeddings": False,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+    },
     "opt": {  # OPT-125m's layout: learned positions read 2 rows on (OPTLearnedPositionalEmbedding's offset), q/k/v/out_proj
         # and fc1/fc2 with biases, ReLU, LayerNorms named self_attn_layer_norm / final_layer_norm, tied head
         "model_type": "opt", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -1,5 +1,5 @@
-"""GPT-2 (``gpt2``): config.json keys of its own (``n_embd``, ``n_layer``, ``n_head``, ``n_positions``, ``n_inner``,
-``activation_function``) read as GPT2Config reads them, learned absolute positions (``transformer.wpe``) that bound the
+"""GPT-2 (``gpt2``; and GPT-BigCode, its nn.Linear multi-query cousin): config.json keys of its own (``n_embd``,
+``n_layer``, ``n_head``, ``n_positions``, ``n_inner``, ``activation_function``) read as GPT2Config reads them, learned absolute positions (``transformer.wpe``) that bound the
 sequence, ``Conv1D`` linears stored [in, out], and the Hub's files that leave out the ``transformer.`` prefix and keep
 the causal-mask buffers. Counts, gradients, checkpoints and LoRA against transformers and PEFT are in
 test_layernorm_families.py, logits parity in test_parity.py (``gpt2``, ``gpt2_inner`` in conftest.TINY_CONFIGS), the
@@ -136,3 +136,21 @@ def test_keys_gpt2config_does_not_have_are_ignored_as_transformers_ignores_them(
     a, b = (profile_from_config(c, model_id="t", source="path") for c in (stray, clean))
     assert (a.total_params, a.head_dim, a.num_key_value_heads, a.intermediate_size) == (
         b.total_params, b.head_dim, b.num_key_value_heads, b.intermediate_size)
+
+
+@pytest.mark.parametrize("name", ["gpt_bigcode", "gpt_bigcode_mha"])
+def test_gpt_bigcode_spec_follows_its_config(name):
+    """GPT-BigCode (StarCoder, SantaCoder): GPT-2's keys and layout in nn.Linear, one key/value head under
+    ``multi_query`` (c_attn's rows [q; k; v]) or a key and value per head ([q_h; k_h; v_h], grouped like GPT-NeoX)."""
+    from transformers import GPTBigCodeConfig
+
+    config = tiny_config(name)
+    spec = build_model(config).spec
+    hf = GPTBigCodeConfig(**{k: v for k, v in config.items() if k != "model_type"})
+    assert spec.num_kv_heads == (1 if hf.multi_query else hf.num_attention_heads)
+    assert spec.head_dim == hf.hidden_size // hf.num_attention_heads
+    assert spec.intermediate_size == (hf.n_inner or 4 * hf.hidden_size)
+    assert spec.fused_qkv and spec.qkv_grouped and not spec.conv1d
+    assert spec.position_embeddings == hf.max_position_embeddings and spec.tie_embeddings == hf.tie_word_embeddings
+    profile = profile_from_config(config, model_id="t", source="path")
+    assert profile.num_key_value_heads == spec.num_kv_heads and profile.position_embedding_params > 0

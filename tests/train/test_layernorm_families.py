@@ -1,7 +1,8 @@
 """The contract every LayerNorm family keeps with transformers and PEFT, over one table of tiny configs: Phi-1/1.5/2
 (``phi``, ``phi_qk``), StarCoder2, StableLM (sequential, parallel), GPT-NeoX (parallel on two LayerNorms, sequential)
 Falcon (multi-query on one LayerNorm, ``new_decoder_architecture``, sequential) GPT-2 (learned positions, Conv1D
-linears under ``transformer.h.{i}``) and OPT (learned positions offset by 2, ``model.decoder.layers.{i}``). For each:
+linears under ``transformer.h.{i}``) OPT (learned positions offset by 2, ``model.decoder.layers.{i}``) and GPT-BigCode (StarCoder: GPT-2's layout in
+nn.Linear, multi-query or per-head q/k/v). For each:
 
 - planner == engine tree == transformers' meta-device count, in total and per layer (the tiny configs and every
   bundled config of the family);
@@ -40,9 +41,11 @@ DEFAULT_TARGETS = {  # model type -> (the plan's default LoRA targets, a few nam
     "falcon": (_NEOX, ("query_key_value",)),
     "gpt2": (("c_attn", "c_proj", "c_fc"), ("c_attn",)),  # Conv1D: PEFT wraps them fan_in_fan_out
     "opt": (("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"), ("q_proj", "v_proj")),
+    "gpt_bigcode": (("c_attn", "c_proj", "c_fc"), ("c_attn",)),
 }
 NAMES = ["phi", "phi_qk", "starcoder2", "stablelm", "stablelm_parallel", "gpt_neox", "gpt_neox_sequential", "falcon",
-         "falcon_new", "falcon_sequential", "gpt2", "gpt2_inner", "opt", "opt_nobias"]
+         "falcon_new", "falcon_sequential", "gpt2", "gpt2_inner", "opt", "opt_nobias", "gpt_bigcode",
+         "gpt_bigcode_mha"]
 BUNDLED = [m for m in catalog.models() if catalog.read_model_config(m)["model_type"] in DEFAULT_TARGETS]
 ADAPTERS = [  # (tiny config, modules adapted with random B)
     ("phi", ("dense", "fc2", "q_proj")),  # the parallel block's dense and fc2
@@ -54,6 +57,8 @@ ADAPTERS = [  # (tiny config, modules adapted with random B)
     ("gpt2", ("c_attn", "c_proj", "c_fc")),  # Conv1D weights [in, out]; c_proj in attention and the MLP
     ("gpt2_inner", ("c_attn", "c_proj")),
     ("opt", ("out_proj", "fc1", "q_proj")),  # fc1/fc2 sit on the layer itself (no mlp. module)
+    ("gpt_bigcode", ("c_attn", "c_proj")),  # multi-query: [q; k; v]
+    ("gpt_bigcode_mha", ("c_attn", "c_fc")),  # [q_h; k_h; v_h] per head
 ]
 
 

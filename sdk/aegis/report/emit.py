@@ -79,7 +79,7 @@ def _dataset_context(report: PlanReport) -> dict[str, Any] | None:
     }
 
 
-def _precision(precision: str, method: str, autocast: bool = True) -> dict[str, Any]:
+def _precision(precision: str, method: str, autocast: bool) -> dict[str, Any]:
     """Trainer flags and dtypes of a precision mode. Mixed modes load fp32 master weights for full fine-tuning;
     LoRA's frozen base loads in the 16-bit compute dtype (the memory model sizes it at 2 bytes), PEFT keeps the
     adapters fp32 and the Trainer's autocast (and, for fp16, its loss scaler) does the rest. A plan sized without
