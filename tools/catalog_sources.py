@@ -1243,7 +1243,7 @@ SANTACODER = ("SantaCoder paper (Allal et al., arXiv 2301.03988), abstract: 'We 
 
 ROWS += [
     row("bigcode/gpt_bigcode-santacoder", "santacoder", "1.1b", "base", (GITHUB, f"{_MLC}#gpt_bigcode"),
-        P("1.1B", SANTACODER),
+        P("1.1B", SANTACODER), sole_size=SANTACODER + "; one released size",
         note="mlc-llm's MODEL_PRESETS 'gpt_bigcode' entry (transformers 4.28.0.dev0): SantaCoder's shapes in "
              "GPTBigCodeConfig keys (24 layers, 2,048 wide, 16 query heads and one key/value head, 2,048 learned "
              "positions, vocabulary 49,280), the transformers-native bigcode/gpt_bigcode-santacoder. Dropouts 0.1 "

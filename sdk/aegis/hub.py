@@ -252,6 +252,12 @@ def _known_of(entry: Any) -> _Known:
         extra = _parse_name("-".join(p for p in parts if p))
         if extra.size is not None and extra != base:
             full.append(extra)
+        if family and fam.family and fam.family != base.family and fam.family in base.words:
+            # the line's name follows the architecture's in the id (bigcode/gpt_bigcode-santacoder): it answers to it
+            line = [fam.family, fam.version or ""]
+            full.append(_parse_name("-".join(p for p in (*line, size or "") if p)))
+            if _field(entry, "sole_size"):  # released in this one size: the line alone names it
+                full.append(_parse_name("-".join(p for p in line if p)))
     aliases = [_parse_name(a) for a in (*(i.split("/", 1)[-1] for i in _ids(entry)), *entry.aliases)]
     kept = [a for a in aliases if (a.family, a.version) == (base.family, base.version)]  # not 'llama-8b', 'gemma-2b'
     group = " ".join(_key(family)) if family else base.group
