@@ -146,7 +146,12 @@ def _optional(config: dict[str, Any], key: str) -> int | None:
 
 
 def head_dim(config: dict[str, Any]) -> int:
-    """``head_dim``, or its class default (Qwen3 128, Gemma 256), or ``hidden_size // num_attention_heads``."""
+    """``head_dim``, or its class default (Qwen3 128, Gemma 256), or ``hidden_size // num_attention_heads``; as the
+    registry derives it where it does (GPT-2 and OPT: n_embd / n_head, whatever ``head_dim`` key a config carries,
+    as transformers' classes have none; DeepSeek: the q/k head, nope + rope)."""
+    entry = _entry(config)
+    if entry is not None and "head_dim" in entry.vars:
+        return int(entry.names(config)["head_dim"])
     hd = _optional(config, "head_dim")
     return hd if hd else _required(config, "hidden_size") // max(1, _required(config, "num_attention_heads"))
 

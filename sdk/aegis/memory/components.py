@@ -25,11 +25,16 @@ _ALLOC = 512
 """The CUDA caching allocator rounds every tensor up to 512 bytes."""
 
 
+def selects_any(profile: ModelProfile, lora: LoRAConfig) -> bool:
+    """Whether ``lora.target_modules`` select at least one linear layer of the model."""
+    targets = lora_target_names(lora.target_modules, profile.linear_modules)
+    return any(lora_selects(m, targets) for m in profile.linear_modules)
+
+
 def check_lora_targets(profile: ModelProfile, lora: LoRAConfig) -> None:
     """InvalidConfigError naming the valid module names when ``lora.target_modules`` select nothing in the
     model (PEFT refuses such a config: "Target modules ... not found in the base model")."""
-    targets = lora_target_names(lora.target_modules, profile.linear_modules)
-    if any(lora_selects(m, targets) for m in profile.linear_modules):
+    if selects_any(profile, lora):
         return
     valid = sorted(lora_target_names(("all-linear",), profile.linear_modules))
     raise InvalidConfigError(

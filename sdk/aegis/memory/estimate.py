@@ -24,7 +24,7 @@ from aegis.memory.activations import (
     Setting, fixed_saved_by_layer, head_saved_bytes_per_token, loss_bytes_per_token, terms_by_layer,
 )
 from aegis.memory.components import (
-    check_lora_targets, layer_storage_bytes, optimizer_state_bytes, optimizer_temp_bytes, sizes,
+    check_lora_targets, layer_storage_bytes, optimizer_state_bytes, optimizer_temp_bytes, selects_any, sizes,
 )
 from aegis.memory.stack import (
     backward_width, check_stack, checkpoint_keeps_inputs, fused_loss, profile_for_stack, stack_notes, stack_setting,
@@ -60,11 +60,6 @@ class _Moment:
     @property
     def total(self) -> int:
         return sum(self.parts.values())
-
-
-def _selects_any(profile: ModelProfile, lora: LoRAConfig) -> bool:
-    targets = lora_target_names(lora.target_modules, profile.linear_modules)
-    return any(lora_selects(m, targets) for m in profile.linear_modules)
 
 
 def estimate_memory(
@@ -107,7 +102,7 @@ def estimate_memory(
     profile = model if isinstance(model, ModelProfile) else resolve_model(model)
     if method != "full" and lora is None:
         lora = LoRAConfig(rank=lora_rank) if lora_rank else LoRAConfig()
-        if not _selects_any(profile, lora):  # no q/k/v/o/gate/up/down (GPT-2's c_attn): the plan's own defaults
+        if not selects_any(profile, lora):  # no q/k/v/o/gate/up/down (GPT-2's c_attn): the plan's own defaults
             lora = lora.model_copy(update={"target_modules": default_lora_targets(profile.linear_modules)})
     try:
         if lora is not None and lora_dropout is not None:

@@ -302,9 +302,6 @@ def _spec_learned_positions(config: dict[str, Any]) -> ArchSpec:
     (GPT-2's ``wpe``; OPT's ``embed_positions``, offset by 2) in place of RoPE; GPT-2's linears stored as ``Conv1D``."""
     entry = registry.get(arch.model_type(config))
     config = arch.canonical(config)  # GPT-2's n_embd, n_layer, n_head, n_positions as the shared readers name them
-    # neither config class has head_dim, num_key_value_heads or intermediate_size (GPT-2: n_inner; OPT: ffn_dim): a
-    # config.json that carries them (Llama-style kwargs passed to it) is read as transformers reads it, without them
-    config = {k: v for k, v in config.items() if k not in ("head_dim", "num_key_value_heads", "intermediate_size")}
     spec = _spec_laid_out(config)
     assert entry.position_embedding is not None and entry.position_embedding.matrix is not None
     rows = int(registry.evaluate(entry.position_embedding.matrix[0], entry.names(config)))
