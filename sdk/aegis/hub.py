@@ -37,10 +37,9 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import Field
 
@@ -99,8 +98,7 @@ class ModelMatch(Frozen):
 # ------------------------------------------------------------------------------------------ names
 
 
-@dataclass(frozen=True)
-class _Size:
+class _Size(NamedTuple):
     total: float | None = None
     experts: int | None = None
     active: float | None = None
@@ -131,8 +129,7 @@ def _fmt_params(n: float) -> str:
     return f"{n / 1e9:g}B" if n >= 1e8 else f"{n / 1e6:g}M"
 
 
-@dataclass(frozen=True)
-class _Name:
+class _Name(NamedTuple):
     """A model name cut into parts: 'Qwen2.5-7B-Instruct' → family qwen, version 2.5, size 7B, variant instruct."""
 
     family: str | None
@@ -217,8 +214,7 @@ def names_one_model(name: str) -> bool:
 # ---------------------------------------------------------------------------------------- catalog
 
 
-@dataclass(frozen=True)
-class _Known:
+class _Known(NamedTuple):
     """A bundled model and the names it answers to."""
 
     id: str

@@ -9,7 +9,6 @@ each file records the versions). Dropout runs through ``torch.native_dropout``, 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -104,7 +103,7 @@ def test_loss_peak_matches_transformers_loss(dtype):
 
     def engine(version: str) -> float:
         fam, profile, setting, _ = _setting_and_layer(stack_probe.TINY_LLAMA, ["q_proj"], 0.0, version)
-        setting = replace(setting, lm_head_bytes=2 if dtype == "bfloat16" else 4)
+        setting = setting._replace(lm_head_bytes=2 if dtype == "bfloat16" else 4)
         return loss_bytes_per_token(fam, profile.config, setting)[0] / fam.vocab(profile.config)
 
     here = stack_probe.loss_peak_bytes_per_logit(dtype)

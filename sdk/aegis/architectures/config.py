@@ -20,8 +20,7 @@ Pure Python: the planner imports this without JAX, torch or transformers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from aegis.architectures import registry
 from aegis.errors import InvalidConfigError
@@ -381,8 +380,7 @@ def is_sparse_layer(config: dict[str, Any], layer: int) -> bool:
 
 # ----- multi-head latent attention (DeepSeek-V2/V3) ---------------------------------------------------
 
-@dataclass(frozen=True)
-class MLA:
+class MLA(NamedTuple):
     """DeepSeek's multi-head latent attention widths (``modeling_deepseek_v2.py`` / ``_v3.py``)."""
 
     q_lora_rank: int | None

@@ -12,15 +12,15 @@ are cached, so the cost is paid once per process and only by a process that asks
 
 ``models.json`` is written by ``tools/import_catalog.py``; the names an entry answers to come from one
 rule (`aegis.catalog._aliases`), not from the file. ``names.json`` stores that rule's output for the committed
-``models.json`` (keyed by its sha256), so a lookup does not re-derive 1,000+ names per process; a file that does not
+``models.json`` (keyed by its CRC-32), so a lookup does not re-derive 1,000+ names per process; a file that does not
 match is ignored and the names are derived (``python -m tools.import_catalog --names`` rewrites it).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -194,17 +194,19 @@ def models() -> tuple[CatalogModel, ...]:
     return tuple(_entry(i) for i in range(len(_rows())))
 
 
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+def _checksum(text: str) -> str:
+    """CRC-32 of a ``models.json`` text: enough to tell a stale ``names.json`` (not a security check), and it needs
+    no ``hashlib`` (whose OpenSSL import costs more than the rest of a name lookup)."""
+    return f"{zlib.crc32(text.encode('utf-8')):08x}"
 
 
 def name_index(models_text: str | None = None) -> str:
-    """``names.json`` for a ``models.json`` text (default: the bundled one): its sha256, the naming rule's names of
+    """``names.json`` for a ``models.json`` text (default: the bundled one): its CRC-32, the naming rule's names of
     every entry, and each name's token key (space-joined) with its entry."""
     text = _models_text() if models_text is None else models_text
     owners = _aliases.alias_owners(_names_of(json.loads(text)))
     keys = {" ".join(_aliases.key(name)): owner for owner, found in owners.items() for name in found}
-    return json.dumps({"models_sha256": _sha256(text), "names": owners, "keys": keys}, indent=1,
+    return json.dumps({"models_crc32": _checksum(text), "names": owners, "keys": keys}, indent=1,
                       ensure_ascii=False) + "\n"
 
 
@@ -215,7 +217,7 @@ def _stored_index() -> dict[str, Any] | None:
         stored = _read_json("names.json")
     except (OSError, ValueError):
         return None
-    if (isinstance(stored, dict) and stored.get("models_sha256") == _sha256(_models_text())
+    if (isinstance(stored, dict) and stored.get("models_crc32") == _checksum(_models_text())
             and isinstance(stored.get("names"), dict) and isinstance(stored.get("keys"), dict)):
         return stored
     return None

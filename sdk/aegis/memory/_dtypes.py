@@ -7,15 +7,14 @@ bf16; and what dtype the residual stream, logits and LoRA adapters have.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from aegis.schema import TrainConfig
 
 __all__ = ["Placement", "placement", "dtype_name"]
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(NamedTuple):
     base_bytes: int
     """Bytes per element of the (non-quantized) base weights."""
     base_trainable: bool

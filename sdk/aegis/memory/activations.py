@@ -41,8 +41,7 @@ Stack profiles (`aegis.schema.StackProfile`, knobs set by `aegis.memory.stack.st
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from aegis.architectures import config as arch
 from aegis.errors import InvalidConfigError
@@ -52,8 +51,7 @@ __all__ = ["Setting", "layer_activation_terms", "layer_activation_parts", "terms
            "loss_bytes_per_token", "head_saved_bytes_per_token"]
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(NamedTuple):
     """What the activation model needs to know about one configuration."""
 
     stream_bytes: int

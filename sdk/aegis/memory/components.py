@@ -7,7 +7,7 @@ LoRA adapters, gradients, optimizer states and optimizer-step temporaries. All i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from aegis.errors import InvalidConfigError
 from aegis.families.base import LayerShape
@@ -54,8 +54,7 @@ def nf4_bytes(elements: int) -> int:
     return _round(elements / 2) + _round(blocks) + _round(4 * -(-blocks // NF4_BLOCK2)) + _round(256 * 4) + _round(4)
 
 
-@dataclass(frozen=True)
-class Sizes:
+class Sizes(NamedTuple):
     """Element counts and bytes of everything static in a configuration."""
 
     base_bytes: int

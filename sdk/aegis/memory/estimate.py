@@ -13,7 +13,7 @@ components reported are those live at the peak; each carries its formula with th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from aegis.errors import InvalidConfigError
 from aegis.families import get_family, layer_shapes
@@ -52,8 +52,7 @@ _DYNAMIC_FRACTION = 0.04
 _DYNAMIC_FLOOR = 256 << 20
 
 
-@dataclass(frozen=True)
-class _Moment:
+class _Moment(NamedTuple):
     name: str
     parts: dict[str, int]
 

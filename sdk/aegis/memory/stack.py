@@ -33,8 +33,6 @@ non-reentrant checkpointing. A profile changes:
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from aegis.errors import InvalidConfigError
 from aegis.schema import ModelProfile, StackProfile, TrainConfig, lora_selects, lora_target_names
 
@@ -108,7 +106,7 @@ def stack_setting(setting, cfg: TrainConfig):
         head = placement(cfg).embedding_bytes
         if head:  # TRL's bf16 lm_head: the logits are bf16 (the loss upcasts them)
             update["lm_head_bytes"] = head
-    return replace(setting, **update) if update else setting
+    return setting._replace(**update) if update else setting
 
 
 def transformers_minor(stack: StackProfile) -> tuple[int, int]:
