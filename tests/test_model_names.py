@@ -251,8 +251,11 @@ def test_a_line_released_in_one_size_is_named_by_the_line_alone(entry) -> None:
     assert [m.id for m in catalog.models() if m.family == entry.family] == [entry.id]
     assert match_model(entry.family).model_id == entry.id
     assert match_model(f"{entry.family}-instruct").model_id == entry.id
-    with pytest.raises(UnknownModelError):
+    with pytest.raises(UnknownModelError) as refused:
         match_model(f"{entry.family}-99b")
+    message = str(refused.value)  # the one size it has, and the model first among the suggestions
+    assert f"is bundled in {entry.size.upper()})" in message
+    assert message.split("did you mean ", 1)[1].startswith(entry.id)
 
 
 @pytest.mark.parametrize("line", ["granite-3.3", "yi-1.5", "olmo-2", "gpt-oss", "qwen3", "gemma-3"])

@@ -548,6 +548,13 @@ def _match_cache(asked: _Name, *, exact_variant: bool) -> ModelMatch | None:
 # ----------------------------------------------------------------------------------------- errors
 
 
+def _named_as(known: _Known, families: set[str] | frozenset[str]) -> _Name:
+    """The full name of ``known`` in one of ``families`` (SantaCoder's line name, where its id starts 'gpt_bigcode'),
+    else its id's."""
+    return next((n for n in known.full if n.family in families and n.size), None) or next(
+        (n for n in known.full if n.family in families), known.full[0])
+
+
 def suggest_models(name: str, n: int = 3) -> tuple[str, ...]:
     """Bundled ids close to ``name``, best first: same family and version, then the family, nearest size first."""
     import difflib  # suggestions only: a name that resolves never needs it
@@ -559,16 +566,16 @@ def suggest_models(name: str, n: int = 3) -> tuple[str, ...]:
         families |= set(difflib.get_close_matches(asked.family, sorted(bundled_families()), n=2, cutoff=0.75))
 
     def rank(k: _Known) -> tuple[float, ...]:
-        mine = k.full[0]
+        mine = _named_as(k, families)
         kin = 0 if mine.family in families and mine.version == asked.version else 1 if mine.family in families else 2
-        words = 0 if set(mine.words) == set(asked.words) else 1
+        words = 0 if set(mine.words) == set(asked.words) else 1 if asked.words and set(asked.words) <= set(mine.words) else 2
         gap = 9.0
         if asked.size and mine.size:
             gap = abs(math.log(asked.size.magnitude / mine.size.magnitude))
         return (kin, words, gap, -difflib.SequenceMatcher(None, name.lower(), k.id.lower()).ratio())
 
     ranked = sorted(known, key=rank)
-    kin = [k.id for k in ranked if k.full[0].family in families]
+    kin = [k.id for k in ranked if _named_as(k, families).family in families]
     if kin:
         return tuple(kin[:n])
     low = name.lower().rsplit("/", 1)[-1]
@@ -577,7 +584,7 @@ def suggest_models(name: str, n: int = 3) -> tuple[str, ...]:
 
 
 def _how_to_pass(asked: _Name) -> str:
-    orgs = sorted({k.id.split("/", 1)[0] for k in _catalog()[0] if k.full[0].family == asked.family})
+    orgs = sorted({k.id.split("/", 1)[0] for k in _catalog()[0] if _named_as(k, {asked.family}).family == asked.family})
     hub = f"{orgs[0]}/<name>" if len(orgs) == 1 else "org/name"
     return (f"pass its config.json (`--model ./path/config.json`) or its Hub id (`--model {hub}`, fetched when "
             "online); `aegis models` lists the bundled ones")
@@ -586,31 +593,33 @@ def _how_to_pass(asked: _Name) -> str:
 def _unknown_message(name: str, asked: _Name) -> str:
     known = _catalog()[0]
     wider_ids: tuple[str, ...] = ()
-    kin = [k for k in known if k.full[0].family == asked.family]
+    named = [(k, _named_as(k, {asked.family})) for k in known] if asked.family else []
+    kin = [(k, n) for k, n in named if n.family == asked.family]
     if asked.family is None or not kin:
         why = f"no bundled {asked.family!r} model" if asked.family else "not a model name Aegis knows"
     elif not asked.specific:
         why = f"which {asked.family}? Say its version and size"
     else:
-        same = [k for k in kin if k.full[0].version == asked.version]
+        same = [(k, n) for k, n in kin if n.version == asked.version]
         parts = (asked.family, asked.version, *asked.words, str(asked.size) if asked.size else "")
         said = " ".join(p for p in parts if p)
-        sizes = sorted({k.full[0].size for k in same if k.full[0].size}, key=lambda z: z.magnitude)
+        sizes = sorted({n.size for _, n in same if n.size and set(asked.words) <= set(n.words)}, key=lambda z: z.magnitude)
         listed = ", ".join(str(z) for z in sizes)
-        wider = [k for k in same if set(asked.words) <= set(k.full[0].words) and (
+        wider = [k for k, n in same if set(asked.words) <= set(n.words) and (
             asked.size is None and asked.words
-            or asked.size and k.full[0].size and asked.size.same(k.full[0].size) and set(asked.words) < set(k.full[0].words))]
+            or asked.size and n.size and asked.size.same(n.size) and set(asked.words) < set(n.words))]
         if wider:  # 'mistral-small-24b', 'gpt-oss': the bundled models of that name carry more words or sizes
             listed = ", ".join(k.id.split("/", 1)[-1] for k in wider)
             why = f"which {said}? Name one of them ({said} is bundled in {listed})"
             wider_ids = tuple(k.id for k in wider)
         elif same and asked.size is None and not asked.words:  # 'phi3.5': a version, several models of it
-            kinds = sorted({(k.full[0].words, k.full[0].size.magnitude if k.full[0].size else 0.0,
-                             " ".join((*k.full[0].words, str(k.full[0].size or ""))).strip() or k.id) for k in same})
+            kinds = sorted({(n.words, n.size.magnitude if n.size else 0.0,
+                             " ".join((*n.words, str(n.size or ""))).strip() or k.id) for k, n in same})
             listed = ", ".join(dict.fromkeys(k[2] for k in kinds))
             why = f"which {asked.group}? Say which one ({asked.group} is bundled in {listed})"
         else:
-            why = f"no bundled {said}" + (f" ({asked.group} is bundled in {listed})" if same and sizes else "")
+            line = " ".join(p for p in (asked.family, asked.version, *asked.words) if p)
+            why = f"no bundled {said}" + (f" ({line} is bundled in {listed})" if same and sizes else "")
     close = wider_ids or suggest_models(name, n=6 if asked.family and not asked.specific else 3)
     mean = f"; did you mean {', '.join(close)}?" if close else ";"
     return f"unknown model {name!r}: {why}{mean} to plan it, {_how_to_pass(asked)}"
