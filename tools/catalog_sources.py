@@ -1249,3 +1249,16 @@ ROWS += [
              "positions, vocabulary 49,280), the transformers-native bigcode/gpt_bigcode-santacoder. Dropouts 0.1 "
              "in training."),
 ]
+
+AYA_23 = ("Aya 23 model card (CohereForAI/aya-23-8B): 'Aya 23 is an open weights research release of an instruction "
+          "fine-tuned model' ... 'This model card corresponds to the 8-billion version'; Aya 23 paper (Aryabumi et "
+          "al., arXiv 2405.15032): 8B and 35B")
+
+ROWS += [
+    row(("CohereForAI/aya-23-8B", "CohereLabs/aya-23-8B"), "aya-23", "8b", "instruct", (GITHUB, f"{_MLC}#aya-23"),
+        P("8B", AYA_23),
+        note="mlc-llm's MODEL_PRESETS 'aya-23' entry (transformers 4.40.0.dev0): Aya 23 8B's shapes in CohereConfig "
+             "keys (32 layers, 4,096 wide, 32 query and 8 key/value heads, 14,336-wide SwiGLU, vocabulary 256,000, "
+             "logit_scale 0.0625, rope_theta 10,000), the head tied to the embedding (CohereConfig's default). "
+             "CohereLabs/aya-23-8B is the same repository after Cohere For AI's rename."),
+]

@@ -468,6 +468,9 @@ def _differ_message(name: str, model_id: str, evidence: str) -> str:
 
 
 def _shared_note(name: str, model_id: str) -> str:
+    if name.rsplit("/", 1)[-1].lower() == model_id.rsplit("/", 1)[-1].lower():  # CohereLabs/ for CohereForAI/
+        return (f"{model_id} (config used for {name}): the same repository under another organisation's name (a "
+                "renamed organisation or a copy); pass its own config.json if it differs")
     return (f"{model_id} (config used for {name}): an instruct/base sibling, planned with its layer shapes "
             "(fine-tuned siblings keep them); pass its own config.json if its shapes or vocabulary differ")
 

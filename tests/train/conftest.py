@@ -260,6 +260,23 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "partial_rotary_factor": 0.5,
         "layer_norm_eps": 1e-5,
     },
+    "cohere": {  # Command R's layout: attention and the SwiGLU MLP side by side on one weight-only LayerNorm, GQA,
+        # RoPE over adjacent pairs, logits times logit_scale, tied head (the default)
+        **{k: v for k, v in _COMMON.items() if k not in ("rms_norm_eps", "tie_word_embeddings")},
+        "model_type": "cohere",
+        "logit_scale": 0.25,
+        "rope_theta": 10000.0,
+        "layer_norm_eps": 1e-5,
+    },
+    "cohere_qk": {  # Command R+'s use_qk_norm (a LayerNorm weight per head on q and k), attention biases, an untied
+        # head, the default logit_scale and rope_theta
+        **{k: v for k, v in _COMMON.items() if k != "rms_norm_eps"},
+        "model_type": "cohere",
+        "use_qk_norm": True,
+        "attention_bias": True,
+        "tie_word_embeddings": False,
+        "layer_norm_eps": 1e-5,
+    },
     "gpt_neox": {  # Pythia's layout: q/k/v grouped by head in one query_key_value, attention and the GELU MLP side by
         # side on two LayerNorms, a quarter of each head rotated; rotary settings left to GPTNeoXConfig's defaults
         **{k: v for k, v in _COMMON.items() if k not in ("rms_norm_eps", "num_key_value_heads")},

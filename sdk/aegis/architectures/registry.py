@@ -308,6 +308,15 @@ class Architecture(_Model):
     attention_softcap_key: str | None = None
     logit_softcap_key: str | None = None
     logits_scaling_key: str | None = None
+    """Config key of a number the logits are divided by (Granite ``logits_scaling``)."""
+    logit_scale_key: str | None = None
+    """Config key of a number the logits are multiplied by (Cohere ``logit_scale``)."""
+    manual_layer_norm: bool = False
+    """The LayerNorms are written out in float32 ops rather than ``nn.LayerNorm`` (Cohere's ``CohereLayerNorm``:
+    mean, the centred input computed twice, rsqrt, weight only), which changes what autograd saves, not the maths."""
+    rope_interleaved: bool = False
+    """RoPE rotates adjacent pairs ``(x0, x1), (x2, x3), ...`` (Cohere's ``rotate_half`` with ``repeat_interleave``d
+    tables), not the two halves of the head."""
     residual_dropout_key: str | None = None
     """Config key of a dropout on each sublayer's output before its residual add (Seed-OSS ``residual_dropout``):
     in training its bool mask is saved for backward."""
@@ -375,6 +384,11 @@ class Architecture(_Model):
         ``c_fc``/``c_proj``): the first and last linear of ``mlp``."""
         names = [p.short_name for p in self.mlp if p.kind == "linear"]
         return names[0], names[-1]
+
+    @property
+    def layer_norm_bias(self) -> bool:
+        """Whether the layers' norms have a bias (LayerNorm families but Cohere's weight-only ones)."""
+        return any(p.path.endswith(".bias") for p in self.norms)
 
     @property
     def fused_qkv(self) -> str | None:

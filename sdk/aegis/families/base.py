@@ -11,6 +11,8 @@ evaluated on the config; parameter counts in `ModelProfile` are sums over these 
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 import dataclasses
 from typing import Any
@@ -107,8 +109,9 @@ class Family:
         """A sigmoid gate scales the shared expert's output (Qwen2-MoE); DeepSeek adds it ungated."""
         self.attention_sinks = entry.attention_sinks
         """A learned per-head sink logit joins the eager softmax, which runs in the compute dtype (GPT-OSS)."""
-        self.layer_norm = entry.layer_norm
-        """LayerNorm (weight and bias; saves its input, mean and rstd) instead of RMSNorm (Phi-MoE)."""
+        self.layer_norm: bool | str = "manual" if entry.layer_norm and entry.manual_layer_norm else entry.layer_norm
+        """LayerNorm (weight and bias; saves its input, mean and rstd) instead of RMSNorm (Phi-MoE); ``"manual"``:
+        written out in float32 ops (Cohere's ``CohereLayerNorm``)."""
         self.expert_act_saved_widths = moe.act_saved_widths if moe else 3
         """Tensors of one expert's width that its activation saves per routed token (`registry.MoE`)."""
 
@@ -182,7 +185,12 @@ class Family:
 
     @staticmethod
     def _vector_params(params: tuple[registry.Param, ...], v: registry.Vars) -> int:
-        return sum(int(registry.evaluate(p.vector, v)) for p in params if p.kind == "vector" and p.present(v))
+        """Elements of the bare (non-linear) parameters: norm vectors, sinks, Cohere's per-head q/k norm matrices."""
+        total = 0
+        for p in params:
+            if p.kind in ("vector", "matrix") and p.present(v):
+                total += math.prod(int(registry.evaluate(x, v)) for x in (p.matrix or (p.vector,)))
+        return total
 
     def attention_linears(self, c: dict[str, Any], layer: int) -> list[Linear]:
         return self._linears(self.entry.attention, self._names(c))
@@ -321,10 +329,13 @@ class Family:
         return int(registry.evaluate(self.entry.kv_cache_elements, self._names(c)))
 
     def logits_scaling(self, c: dict[str, Any]) -> float | None:
-        """Divisor applied to the logits before the loss (Granite), or None."""
-        key = self.entry.logits_scaling_key
-        scale = arch.value(c, key) if key else None
-        return None if scale in (None, 1, 1.0) else float(scale)
+        """The factor the logits are multiplied by before the loss (Granite: one over ``logits_scaling``; Cohere:
+        ``logit_scale``), or None: a scaled copy of the logits is one more [tokens, vocab] tensor."""
+        divisor = arch.value(c, self.entry.logits_scaling_key) if self.entry.logits_scaling_key else None
+        factor = arch.value(c, self.entry.logit_scale_key) if self.entry.logit_scale_key else None
+        if divisor not in (None, 1, 1.0):
+            return 1.0 / float(divisor)
+        return None if factor in (None, 1, 1.0) else float(factor)
 
     def lm_head_bias(self, c: dict[str, Any]) -> bool:
         """Whether the output projection has a bias (Phi-MoE's ``lm_head_bias``)."""

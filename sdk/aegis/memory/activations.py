@@ -99,10 +99,20 @@ class _Acc:
             self.parts[label].extend([nbytes / tensors] * tensors)
 
 
-def _norm(acc: _Acc, s: Setting, x_bytes: int, width: int, *, gemma: bool, label: str, layer_norm: bool = False,
-          input_saved: bool = False) -> int:
+def _norm(acc: _Acc, s: Setting, x_bytes: int, width: int, *, gemma: bool, label: str, layer_norm: bool | str = False,
+          input_saved: bool = False, rows: int = 1) -> int:
     """An RMSNorm (or, `layer_norm`, an nn.LayerNorm) on a tensor of `x_bytes` elements; returns the output element
-    size. ``input_saved``: another LayerNorm already saved this input (GPT-NeoX's two norms of one block input)."""
+    size. ``input_saved``: another LayerNorm already saved this input (GPT-NeoX's two norms of one block input).
+    ``layer_norm="manual"``: Cohere's LayerNorm written out in float32 ops over ``rows`` rows per token (its q/k
+    norms: one per head)."""
+    if layer_norm == "manual":
+        # CohereLayerNorm computes the centred float32 input twice (for the variance's pow and for the product with
+        # the rsqrt): both are saved, with the rsqrt per row; the float32 weight product keeps the normalised tensor
+        # when the weight trains. Its output has the input's dtype, autocast or not (no op in it is autocast).
+        acc.add(label, 8 * width + 4 * rows, 3)
+        if s.base_trainable:
+            acc.add(label, 4 * width)
+        return x_bytes
     if layer_norm:  # native_layer_norm saves its input (an fp32 copy under autocast) and fp32 mean and rstd per row
         x_in = 4 if s.autocast else x_bytes
         shared = input_saved and x_in == x_bytes  # autocast casting a bf16 input gives each norm its own fp32 copy
@@ -226,8 +236,8 @@ def _layer_acc(fam: Family, c: dict, layer: LayerShape, s: Setting) -> _Acc:
                    [(lin_names("q_proj"), q_w), (lin_names("k_proj"), kv_w), (lin_names("v_proj"), kv_w)])
     d = _linears(acc, s, y, h, projections, "attention projections")
     if fam.qk_norm(c):
-        d_q = _norm(acc, s, d, q_w, gemma=gemma, label="q/k norms", layer_norm=fam.layer_norm)
-        _norm(acc, s, d, kv_w, gemma=gemma, label="q/k norms", layer_norm=fam.layer_norm)
+        d_q = _norm(acc, s, d, q_w, gemma=gemma, label="q/k norms", layer_norm=fam.layer_norm, rows=heads)
+        _norm(acc, s, d, kv_w, gemma=gemma, label="q/k norms", layer_norm=fam.layer_norm, rows=kv)
         d = d_q
     cast = s.sdpa_autocast and not s.eager and d != 2  # autocast gives SDPA bf16 copies of q, k and v
     if s.sdpa_autocast and not s.eager:
@@ -411,7 +421,7 @@ def loss_bytes_per_token(fam: Family, c: dict, s: Setting) -> tuple[float, str]:
     d_l = 2 if s.autocast else s.lm_head_bytes
     cap = fam.logit_softcap(c)
     tanh = d_l if cap else 0
-    scaled = d_l if fam.logits_scaling(c) else 0  # Granite: the divided logits are a second tensor
+    scaled = d_l if fam.logits_scaling(c) else 0  # Granite, Cohere: the scaled logits are a second tensor
     shift = 4 if s.loss_shift_copy else 0
     forward = d_l + scaled + (4 if d_l != 4 else 0) + shift + 4 + tanh
     backward = 12 + tanh
@@ -423,7 +433,7 @@ def loss_bytes_per_token(fam: Family, c: dict, s: Setting) -> tuple[float, str]:
     if cap:
         formula += " + soft-capping tanh output"
     if scaled and forward > backward:
-        formula += " + the logits divided by logits_scaling"
+        formula += " + the scaled logits (logits_scaling / logit_scale)"
     return max(forward, backward) * v, formula
 
 

@@ -246,7 +246,7 @@ def allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEP
             loss_live: list[int] = [hgrad]
         else:
             logits = st.alloc(tokens * vocab * d_l)
-            extra = [st.alloc(tokens * vocab * d_l)] if fam.logits_scaling(c) else []  # Granite: logits / scaling
+            extra = [st.alloc(tokens * vocab * d_l)] if fam.logits_scaling(c) else []  # Granite, Cohere: scaled logits
             tanh = [st.alloc(tokens * vocab * d_l)] if fam.logit_softcap(c) else []  # soft-capping, saved
             up = [st.alloc(tokens * vocab * 4)] if d_l != 4 else []
             # transformers <= 4.48: logits[..., :-1, :].contiguous() of the upcast, live while cross-entropy runs

@@ -350,6 +350,8 @@ class Model:
             logits = (logits.astype(h.dtype) + bias.astype(h.dtype)).astype(jnp.float32)
         if self.spec.logits_divisor != 1.0:  # Granite's logits_scaling
             logits = logits / self.spec.logits_divisor
+        if self.spec.logits_scale != 1.0:  # Cohere's logit_scale
+            logits = logits * self.spec.logits_scale
         if self.spec.final_softcap is not None:
             cap = self.spec.final_softcap
             logits = jnp.tanh(logits / cap) * cap

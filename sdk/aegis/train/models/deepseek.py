@@ -33,7 +33,7 @@ from aegis.errors import UnsupportedArchitectureError
 from aegis.train.models.layers import (
     Ctx, _expert_matmul, _sub, activation, eager_attention, linear, mlp_block, rms_norm,
 )
-from aegis.train.models.rope import apply_rope
+from aegis.train.models.rope import apply_rope, deinterleave
 from aegis.train.models.spec import FULL_WINDOW, ArchSpec, MoESpec, require, rope_single
 
 __all__ = ["spec_deepseek", "deepseek_layer", "mla_attention", "deepseek_moe"]
@@ -126,11 +126,6 @@ def spec_deepseek(config: dict[str, Any]) -> ArchSpec:
     )
 
 
-def _deinterleave(x: jax.Array) -> jax.Array:
-    """``[x0, x1, x2, x3, ...] -> [x0, x2, ..., x1, x3, ...]`` on the last axis."""
-    return jnp.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
-
-
 def mla_attention(
     spec: ArchSpec,
     p: dict[str, Any],
@@ -159,7 +154,7 @@ def mla_attention(
     latent = rms_norm(latent, p["kv_a_layernorm"]["weight"], _LATENT_NORM_EPS)
     k_rot = k_rot.reshape(b, s, 1, rope)
     if spec.rope_interleave:
-        q_rot, k_rot = _deinterleave(q_rot), _deinterleave(k_rot)
+        q_rot, k_rot = deinterleave(q_rot), deinterleave(k_rot)
     q_rot = apply_rope(q_rot, cos, sin)
     k_rot = apply_rope(k_rot, cos, sin)
     kv = linear(p["kv_b_proj"], latent, ctx, _sub(lora, "kv_b_proj"), "kv_b_proj").reshape(b, s, heads, nope + v_dim)

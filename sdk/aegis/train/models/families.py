@@ -257,7 +257,7 @@ def _layout(config: dict[str, Any]) -> dict[str, Any]:
     return dict(
         fused_qkv=qkv is not None, **({"qkv_name": qkv, "qkv_grouped": entry.qkv_grouped} if qkv else {}),
         fused_gate_up="gate_up_proj" in names, qk_norm=entry.has_qk_norm(config),
-        layer_norm=entry.layer_norm, parallel_block=parallel, parallel_mlp_norm=entry.has_parallel_mlp_norm(config),
+        layer_norm=entry.layer_norm, layer_norm_bias=entry.layer_norm_bias, parallel_block=parallel, parallel_mlp_norm=entry.has_parallel_mlp_norm(config),
         plain_mlp=plain,
         **({"plain_mlp_names": entry.plain_mlp_names} if plain else {}), o_name=entry.output_projection,
         lm_head_bias=arch.lm_head_bias(config),
@@ -295,6 +295,14 @@ def _spec_laid_out(config: dict[str, Any]) -> ArchSpec:
     if names != family.names:  # norms named per config (Falcon's ln_attn / ln_mlp): the recipe reads them
         spec = dataclasses.replace(spec, extra={**spec.extra, "checkpoint_names": names})
     return spec
+
+
+def _spec_cohere(config: dict[str, Any]) -> ArchSpec:
+    """Cohere (Command R, Aya): the laid-out parallel block on weight-only LayerNorms, RoPE over adjacent pairs,
+    q/k LayerNorms with a weight per head (``use_qk_norm``), logits times ``logit_scale``."""
+    spec = _spec_laid_out(config)
+    return dataclasses.replace(spec, rope_interleave=True, qk_norm_head_weights=spec.qk_norm,
+                               logits_scale=float(arch.value(config, "logit_scale")))
 
 
 def _spec_learned_positions(config: dict[str, Any]) -> ArchSpec:
@@ -450,7 +458,7 @@ _SPECS: dict[str, Callable[[dict[str, Any]], ArchSpec]] = {
     "granite": spec_granite, "granitemoe": spec_granitemoe, "mixtral": _spec_mixtral, "qwen2_moe": _spec_qwen2_moe, "qwen3_moe": _spec_qwen3_moe,
     "deepseek": spec_deepseek, "gpt_oss": spec_gpt_oss, "phimoe": spec_phimoe, "phi": _spec_laid_out,
     "starcoder2": _spec_laid_out, "stablelm": _spec_laid_out, "gpt_neox": _spec_laid_out, "falcon": _spec_laid_out,
-    "learned_positions": _spec_learned_positions,
+    "learned_positions": _spec_learned_positions, "cohere": _spec_cohere,
 }
 """The registry's ``engine.spec`` names -> the spec builders (the forward pass's choices are code)."""
 _LAYERS: dict[str, LayerFn] = {

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from aegis.errors import UnsupportedArchitectureError
 from aegis.train.lora import expert_factors
-from aegis.train.models.rope import apply_rope
+from aegis.train.models.rope import apply_rope, deinterleave
 from aegis.train.models.spec import ArchSpec
 from aegis.train.nf4 import NF4Tensor, dequantize, maybe_dequantize
 
@@ -102,12 +102,15 @@ def rms_norm(
 
 
 def layer_norm(x: jax.Array, p: dict[str, Any], eps: float) -> jax.Array:
-    """``nn.LayerNorm``: mean and variance over the last axis in float32, then weight and bias."""
+    """``nn.LayerNorm``: mean and variance over the last axis in float32, then weight and bias; without a ``bias``
+    (Cohere's ``CohereLayerNorm``) the weight alone, which may hold one row per head (``[heads, head_dim]``)."""
     xf = x.astype(jnp.float32)
     mean = jnp.mean(xf, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
-    normed = (xf - mean) * jax.lax.rsqrt(var + eps)
-    return (normed * p["weight"].astype(jnp.float32) + p["bias"].astype(jnp.float32)).astype(x.dtype)
+    normed = (xf - mean) * jax.lax.rsqrt(var + eps) * p["weight"].astype(jnp.float32)
+    if "bias" in p:
+        normed = normed + p["bias"].astype(jnp.float32)
+    return normed.astype(x.dtype)
 
 
 def dropout(x: jax.Array, p: float, key: jax.Array | None) -> jax.Array:
@@ -204,12 +207,17 @@ def attention_block(
     q = q.reshape(b, s, spec.num_heads, hd)
     k = k.reshape(b, s, hkv, hd)
     v = v.reshape(b, s, hkv, hd)
-    if spec.qk_norm and spec.layer_norm:  # Phi's qk_layernorm: LayerNorm over each head
+    if spec.qk_norm and spec.qk_norm_head_weights:  # Cohere: LayerNorm over each head, a weight per head
+        q = layer_norm(q, p["q_norm"], spec.rms_norm_eps)
+        k = layer_norm(k, p["k_norm"], spec.rms_norm_eps)
+    elif spec.qk_norm and spec.layer_norm:  # Phi's qk_layernorm: LayerNorm over each head
         q = layer_norm(q, p["q_layernorm"], spec.rms_norm_eps)
         k = layer_norm(k, p["k_layernorm"], spec.rms_norm_eps)
     elif spec.qk_norm:
         q = rms_norm(q, p["q_norm"]["weight"], spec.rms_norm_eps, gemma=spec.gemma_norm)
         k = rms_norm(k, p["k_norm"]["weight"], spec.rms_norm_eps, gemma=spec.gemma_norm)
+    if spec.rope_interleave:  # Cohere: rotating adjacent pairs is rotating the halves of a permuted head; q and
+        q, k = deinterleave(q), deinterleave(k)  # k permuted alike leave every score q.k as it was
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
     # training with attention dropout: the explicit-scores path (the fused kernels here take no dropout)

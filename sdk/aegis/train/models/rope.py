@@ -200,6 +200,12 @@ def _rotate_half(x: jnp.ndarray) -> jnp.ndarray:
     return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
+def deinterleave(x: jnp.ndarray) -> jnp.ndarray:
+    """``[x0, x1, x2, x3, ...] -> [x0, x2, ..., x1, x3, ...]`` on the last axis: rotating adjacent pairs (DeepSeek's
+    ``rope_interleave``, Cohere) is `apply_rope` on the permuted vector."""
+    return jnp.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
+
+
 def apply_rope(x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray) -> jnp.ndarray:
     """Rotate ``x`` ``[b, s, heads, head_dim]`` by tables ``[b, s, rotary_dim]`` (cast to x's dtype, as HF does)."""
     cos = cos.astype(x.dtype)[:, :, None, :]

@@ -93,6 +93,9 @@ class ArchSpec:
     expert_bias: bool = False  # GPT-OSS: gate_up_proj_bias [E, 2I] and down_proj_bias [E, d]
     router_name: str = "gate"  # the router's key under ``mlp`` (Phi-MoE's nn.Linear ``router``, which PEFT wraps)
     layer_norm: bool = False  # Phi-MoE: LayerNorm (weight and bias) in place of every RMSNorm
+    layer_norm_bias: bool = True  # False: the LayerNorms have a weight only (Cohere)
+    qk_norm_head_weights: bool = False  # Cohere: the q/k LayerNorms (weight only) hold a weight per head [heads, hd]
+    logits_scale: float = 1.0  # Cohere logit_scale: logits multiplied by it
     lm_head_bias: bool = False  # Phi-MoE: lm_head.bias [vocab]
     attention_dropout: float = 0.0  # training: dropout on the attention probabilities (Granite 3.0, Seed-OSS: 0.1)
     residual_dropout: float = 0.0  # training: dropout on each sublayer's output before its residual add (Seed-OSS)
@@ -236,7 +239,10 @@ def layer_shapes(spec: ArchSpec) -> dict[str, Any]:
         attn[spec.o_name] = _linear(d, spec.q_size, spec.o_bias)
     if spec.attn_sinks:
         attn["sinks"] = (spec.num_heads,)
-    if spec.qk_norm and spec.layer_norm:  # Phi's qk_layernorm: a LayerNorm per head, named q/k_layernorm
+    if spec.qk_norm and spec.qk_norm_head_weights:  # Cohere's use_qk_norm: a weight-only LayerNorm, a weight per head
+        attn["q_norm"] = {"weight": (spec.num_heads, spec.head_dim)}
+        attn["k_norm"] = {"weight": (spec.num_kv_heads, spec.head_dim)}
+    elif spec.qk_norm and spec.layer_norm:  # Phi's qk_layernorm: a LayerNorm per head, named q/k_layernorm
         attn["q_layernorm"] = {"weight": (spec.head_dim,), "bias": (spec.head_dim,)}
         attn["k_layernorm"] = {"weight": (spec.head_dim,), "bias": (spec.head_dim,)}
     elif spec.qk_norm:
@@ -298,7 +304,7 @@ def layer_shapes(spec: ArchSpec) -> dict[str, Any]:
     if spec.sandwich_norms:
         layer["pre_feedforward_layernorm"] = {"weight": (d,)}
         layer["post_feedforward_layernorm"] = {"weight": (d,)}
-    if spec.layer_norm:
+    if spec.layer_norm and spec.layer_norm_bias:
         for key in ("input_layernorm", "post_attention_layernorm"):
             if key in layer:
                 layer[key]["bias"] = (d,)
@@ -320,7 +326,7 @@ def param_shapes(spec: ArchSpec) -> dict[str, Any]:
         model[key] = stack(layer_shapes(stack_spec(spec, key)), count)
     model["norm"] = {"weight": (spec.hidden_size,)}
     tree: dict[str, Any] = {"model": model}
-    if spec.layer_norm:
+    if spec.layer_norm and spec.layer_norm_bias:
         tree["model"]["norm"]["bias"] = (spec.hidden_size,)
     if not spec.tie_embeddings:
         tree["lm_head"] = {"weight": (spec.vocab_size, spec.hidden_size)}
