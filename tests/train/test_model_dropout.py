@@ -34,6 +34,7 @@ CASES = {
     # GPT-2: attn_pdrop on the probabilities, resid_pdrop on both sublayer outputs, embd_pdrop on wte + wpe
     "gpt2": {"attn_pdrop": 0.3, "resid_pdrop": 0.2, "embd_pdrop": 0.1},
     "opt": {"attention_dropout": 0.3, "dropout": 0.2},
+    "cohere": {"attention_dropout": 0.3},  # Cohere: the attention probabilities only
     "gpt_bigcode": {"attn_pdrop": 0.3, "resid_pdrop": 0.2, "embd_pdrop": 0.1},  # multi-query: one key/value head  # OPT: dropout on both sublayer outputs, none on the embeddings
 }
 

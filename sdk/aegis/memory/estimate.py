@@ -257,6 +257,13 @@ def estimate(
             "backward temporaries": int(tokens * transient_per_token),
         }))
         grads_so_far += trainable_per_layer[i] * gb // n
+    if cfg.method == "full" and profile.tie_word_embeddings:
+        # a tied embedding's two gradients, the head dot's (made first, kept) and the lookup's (its backward, last),
+        # are summed out of place: all three live at once, beside every other gradient (traced, aya-23-8B full)
+        moments.append(_Moment("embedding backward (tied head)", {
+            "weights": weights, "adapters": adapters, "optimizer": states, "gathered": gathered, "buckets": buckets,
+            "masks": masks, "gradients": grads_total + 2 * head_grad,
+        }))
     moments.append(_Moment("optimizer step", {
         "weights": weights, "adapters": adapters, "optimizer": states, "gradients": grads_total, "buckets": buckets,
         "optimizer temporaries": temp,
