@@ -277,6 +277,25 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
         "layer_norm_eps": 1e-5,
     },
+    "cohere2": {  # Command R7B's layout: Cohere's block, sliding-window layers with RoPE, every second (here) layer
+        # global without positions, a window shorter than the tests' sequences
+        **{k: v for k, v in _COMMON.items() if k not in ("rms_norm_eps", "tie_word_embeddings")},
+        "model_type": "cohere2",
+        "num_hidden_layers": 4,
+        "sliding_window": 6,
+        "sliding_window_pattern": 2,
+        "logit_scale": 0.25,
+        "layer_norm_eps": 1e-5,
+    },
+    "cohere2_types": {  # an explicit layer_types list, attention biases, an untied head
+        **{k: v for k, v in _COMMON.items() if k != "rms_norm_eps"},
+        "model_type": "cohere2",
+        "num_hidden_layers": 3,
+        "sliding_window": 5,
+        "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+        "attention_bias": True,
+        "layer_norm_eps": 1e-5,
+    },
     "gpt_neox": {  # Pythia's layout: q/k/v grouped by head in one query_key_value, attention and the GELU MLP side by
         # side on two LayerNorms, a quarter of each head rotated; rotary settings left to GPTNeoXConfig's defaults
         **{k: v for k, v in _COMMON.items() if k not in ("rms_norm_eps", "num_key_value_heads")},

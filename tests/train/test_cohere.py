@@ -1,8 +1,9 @@
-"""Cohere (``cohere``: Command R, Command R+, Aya 23): CohereConfig's defaults and layout in the engine spec, the
+"""Cohere (``cohere``: Command R, Command R+, Aya 23; ``cohere2``: Command R7B, Command A): CohereConfig's and
+Cohere2Config's defaults and layout in the engine spec, the
 rotation over adjacent pairs it is (checked against transformers' own ``apply_rotary_pos_emb``), and the plan's
 reading of the bundled Aya 23 8B. Counts, gradients, checkpoints and LoRA against transformers and PEFT are in
-test_layernorm_families.py, logits parity in test_parity.py (``cohere``, ``cohere_qk`` in conftest.TINY_CONFIGS), the
-attention dropout in test_model_dropout.py."""
+test_layernorm_families.py, logits parity in test_parity.py (``cohere``, ``cohere_qk``, ``cohere2``, ``cohere2_types`` in
+conftest.TINY_CONFIGS), the attention dropout in test_model_dropout.py."""
 
 from __future__ import annotations
 
@@ -29,6 +30,23 @@ def test_spec_follows_cohereconfig(name):
     assert spec.qkv_bias == spec.o_bias == hf.attention_bias and not spec.mlp_bias
     assert spec.parallel_block and spec.layer_norm and not spec.layer_norm_bias and not spec.plain_mlp
     assert spec.rms_norm_eps == hf.layer_norm_eps
+
+
+@pytest.mark.parametrize("name", ["cohere2", "cohere2_types"])
+def test_cohere2_layers_follow_cohere2config(name):
+    """Cohere2Config's layer types (every ``sliding_window_pattern``-th layer global, default 4, or an explicit
+    list), its head width (hidden / heads, whatever ``head_dim`` a file holds) and RoPE where a layer has a window."""
+    from transformers import Cohere2Config
+
+    config = {**tiny_config(name), "head_dim": 7}  # Cohere2Config.__post_init__ overwrites it
+    spec = build_model(config).spec
+    hf = Cohere2Config(**{k: v for k, v in tiny_config(name).items() if k != "model_type"})
+    assert spec.head_dim == hf.head_dim == hf.hidden_size // hf.num_attention_heads
+    slides = [t == "sliding_attention" for t in hf.layer_types]
+    assert [w == hf.sliding_window for w in spec.layer_window] == slides
+    assert [spec.ropes[i].rope_type != "none" for i in spec.layer_rope] == slides
+    assert spec.rope_interleave and spec.parallel_block and not spec.layer_norm_bias
+    assert spec.logits_scale == hf.logit_scale and spec.tie_embeddings == hf.tie_word_embeddings
 
 
 def test_rotating_permuted_heads_is_cohere_rotation_up_to_the_same_permutation():

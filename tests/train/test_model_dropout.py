@@ -35,6 +35,7 @@ CASES = {
     "gpt2": {"attn_pdrop": 0.3, "resid_pdrop": 0.2, "embd_pdrop": 0.1},
     "opt": {"attention_dropout": 0.3, "dropout": 0.2},
     "cohere": {"attention_dropout": 0.3},  # Cohere: the attention probabilities only
+    "cohere2": {"attention_dropout": 0.3},  # sliding and global layers
     "gpt_bigcode": {"attn_pdrop": 0.3, "resid_pdrop": 0.2, "embd_pdrop": 0.1},  # multi-query: one key/value head  # OPT: dropout on both sublayer outputs, none on the embeddings
 }
 

@@ -296,15 +296,18 @@ def layer_types(config: dict[str, Any]) -> list[str]:
 
 def rope_layers(config: dict[str, Any]) -> list[bool]:
     """Per layer, whether it applies RoPE: SmolLM3's ``no_rope_layers`` (1 = RoPE), by default every
-    ``no_rope_layer_interval``-th (4) layer without; every layer for the other model types."""
+    ``no_rope_layer_interval``-th (4) layer without; Cohere 2's layers with a sliding window (none when
+    ``sliding_window`` is null); every layer for the other model types."""
     n = _required(config, "num_hidden_layers")
+    entry = _entry(config)
+    if entry is not None and entry.rope_on_sliding_layers_only:
+        return [w is not None for w in layer_windows(config)]
     explicit = config.get("no_rope_layers")
     if explicit is not None:
         if len(explicit) != n:
             raise InvalidConfigError(f"config.json no_rope_layers lists {len(explicit)} layers, the model has {n}")
         return [bool(x) for x in explicit]
     interval = config.get("no_rope_layer_interval")
-    entry = _entry(config)
     if interval is None and entry is not None:
         interval = entry.defaults.get("no_rope_layer_interval")
     return [not interval or (i + 1) % int(interval) != 0 for i in range(n)]

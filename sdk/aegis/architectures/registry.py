@@ -314,6 +314,9 @@ class Architecture(_Model):
     manual_layer_norm: bool = False
     """The LayerNorms are written out in float32 ops rather than ``nn.LayerNorm`` (Cohere's ``CohereLayerNorm``:
     mean, the centred input computed twice, rsqrt, weight only), which changes what autograd saves, not the maths."""
+    rope_on_sliding_layers_only: bool = False
+    """Only the sliding-window layers rotate q and k; the global ones use no positions (Cohere 2 applies RoPE where
+    its layer's window is set)."""
     rope_interleaved: bool = False
     """RoPE rotates adjacent pairs ``(x0, x1), (x2, x3), ...`` (Cohere's ``rotate_half`` with ``repeat_interleave``d
     tables), not the two halves of the head."""

@@ -298,11 +298,17 @@ def _spec_laid_out(config: dict[str, Any]) -> ArchSpec:
 
 
 def _spec_cohere(config: dict[str, Any]) -> ArchSpec:
-    """Cohere (Command R, Aya): the laid-out parallel block on weight-only LayerNorms, RoPE over adjacent pairs,
-    q/k LayerNorms with a weight per head (``use_qk_norm``), logits times ``logit_scale``."""
+    """Cohere (Command R, Aya 23): the laid-out parallel block on weight-only LayerNorms, RoPE over adjacent pairs,
+    q/k LayerNorms with a weight per head (``use_qk_norm``), logits times ``logit_scale``; Cohere 2 (Command R7B,
+    Command A) adds sliding-window layers, and its global layers use no positions."""
     spec = _spec_laid_out(config)
-    return dataclasses.replace(spec, rope_interleave=True, qk_norm_head_weights=spec.qk_norm,
+    spec = dataclasses.replace(spec, rope_interleave=True, qk_norm_head_weights=spec.qk_norm,
                                logits_scale=float(arch.value(config, "logit_scale")))
+    uses = arch.rope_layers(config)  # Cohere 2: the global layers use no positions
+    if all(uses):
+        return spec
+    nope = dataclasses.replace(spec.ropes[0], rope_type="none")
+    return dataclasses.replace(spec, ropes=(spec.ropes[0], nope), layer_rope=tuple(0 if r else 1 for r in uses))
 
 
 def _spec_learned_positions(config: dict[str, Any]) -> ArchSpec:
