@@ -92,6 +92,13 @@ PHI_CASES = [
     ("falcon_new", 10, dict(method="full", precision="bf16", micro_batch_size=2, seq_len=256)),  # +4.2%
     ("falcon_sequential", 2, dict(method="lora", precision="bf16", micro_batch_size=2, seq_len=512,
                                   lora=_NEOX)),  # -10.2%
+    # Cohere: the parallel block on a weight-only LayerNorm around a SwiGLU MLP; Cohere 2 with sliding layers
+    # (and scaled logits: without the unscaled float32 copy XLA keeps beside them the 2-layer LoRA case was -8.3%)
+    ("cohere", 10, dict(method="qlora", precision="bf16", micro_batch_size=2, seq_len=256)),  # +5.1%
+    ("cohere", 10, dict(method="full", precision="bf16", micro_batch_size=2, seq_len=256)),  # -4.8%
+    ("cohere", 2, dict(method="lora", precision="bf16", micro_batch_size=2, seq_len=512)),  # +1.9%
+    ("cohere_qk", 2, dict(method="lora", precision="bf16", micro_batch_size=2, seq_len=512)),  # -2.9%
+    ("cohere2", 10, dict(method="qlora", precision="bf16", micro_batch_size=2, seq_len=256)),  # +5.1%
 ]
 
 

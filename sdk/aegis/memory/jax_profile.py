@@ -439,11 +439,14 @@ def estimate_jax(
     # and the loss fuse into them. When the head is trained XLA:CPU emits the logits gradient a second time
     # in the transposed [vocab, tokens] layout its head-gradient dot reads (a GPU GEMM takes the transpose).
     logit_buffers = 2 + (1 if cfg.method == "full" and plat == "cpu" else 0)
+    # Granite's and Cohere's scaled logits: the unscaled float32 product stays beside them (measured, XLA:CPU)
+    scaled = 1 if sh.fam.logits_scaling(profile.config) else 0
+    logit_buffers += scaled
     logit_width = logit_buffers * _FP32
     if cfg.chunked_cross_entropy:
         # step._chunked_nll_sum: OptimizerSettings.ce_chunk_tokens per chunk under lax.map, which also
         # materialises the transposed float32 head weight it reads
-        logit_width = 2 * _FP32
+        logit_width = (2 + scaled) * _FP32
         chunk = min(CE_CHUNK_TOKENS, tokens)
         logits = chunk * sh.vocab * logit_width + tokens * sh.d * _FP32 + head_params * _FP32
         logits_formula = (f"chunked: {chunk:,}-token chunk x {sh.vocab:,} vocab x {logit_width} B + fp32 hidden grads "
@@ -451,7 +454,8 @@ def estimate_jax(
     else:
         logits = tokens * sh.vocab * logit_width
         logits_formula = (f"{tokens:,} tokens x {sh.vocab:,} vocab x {logit_width} B (fp32 logits, their gradient"
-                          + (", its transposed copy)" if logit_buffers == 3 else ")"))
+                          + (", its transposed copy" if cfg.method == "full" and plat == "cpu" else "")
+                          + (", the scaled logits" if scaled else "") + ")")
 
     # ----- copies and backward temporaries ----------------------------------------------------
     # one layer's backward: the float32 score gradient, plus (without remat) MLP and hidden gradients;
