@@ -35,13 +35,15 @@ def test_spec_follows_cohereconfig(name):
 @pytest.mark.parametrize("name", ["cohere2", "cohere2_types"])
 def test_cohere2_layers_follow_cohere2config(name):
     """Cohere2Config's layer types (every ``sliding_window_pattern``-th layer global, default 4, or an explicit
-    list), its head width (hidden / heads, whatever ``head_dim`` a file holds) and RoPE where a layer has a window."""
+    list), its head width (a file's ``head_dim``, which its ``__post_init__`` keyword arguments set back over the
+    hidden / heads it first writes) and RoPE where a layer has a window."""
     from transformers import Cohere2Config
 
-    config = {**tiny_config(name), "head_dim": 7}  # Cohere2Config.__post_init__ overwrites it
+    config = {**tiny_config(name), "head_dim": 32}
     spec = build_model(config).spec
-    hf = Cohere2Config(**{k: v for k, v in tiny_config(name).items() if k != "model_type"})
-    assert spec.head_dim == hf.head_dim == hf.hidden_size // hf.num_attention_heads
+    hf = Cohere2Config(**{k: v for k, v in config.items() if k != "model_type"})
+    assert spec.head_dim == hf.head_dim == 32 != hf.hidden_size // hf.num_attention_heads
+    assert build_model(tiny_config(name)).spec.head_dim == hf.hidden_size // hf.num_attention_heads
     slides = [t == "sliding_attention" for t in hf.layer_types]
     assert [w == hf.sliding_window for w in spec.layer_window] == slides
     assert [spec.ropes[i].rope_type != "none" for i in spec.layer_rope] == slides
