@@ -374,6 +374,15 @@ def test_the_report_names_the_config_used_for_a_sibling_variant():
     assert not any("config used" in n for n in aegis.plan("lora qwen2.5-coder-7b on h100").notes)
 
 
+def test_a_repository_under_a_renamed_organisation_is_said_to_be_one():
+    """Cohere For AI became Cohere Labs: CohereLabs/aya-23-8B is the bundled CohereForAI/aya-23-8B's repository, not
+    an instruct/base sibling; the weights a run trains stay the ones asked for."""
+    found = match_model("CohereLabs/aya-23-8B")
+    assert found.model_id == "CohereForAI/aya-23-8B" and found.weights_id == "CohereLabs/aya-23-8B"
+    assert "another organisation's name" in found.note and "sibling" not in found.note
+    assert parse_request_lenient("lora CohereLabs/aya-23-8B on h100").request.model in (found.model_id, found.weights_id)
+
+
 @pytest.mark.parametrize(("name", "model", "said"), [
     ("llama-3.1-8b-instuct", "meta-llama/Llama-3.1-8B-Instruct", "spelling of 'instuct' corrected"),
     ("Qwen2.5-7B-Instrcut", "Qwen/Qwen2.5-7B-Instruct", "spelling of 'instrcut' corrected"),
