@@ -448,19 +448,23 @@ def test_sharded_and_tied_checkpoints_load_as_transformers_reads_them(tmp_path):
     ("gpt2", {"c_attn", "c_proj", "c_fc"}, True),
     ("opt", {"q_proj", "out_proj", "fc1", "fc2"}, False),
     ("cohere", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, False),
+    ("cohere2", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, False),
 ])
 def test_other_layouts_fine_tune_with_lora_and_peft_loads_the_adapter(tmp_path, data, model_type, targets, conv1d):
-    """GPT-2 (Conv1D linears, config keys of its own), OPT (positions offset by 2, layers under model.decoder) and
-    Cohere (the parallel block, RoPE over adjacent pairs, logits times logit_scale), as transformers saves them (GPT-2
-    and OPT with the stray Llama-style keys their configs ignore): LoRA on ShareGPT with the plan's default targets
-    lowers transformers' assistant loss, and PEFT loads the adapter (GPT-2: fan_in_fan_out) to the engine's logits."""
+    """GPT-2 (Conv1D linears, config keys of its own), OPT (positions offset by 2, layers under model.decoder), Cohere
+    (the parallel block, RoPE over adjacent pairs, logits times logit_scale) and Cohere 2 (a sliding-window layer and
+    a global one without positions), as transformers saves them (GPT-2 and OPT with the stray Llama-style keys their
+    configs ignore): LoRA on ShareGPT with the plan's default targets lowers transformers' assistant loss, and PEFT
+    loads the adapter (GPT-2: fan_in_fan_out) to the engine's logits."""
     from peft import PeftModel
 
     folder = make_model_folder(tmp_path / model_type, template=CHATML, model_type=model_type)
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == model_type
-    if model_type == "cohere":  # Command R's 1/16 keeps a random tiny model's logits near zero for 120 steps:
-        config["logit_scale"] = 1.0  # plain logits let the loss move in this budget (parity tests check the scale)
+    if model_type == "cohere2":  # a window shorter than the rows, and a global layer without positions
+        config.update(sliding_window=16, layer_types=["sliding_attention", "full_attention"])
+    if model_type.startswith("cohere"):  # Command R's 1/16 keeps a random tiny model's logits near zero for 120
+        config["logit_scale"] = 1.0  # steps: plain logits let the loss move in this budget (parity checks the scale)
         (folder / "config.json").write_text(json.dumps(config))
     cfg = {
         "model": str(folder), "data": str(data["sharegpt"]), "training": TRAINING,
