@@ -109,14 +109,15 @@ def _norm(acc: _Acc, s: Setting, x_bytes: int, width: int, *, gemma: bool, label
         # CohereLayerNorm computes the centred float32 input twice (for the variance's pow and for the product with
         # the rsqrt): both are saved, with the rsqrt per row; the float32 weight product keeps the normalised tensor
         # when the weight trains. Its output has the input's dtype, autocast or not (no op in it is autocast).
-        acc.add(label, 8 * width + 4 * rows, 3)
+        acc.add(label, 8 * width, 2)
+        acc.add(label, 4 * rows)
         if s.base_trainable:
             acc.add(label, 4 * width)
         return x_bytes
     if layer_norm:  # native_layer_norm saves its input (an fp32 copy under autocast) and fp32 mean and rstd per row
         x_in = 4 if s.autocast else x_bytes
         shared = input_saved and x_in == x_bytes  # autocast casting a bf16 input gives each norm its own fp32 copy
-        acc.add(label, (0 if shared else x_in * width) + 8)
+        acc.add(label, (0 if shared else x_in * width) + 8 * rows)  # per row: per head for Phi's q/k LayerNorms
         return x_in
     if s.liger:  # LigerRMSNorm: X in its dtype + fp32 rstd per row; dW from them in backward; output in X's dtype
         acc.add(label, x_bytes * width + 4)
