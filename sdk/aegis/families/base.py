@@ -11,10 +11,9 @@ evaluated on the config; parameter counts in `ModelProfile` are sums over these 
 
 from __future__ import annotations
 
-import math
-
-from dataclasses import dataclass, field
 import dataclasses
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from aegis.architectures import config as arch

@@ -238,8 +238,14 @@ def _windows(config: dict[str, Any]) -> tuple[int, ...]:
 
 
 def _single_rope_fields(config: dict[str, Any], head_dim: int, default_theta: float = 10_000.0) -> dict[str, Any]:
-    n = require(config, "num_hidden_layers")
-    return dict(ropes=(rope_single(config, head_dim, default_theta=default_theta),), layer_rope=(0,) * n)
+    """One rope for every layer, and the identity rotation (NoPE) on the layers `arch.rope_layers` leaves without
+    one (SmolLM3's every fourth, Cohere 2's global layers)."""
+    rope = rope_single(config, head_dim, default_theta=default_theta)
+    uses = arch.rope_layers(config)
+    if all(uses):
+        return dict(ropes=(rope,), layer_rope=(0,) * len(uses))
+    nope = dataclasses.replace(rope, rope_type="none")
+    return dict(ropes=(rope, nope), layer_rope=tuple(0 if u else 1 for u in uses))
 
 
 # ----- dense llama-like -------------------------------------------------------------------------
@@ -302,13 +308,8 @@ def _spec_cohere(config: dict[str, Any]) -> ArchSpec:
     q/k LayerNorms with a weight per head (``use_qk_norm``), logits times ``logit_scale``; Cohere 2 (Command R7B,
     Command A) adds sliding-window layers, and its global layers use no positions."""
     spec = _spec_laid_out(config)
-    spec = dataclasses.replace(spec, rope_interleave=True, qk_norm_head_weights=spec.qk_norm,
+    return dataclasses.replace(spec, rope_interleave=True, qk_norm_head_weights=spec.qk_norm,
                                logits_scale=float(arch.value(config, "logit_scale")))
-    uses = arch.rope_layers(config)  # Cohere 2: the global layers use no positions
-    if all(uses):
-        return spec
-    nope = dataclasses.replace(spec.ropes[0], rope_type="none")
-    return dataclasses.replace(spec, ropes=(spec.ropes[0], nope), layer_rope=tuple(0 if r else 1 for r in uses))
 
 
 def _spec_learned_positions(config: dict[str, Any]) -> ArchSpec:
@@ -323,15 +324,6 @@ def _spec_learned_positions(config: dict[str, Any]) -> ArchSpec:
     conv1d = any(p.conv1d for p in (*entry.attention, *entry.mlp))
     return dataclasses.replace(spec, ropes=(nope,), position_embeddings=rows, position_offset=entry.position_offset,
                                conv1d=conv1d)
-
-
-def _spec_smollm3(config: dict[str, Any]) -> ArchSpec:
-    """SmolLM3: Llama with RoPE left out of every ``no_rope_layer_interval``-th layer (NoPE: the identity rotation)."""
-    spec = _spec_dense(config)
-    nope = dataclasses.replace(spec.ropes[0], rope_type="none")
-    return dataclasses.replace(
-        spec, ropes=(spec.ropes[0], nope), layer_rope=tuple(0 if r else 1 for r in arch.rope_layers(config))
-    )
 
 
 # ----- Gemma ----------------------------------------------------------------------------------------
@@ -459,7 +451,7 @@ def _expert_recipe(
 
 
 _SPECS: dict[str, Callable[[dict[str, Any]], ArchSpec]] = {
-    "llama": _spec_llama, "smollm3": _spec_smollm3, "mistral": _spec_mistral, "qwen2": _spec_qwen2, "qwen3": _spec_laid_out, "phi3": _spec_laid_out,
+    "llama": _spec_llama, "mistral": _spec_mistral, "qwen2": _spec_qwen2, "qwen3": _spec_laid_out, "phi3": _spec_laid_out,
     "gemma2": _spec_gemma2, "gemma3": _spec_gemma3, "gemma": spec_gemma, "olmo2": spec_olmo2, "olmo3": spec_olmo3,
     "granite": spec_granite, "granitemoe": spec_granitemoe, "mixtral": _spec_mixtral, "qwen2_moe": _spec_qwen2_moe, "qwen3_moe": _spec_qwen3_moe,
     "deepseek": spec_deepseek, "gpt_oss": spec_gpt_oss, "phimoe": spec_phimoe, "phi": _spec_laid_out,
