@@ -62,6 +62,7 @@ WRONG = [
     ("mistral-small3.2:24b", "mistralai/Mistral-Small-3.1-24B-Instruct-2503", "words"),
     ("granite3.1-dense:8b", "ibm-granite/granite-3.3-8b-instruct", "version"),
     ("yi-1.5-9b", "01-ai/Yi-1.5-6B", "size"), ("qwen2:72b", "Qwen/Qwen2.5-72B", "version"),
+    ("granite3-dense:8b", "ibm-granite/granite-3.1-8b-base", "version"),  # 3 is 3.0, not 3.1
 ]
 
 
@@ -92,6 +93,7 @@ RIGHT = [
     ("yi-1.5-9b", "01-ai/Yi-1.5-9B"), ("yi:34b", "01-ai/Yi-34B"), ("qwen2:7b", "Qwen/Qwen2-7B"),
     ("granite3.1-moe:3b", "ibm-granite/granite-3.1-3b-a800m-base"), ("granite-3.1-8b", "ibm-granite/granite-3.1-8b-base"),
     ("qwen3-coder:480b", "Qwen/Qwen3-Coder-480B-A35B-Instruct"),
+    ("granite3-dense:2b", "ibm-granite/granite-3.0-2b-base"), ("granite3-moe:3b", "ibm-granite/granite-3.0-3b-a800m-base"),
 ]
 
 

@@ -383,6 +383,48 @@ def test_a_repository_under_a_renamed_organisation_is_said_to_be_one():
     assert parse_request_lenient("lora CohereLabs/aya-23-8B on h100").request.model in (found.model_id, found.weights_id)
 
 
+@pytest.mark.parametrize(("repo", "model"), [
+    ("unsloth/Llama-3.2-3B-Instruct", "meta-llama/Llama-3.2-3B-Instruct"),
+    ("unsloth/Qwen3-8B", "Qwen/Qwen3-8B"),
+    ("NousResearch/Meta-Llama-3-8B-Instruct", "meta-llama/Meta-Llama-3-8B"),  # listed as sharing the base's file
+])
+def test_a_copy_under_another_organisation_is_planned_with_the_bundled_repositorys_config(repo, model):
+    """A re-upload keeps its repository's name (unsloth/, NousResearch/): offline it is planned with the bundled
+    config of that name, the note says so, and a run still downloads the copy's weights."""
+    import aegis
+
+    found = match_model(repo)
+    assert (found.model_id, found.source, found.weights_id) == (model, "catalog", repo)
+    assert "another organisation's name" in found.note and f"config used for {repo}" in found.note
+    assert parse_request_lenient(f"lora {repo} on h100").request.model == repo
+    report = aegis.plan(f"qlora {repo} on a100")
+    assert any(f"config used for {repo}" in n for n in report.notes)
+
+
+@pytest.mark.parametrize("repo", ["unsloth/llama-3-8b-bnb-4bit", "acme/Llama-3.2-3B-Instruct-v2",
+                                  "acme/Qwen3-8B-Instruct-merged"])
+def test_a_repository_named_otherwise_stays_a_hub_id(repo):
+    """Only the exact repository name is a copy: a pre-quantised packing or a renamed fine-tune is its own model."""
+    found = match_model(repo)
+    assert (found.model_id, found.source) == (repo, "hub")
+
+
+@pytest.mark.parametrize(("name", "model"), [
+    ("granite3-dense:2b", "ibm-granite/granite-3.0-2b-base"), ("granite3-dense:8b", "ibm-granite/granite-3.0-8b-base"),
+    ("granite3-moe:3b", "ibm-granite/granite-3.0-3b-a800m-base"), ("granite3-moe:1b", "ibm-granite/granite-3.0-1b-a400m-instruct"),
+    ("granite-3-8b", "ibm-granite/granite-3.0-8b-base"),
+])
+def test_a_release_x_0_is_named_x_as_ollama_does(name, model):
+    """Ollama's granite3-dense / granite3-moe are Granite 3.0: version 3 is 3.0, never 3.1."""
+    assert match_model(name).model_id == model
+    assert parse_request_lenient(f"lora {name} on h100").request.model in (model, match_model(name).weights_id)
+
+
+def test_version_3_is_not_3_1():
+    with pytest.raises(UnknownModelError):
+        match_model("granite3-dense:3b")  # Granite 3.0 dense is 2B and 8B
+
+
 @pytest.mark.parametrize(("name", "model", "said"), [
     ("llama-3.1-8b-instuct", "meta-llama/Llama-3.1-8B-Instruct", "spelling of 'instuct' corrected"),
     ("Qwen2.5-7B-Instrcut", "Qwen/Qwen2.5-7B-Instruct", "spelling of 'instrcut' corrected"),

@@ -143,6 +143,20 @@ def _same_family(asked: str, theirs: str) -> bool:
     return asked == theirs or _distance(asked, theirs) <= (2 if min(len(asked), len(theirs)) >= 6 else 1)
 
 
+def _same_version(a: str | None, b: str | None) -> bool:
+    """Equal version numbers: '3' is '3.0' (Ollama's granite3 is Granite 3.0), '3.1' is not '3'."""
+    if a is None or b is None:
+        return a == b
+    return _plain(a) == _plain(b)
+
+
+def _plain(version: str) -> tuple[int, ...]:
+    parts = [int(p) for p in version.split(".")]
+    while len(parts) > 1 and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
+
+
 def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 0.01 * max(a, b)
 
@@ -157,7 +171,7 @@ def wrong_reason(name: str, ids: tuple[str, ...], *, family: str = "", size: str
     known = theirs + ([fields] if fields else [])
     if asked.family and not any(t.family and _same_family(asked.family, t.family) for t in known):
         return f"family: {asked.family!r} is not {theirs[0].family!r}"
-    if asked.version and not any(t.version == asked.version for t in known if t.family and asked.family and
+    if asked.version and not any(_same_version(t.version, asked.version) for t in known if t.family and asked.family and
                                  _same_family(asked.family, t.family)):
         return f"version: {asked.family} {asked.version} is not {theirs[0].family} {theirs[0].version}"
     have_sizes = [s for t in known for s in t.sizes]

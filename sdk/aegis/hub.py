@@ -15,9 +15,11 @@ names; a config.json from the Hugging Face Hub or its cache comes from `aegis.hu
 How a name is read (never a model of another family, version, size or variant):
 
 1. a path (an existing file or folder, ``*.json``, ``./``, ``/``, ``~``) is read as given;
-2. a Hub id ``org/name``: the bundled model of that id; else its config.json in the local Hub cache; else a
-   bundled model of the same org whose name differs only by an instruct/base suffix (the same config.json;
-   the Hub id stays the checkpoint whose weights a run downloads);
+2. a Hub id ``org/name``: the bundled model of that id; else its config.json in the local Hub cache; else the
+   bundled model whose repository has that exact name under another organisation (a renamed organisation, or a
+   copy such as ``unsloth/Llama-3.2-3B-Instruct``); else a bundled model of the same org whose name differs only
+   by an instruct/base suffix (the same config.json); in both, the Hub id stays the checkpoint whose weights a run
+   downloads, and the match says which config is used;
    else the Hub id itself, fetched (and cached) when `resolve_model` runs online;
 3. any other name is cut into family, version, size (compared as numbers: ``0.5b`` = ``500m``; ``8x7b``;
    ``30b-a3b``), and other words; Ollama's ``name:size[-tag]`` reads as ``name-size[-tag]``. It is the bundled
@@ -44,7 +46,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import Field
 
 from aegis import catalog
-from aegis.catalog._aliases import key as _key
+from aegis.catalog._aliases import key as _key, plain_version
 from aegis.errors import InvalidConfigError, UnknownModelError
 from aegis.hub_fetch import cached_config, cached_repos, fetch_config
 from aegis.profiles import profile_from_config
@@ -196,7 +198,7 @@ def _parse_name(name: str) -> _Name:
         elif act and active is None and i >= before:
             active = _unit(act.group(1), act.group(2))
         elif _NUMBER_RX.match(piece) and i == before and family is not None:
-            version = piece  # the number right after the family word: qwen 2.5, gemma-3, phi3
+            version = plain_version(piece)  # the number after the family word: qwen 2.5, gemma-3, phi3 (3.0 is 3)
         elif piece in SAME_CONFIG_WORDS:
             variant.append(piece)
         else:
@@ -383,6 +385,11 @@ def _match_hub_id(repo_id: str) -> ModelMatch:
     if cached_config(repo_id):
         return ModelMatch(model_id=repo_id, source="cache")
     org, _, rest = repo_id.partition("/")
+    copy = catalog.find_model(rest)
+    named = [i for i in (copy.ids if copy is not None else ()) if i.rsplit("/", 1)[-1].lower() == rest.lower()]
+    if copy is not None and named:  # the same repository name under another organisation: renamed, or a copy
+        return ModelMatch(model_id=copy.id, source="catalog", note=_shared_note(repo_id, named[0], copy.id),
+                          checkpoint=repo_id)
     asked = _parse_name(rest)
     same = [k for k in _catalog()[0] if k.org == org.lower() and any(asked.same_model(n) for n in k.full)]
     if len(same) == 1:  # a sibling repo of the bundled config: its own weights, planned with that config
@@ -467,10 +474,15 @@ def _differ_message(name: str, model_id: str, evidence: str) -> str:
             "when online")
 
 
-def _shared_note(name: str, model_id: str) -> str:
+def _shared_note(name: str, model_id: str, config_id: str | None = None) -> str:
+    """How ``name`` was read as ``model_id``'s config (``config_id``'s file, when the catalog lists ``model_id`` as
+    sharing it)."""
+    config_id = config_id or model_id
     if name.rsplit("/", 1)[-1].lower() == model_id.rsplit("/", 1)[-1].lower():  # CohereLabs/ for CohereForAI/
-        return (f"{model_id} (config used for {name}): the same repository under another organisation's name (a "
-                "renamed organisation or a copy); pass its own config.json if it differs")
+        shared = "" if config_id == model_id else f", which shares {config_id}'s config.json"
+        return (f"{config_id} (config used for {name}): the same repository as {model_id} under another "
+                f"organisation's name (a renamed organisation or a copy){shared}; pass its own config.json if it "
+                "differs")
     return (f"{model_id} (config used for {name}): an instruct/base sibling, planned with its layer shapes "
             "(fine-tuned siblings keep them); pass its own config.json if its shapes or vocabulary differ")
 

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Protocol
 
-__all__ = ["key", "family_spellings", "series_version", "size_forms", "alias_owners", "LINE_VARIANTS"]
+__all__ = ["key", "family_spellings", "plain_version", "series_version", "size_forms", "alias_owners", "LINE_VARIANTS"]
 
 _TOKEN = re.compile(r"\d+(?:\.\d+)*|[a-z]+")
 _FAMILY = re.compile(r"^([a-z][a-z-]*[a-z]{2})-?(\d+(?:\.\d+)?)$")
@@ -72,12 +72,20 @@ def series_version(family: str) -> tuple[str, tuple[int, ...]] | None:
 
 
 def family_spellings(family: str) -> tuple[str, ...]:
-    """Joined spelling first ('llama3.1', 'llama-3.1'); a family without a version has one."""
+    """Joined spelling first ('llama3.1', 'llama-3.1'); a family without a version has one. A release ``X.0`` is
+    also release ``X`` ('granite3', 'granite-3' for granite-3.0: Ollama's ``granite3-dense:8b``)."""
     match = _FAMILY.match(family)
     if not match:
         return (family,)
     series, version = match.group(1).rstrip("-"), match.group(2)
-    return (f"{series}{version}", f"{series}-{version}")
+    forms = (f"{series}{version}", f"{series}-{version}")
+    whole = plain_version(version)
+    return forms + ((f"{series}{whole}", f"{series}-{whole}") if whole != version else ())
+
+
+def plain_version(version: str) -> str:
+    """A version number without its trailing ``.0`` parts: '3.0' → '3', '2.5' and '3' as they are."""
+    return re.sub(r"(?:\.0+)+$", "", version) or version
 
 
 def size_forms(size: str) -> tuple[str, ...]:
