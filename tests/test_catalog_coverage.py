@@ -63,6 +63,7 @@ WRONG = [
     ("granite3.1-dense:8b", "ibm-granite/granite-3.3-8b-instruct", "version"),
     ("yi-1.5-9b", "01-ai/Yi-1.5-6B", "size"), ("qwen2:72b", "Qwen/Qwen2.5-72B", "version"),
     ("granite3-dense:8b", "ibm-granite/granite-3.1-8b-base", "version"),  # 3 is 3.0, not 3.1
+    ("llama3.1:8b-text-q4_0", "meta-llama/Llama-3.1-8B-Instruct", "variant"),  # Ollama's 'text' is the base
 ]
 
 
@@ -93,6 +94,7 @@ RIGHT = [
     ("yi-1.5-9b", "01-ai/Yi-1.5-9B"), ("yi:34b", "01-ai/Yi-34B"), ("qwen2:7b", "Qwen/Qwen2-7B"),
     ("granite3.1-moe:3b", "ibm-granite/granite-3.1-3b-a800m-base"), ("granite-3.1-8b", "ibm-granite/granite-3.1-8b-base"),
     ("qwen3-coder:480b", "Qwen/Qwen3-Coder-480B-A35B-Instruct"),
+    ("llama3.1:8b-text-q4_0", "meta-llama/Llama-3.1-8B"), ("gemma2:9b-text", "google/gemma-2-9b"),
     ("granite3-dense:2b", "ibm-granite/granite-3.0-2b-base"), ("granite3-moe:3b", "ibm-granite/granite-3.0-3b-a800m-base"),
 ]
 

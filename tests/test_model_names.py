@@ -420,6 +420,22 @@ def test_a_release_x_0_is_named_x_as_ollama_does(name, model):
     assert parse_request_lenient(f"lora {name} on h100").request.model in (model, match_model(name).weights_id)
 
 
+@pytest.mark.parametrize(("name", "model"), [
+    ("llama3.1:8b-text-q4_0", "meta-llama/Llama-3.1-8B"), ("gemma2:9b-text", "google/gemma-2-9b"),
+    ("mixtral:8x7b-text-v0.1-q4_0", "mistralai/Mixtral-8x7B-v0.1"), ("gemma:2b-text", "google/gemma-2b"),
+])
+def test_ollamas_text_tag_is_the_pretrained_model(name, model):
+    """Ollama tags the pre-trained (base) model 'text'; the word names no model outside a tag."""
+    found = match_model(name)
+    assert found.model_id == model and found.weights_id == model
+    assert parse_request_lenient(f"lora {name} on h100").request.model == model
+
+
+def test_text_outside_an_ollama_tag_is_a_word_of_the_name():
+    with pytest.raises(UnknownModelError):
+        match_model("llama-3.1-8b-text-adventure")
+
+
 def test_version_3_is_not_3_1():
     with pytest.raises(UnknownModelError):
         match_model("granite3-dense:3b")  # Granite 3.0 dense is 2B and 8B

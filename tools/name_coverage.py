@@ -88,6 +88,9 @@ def parts(name: str) -> Parts:
     text = name.strip().lower().split("/", 1)[-1]
     while (cut := _TAG.sub("", text)) != text:
         text = cut
+    head, colon, tag = text.partition(":")
+    if colon:  # Ollama's tag 'text' is the pre-trained model ('llama3:8b-text', 'gemma2:9b-text')
+        text = head + colon + re.sub(r"(^|-)text(?=-|$)", r"\1base", tag)
     tokens = [t for t in _SPLIT.split(text) if t]
     if len(tokens) > 1 and tokens[0] == "meta" and tokens[1].startswith("llama"):
         tokens = tokens[1:]

@@ -22,7 +22,8 @@ How a name is read (never a model of another family, version, size or variant):
    downloads, and the match says which config is used;
    else the Hub id itself, fetched (and cached) when `resolve_model` runs online;
 3. any other name is cut into family, version, size (compared as numbers: ``0.5b`` = ``500m``; ``8x7b``;
-   ``30b-a3b``), and other words; Ollama's ``name:size[-tag]`` reads as ``name-size[-tag]``. It is the bundled
+   ``30b-a3b``), and other words; Ollama's ``name:size[-tag]`` reads as ``name-size[-tag]`` (its tag ``text`` is
+   the pre-trained model: ``-base``). It is the bundled
    model whose id or alias has the same tokens (the catalog's naming rule); else the one bundled model whose id or
    versioned alias has the same family, version, size and words, ignoring instruct/base suffixes (``-it``/``-pt``,
    ``-Instruct``, ``-chat``, ``-base``, ``-hf``, Ollama quantisation tags), which share a config.json — the closest
@@ -159,6 +160,9 @@ _NUMBER_RX = re.compile(r"^\d+(?:\.\d+)*$")
 _LEAD_RX = re.compile(r"^([a-z]+)(\d.*)?$")
 
 
+_OLLAMA_TEXT = re.compile(r"(^|-)text(?=-|$)")
+
+
 def _unit(value: str, unit: str) -> float:
     return float(value) * (1e9 if unit == "b" else 1e6)
 
@@ -170,6 +174,9 @@ def _parse_name(name: str) -> _Name:
         if stripped == text:
             break
         text = stripped
+    head, colon, tag = text.partition(":")
+    if colon:  # Ollama names the pre-trained model by the tag 'text' ('llama3.1:8b-text', 'gemma2:9b-text-q4_0')
+        text = head + colon + _OLLAMA_TEXT.sub(r"\1base", tag)
     text = re.sub(r"(?<=\d)_(?=\d)", ".", text)  # Hub ids write decimals with '_': phi-1_5, Qwen-1_8B, internlm2_5
     chunks = [c for c in re.split(r"[\s_:-]+", text) if c]
     known = _families()
