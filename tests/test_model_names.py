@@ -436,6 +436,24 @@ def test_text_outside_an_ollama_tag_is_a_word_of_the_name():
         match_model("llama-3.1-8b-text-adventure")
 
 
+@pytest.mark.parametrize(("name", "config", "weights"), [
+    ("olmo2:7b-instruct", "allenai/OLMo-2-1124-7B", "allenai/OLMo-2-1124-7B-Instruct"),  # the release word left out
+    ("olmo2:1b-instruct", "allenai/OLMo-2-0425-1B", "allenai/OLMo-2-0425-1B-Instruct"),
+    ("olmo2:7b-1124-instruct-q4_K_M", "allenai/OLMo-2-1124-7B", "allenai/OLMo-2-1124-7B-Instruct"),
+    ("mistral-nemo:12b-instruct", "mistralai/Mistral-Nemo-Base-2407", "mistralai/Mistral-Nemo-Instruct-2407"),
+    ("mistral-nemo-instruct", "mistralai/Mistral-Nemo-Base-2407", "mistralai/Mistral-Nemo-Instruct-2407"),
+    ("olmo2:7b", "allenai/OLMo-2-1124-7B", "allenai/OLMo-2-1124-7B"),
+    ("olmo-2-1124-7b-sft", "allenai/OLMo-2-1124-7B", "allenai/OLMo-2-1124-7B-SFT"),
+])
+def test_an_instruct_name_trains_the_listed_instruct_checkpoint(name, config, weights):
+    """A name asking for the instruct model of an entry that lists it as sharing the base's config is planned with
+    that config and trains the listed instruct weights, though the name leaves out the release ('1124') or the
+    listed id its size ('Mistral-Nemo-Instruct-2407')."""
+    found = match_model(name)
+    assert (found.model_id, found.weights_id) == (config, weights)
+    assert parse_request_lenient(f"lora {name} on h100").request.model == weights
+
+
 def test_version_3_is_not_3_1():
     with pytest.raises(UnknownModelError):
         match_model("granite3-dense:3b")  # Granite 3.0 dense is 2B and 8B

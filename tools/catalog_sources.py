@@ -465,13 +465,35 @@ GEMMA3_270M = ("Google Developers Blog, 'Introducing Gemma 3 270M' (Aug 2025): '
 GPT_OSS_ACTIVE = ("OpenAI counts active parameters without the input embedding (a 201,088 x 2,880 lookup, 579,133,440 "
                   "parameters); the planner's active count counts it: less it, {value} rounds to the card's figure")
 
+_OLMO = "allenai/OLMo@59a53e3f68e546330ca5a99ec626e58f9ab96494"
+_OLMO_CONVERTERS = {
+    "": "02b71586881f3ae6bb75d4d5091280a2c960cb8e:src/transformers/models/olmo/convert_olmo_weights_to_hf.py",
+    "2": "0195d72e196102f02c382a38530e47c00ecb0ca8:src/transformers/models/olmo2/convert_olmo2_weights_to_hf.py",
+}
+_OLMO_CONVERT = ("converted as transformers' converter does it (huggingface/transformers@{where}: "
+                 "hidden d_model, layers n_layers, heads and key/value heads n_heads, intermediate mlp_hidden_size / 2 "
+                 "(or d_model x mlp_ratio / 2: SwiGLU's two halves), vocab_size embedding_size, positions "
+                 "max_sequence_length, tie_word_embeddings weight_tying, rope_theta (default 10,000), {extra}pad and eos "
+                 "ids as the file gives them)")
+
 ROWS += [
-    row("allenai/OLMo-2-0325-32B", "olmo-2", "32b", "base", (GITHUB, f"{_MLC}#olmo2_32b"),
+    row(("allenai/OLMo-2-0425-1B", "allenai/OLMo-2-0425-1B-Instruct"), "olmo-2", "1b", "base",
+        (GITHUB, f"{_OLMO}:configs/official-0425/OLMo2-1B-stage1.yaml"),
+        P("1B", f"{_OLMO}:README.md: 'OLMo-2 1B', released with its Instruct sibling ('OLMo2 1B Instruct')"),
+        note="Ai2's official OLMo 2 1B training config (model section), "
+             + _OLMO_CONVERT.format(where=_OLMO_CONVERTERS["2"], extra="rms_norm_eps layer_norm_eps, ")
+             + ". The same conversion of the 7B's official config (configs/official-1124/OLMo2-7B-stage1.yaml) gives "
+               "the bundled allenai/OLMo-2-1124-7B config key for key. The -Instruct checkpoint is read with this "
+               "config (an instruct/base sibling)."),
+    row(("allenai/OLMo-2-0325-32B", "allenai/OLMo-2-0325-32B-Instruct"), "olmo-2", "32b", "base",
+        (GITHUB, f"{_MLC}#olmo2_32b"),
         P("32B", "Ai2 blog 'OLMo 2 32B: First fully open model to outperform GPT 3.5 and GPT 4o mini' (Mar 2025; "
                  "allenai.org/blog/olmo2-32B): 'available in 7B, 13B, and 32B parameter sizes'"),
         note="mlc-llm's MODEL_PRESETS copy of the Hub config.json (transformers 4.49.0); the -SFT/-DPO/-Instruct "
-             "checkpoints are read with this config (instruct/base siblings)."),
-    row("mistralai/Mistral-Nemo-Base-2407", "mistral-nemo", "12b", "base", (GITHUB, f"{_THUNDER}#mistral_cfg_str"),
+             "checkpoints are read with this config (instruct/base siblings; the -Instruct is listed, as "
+             f"{_OLMO}:README.md links it: 'OLMo2 32B Instruct')."),
+    row(("mistralai/Mistral-Nemo-Base-2407", "mistralai/Mistral-Nemo-Instruct-2407"), "mistral-nemo", "12b", "base",
+        (GITHUB, f"{_THUNDER}#mistral_cfg_str"),
         P("12B", "Mistral-Nemo-Base-2407 model card ('a pretrained generative text model of 12B parameters'; layers "
                  "40, dim 5,120, head dim 128, 32 heads, 8 kv-heads, vocabulary 2**17)"),
         note="A copy of the Hub config.json written by transformers 4.43.3 (max_position_embeddings 128000, the "

@@ -367,13 +367,24 @@ def _sibling_id(entry_id: str, name: str) -> str | None:
 def _listed_checkpoint(entry_id: str, asked: _Name) -> str | None:
     """The Hub id, among those the entry lists as sharing its config, that the asked name is a variant of
     ('deepseek-r1-chat' -> deepseek-ai/DeepSeek-R1, not the entry's DeepSeek-V3): the weights a run trains.
-    None when the name is a variant of the entry's own id."""
-    if asked.same_model(_parse_name(entry_id)):
+    None when the name is a variant of the entry's own id and no listed id has the suffix asked
+    ('olmo-2-1124-7b-instruct' -> OLMo-2-1124-7B-Instruct, listed with the base's config)."""
+    own = _parse_name(entry_id)
+    if asked.same_model(own) and asked.variant == own.variant:
         return None
     entry = catalog.model_entry(entry_id)
     listed = [i for i in getattr(entry, "ids", ()) or () if i.lower() != entry_id.lower()]
     hits = [i for i in listed if asked.same_model(_parse_name(i))]
+    if not hits:  # the name leaves out a word every id of the entry has ('olmo2:7b-instruct': the release '1124'),
+        # or the listed id leaves out the entry's size (Mistral-Nemo-Instruct-2407 is the 12B)
+        size = next((f.size for f in _known_by_id(entry_id).full if f.size), None)
+        hits = [i for i in listed if asked._replace(
+            size=asked.size or size,
+            words=tuple(sorted(set(asked.words) | (set(own.words) & set((n := _parse_name(i)).words))))).same_model(
+            n._replace(size=n.size or size))]
     exact = [i for i in hits if _parse_name(i).variant == asked.variant]
+    if asked.same_model(own) and not exact:
+        return None
     return (exact or hits or [None])[0]
 
 

@@ -288,6 +288,10 @@ class Architecture(_Model):
     kv_cache_elements: str = "2 * kv_heads * head_dim"
     sdpa: bool = True
     gemma_norm: bool = False
+    norm_weight_float32: bool = False
+    """The RMSNorms multiply their weight in float32 and cast the product back (``(self.weight * hidden_states)
+    .to(input_dtype)``: OLMo 2 and 3, GPT-OSS), not the cast input (Llama's ``self.weight * hidden_states.to(input_dtype)``):
+    a trained weight's gradient keeps the float32 normalised tensor, and the output has the input's dtype."""
     layer_norm: bool = False
     norm_eps_key: str = "rms_norm_eps"
     """Config key of the norms' epsilon (Phi: ``layer_norm_eps``)."""

@@ -98,6 +98,9 @@ class Family:
         """False where transformers refuses attn_implementation='sdpa' (it runs eager)."""
         self.gemma_norm = entry.gemma_norm
         """Gemma's ``(1 + w)`` RMSNorm: the product is taken in float32 (it keeps a float32 normalised tensor)."""
+        self.norm_product_float32 = entry.gemma_norm or entry.norm_weight_float32
+        """The RMSNorm's weight product is taken in float32 and cast back (Gemma; OLMo 2/3 and GPT-OSS's
+        ``(weight * x).to(dtype)``): a trained weight keeps the float32 normalised tensor; the output has x's dtype."""
         self.pre_norms = entry.pre_norms
         """A norm before attention and before the MLP (all but OLMo 2)."""
         self.post_norms = entry.post_norms

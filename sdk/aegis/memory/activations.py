@@ -215,7 +215,7 @@ def _layer_acc(fam: Family, c: dict, layer: LayerShape, s: Setting) -> _Acc:
     h, hd = fam.hidden(c), fam.head_dim(c)
     heads, kv = fam.heads(c), fam.kv_heads(c)
     q_w, kv_w = heads * hd, kv * hd
-    gemma = fam.gemma_norm
+    gemma = fam.norm_product_float32
     names = {lin.name: lin.matched_by or (lin.name,) for lin in layer.linears}
 
     def lin_names(name: str) -> tuple[str, ...]:
@@ -408,7 +408,7 @@ def fixed_saved_by_layer(layers, s: Setting) -> list[int]:
 def head_saved_bytes_per_token(fam: Family, c: dict, s: Setting) -> float:
     """Final norm (+ lm_head input when the head trains), saved for backward."""
     acc = _Acc()
-    y = _norm(acc, s, s.stream_bytes, fam.hidden(c), gemma=fam.gemma_norm, label="head", layer_norm=fam.layer_norm)
+    y = _norm(acc, s, s.stream_bytes, fam.hidden(c), gemma=fam.norm_product_float32, label="head", layer_norm=fam.layer_norm)
     if s.base_trainable:
         acc.add("head", (2 if s.autocast and y != 2 else y) * fam.hidden(c))
     if fam.embedding_dropout(c) > 0:  # Phi's embd_pdrop: the bool mask of the embeddings' dropout
