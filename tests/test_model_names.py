@@ -444,6 +444,8 @@ def test_text_outside_an_ollama_tag_is_a_word_of_the_name():
     ("mistral-nemo-instruct", "mistralai/Mistral-Nemo-Base-2407", "mistralai/Mistral-Nemo-Instruct-2407"),
     ("olmo2:7b", "allenai/OLMo-2-1124-7B", "allenai/OLMo-2-1124-7B"),
     ("olmo-2-1124-7b-sft", "allenai/OLMo-2-1124-7B", "allenai/OLMo-2-1124-7B-SFT"),
+    ("olmo-7b-instruct", "allenai/OLMo-7B-hf", "allenai/OLMo-7B-Instruct-hf"),  # a stem alias of the listed id
+    ("mistral-nemo", "mistralai/Mistral-Nemo-Base-2407", "mistralai/Mistral-Nemo-Base-2407"),  # no suffix: the entry
 ])
 def test_an_instruct_name_trains_the_listed_instruct_checkpoint(name, config, weights):
     """A name asking for the instruct model of an entry that lists it as sharing the base's config is planned with

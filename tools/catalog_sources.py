@@ -477,6 +477,29 @@ _OLMO_CONVERT = ("converted as transformers' converter does it (huggingface/tran
                  "ids as the file gives them)")
 
 ROWS += [
+    # OLMo 1: LayerNorms without weight or bias; 0424 / 0724 add clip_qkv and 4,096 positions
+    row("allenai/OLMo-1B-hf", "olmo", "1b", "base", (LITGPT, "OLMo-1B-hf"),
+        P("1B", f"{_OLMO}:configs/official-0724/OLMo-1B.yaml: Ai2's official config of the 1B"),
+        set=tied(f"{_OLMO}:configs/official-0724/OLMo-1B.yaml: 'weight_tying: true' (transformers' converter writes "
+                 "it as tie_word_embeddings; litgpt does not record it)"),
+        note="litgpt's config (vocabulary padded to 50,304, as the official config's embedding_size and the Hub "
+             "config.json's vocab_size), keys as transformers' OLMo converter writes them."),
+    row(("allenai/OLMo-7B-hf", "allenai/OLMo-7B-Instruct-hf"), "olmo", "7b", "base", (LITGPT, "OLMo-7B-hf"),
+        P("7B", f"{_OLMO}:configs/official-0724/OLMo-7B.yaml: Ai2's official config of the 7B"),
+        note="litgpt's config; its OLMo-7B-Instruct-hf entry has the same shapes, listed here (an instruct "
+             "sibling). Untied head: the official config's 'weight_tying: false'."),
+    row("allenai/OLMo-7B-0424-hf", "olmo", "7b", "base",
+        (GITHUB, f"{_OLMO}:configs/official-0724/OLMo-7B-0424.yaml"),
+        P("7B", f"{_OLMO}:configs/official-0724/OLMo-7B-0424.yaml: Ai2's official config of OLMo 7B April 2024"),
+        note="Ai2's official training config (model section), "
+             + _OLMO_CONVERT.format(where=_OLMO_CONVERTERS[""], extra="clip_qkv 8.0, ")
+             + ". OLMo 1.7: q, k and v clamped to +-8, 4,096 positions."),
+    row("allenai/OLMo-7B-0724-hf", "olmo", "7b", "base",
+        (GITHUB, f"{_OLMO}:configs/official-0724/OLMo-7B-0724.yaml"),
+        P("7B", f"{_OLMO}:configs/official-0724/OLMo-7B-0724.yaml: Ai2's official config of OLMo 7B July 2024"),
+        note="Ai2's official training config (model section), "
+             + _OLMO_CONVERT.format(where=_OLMO_CONVERTERS[""], extra="clip_qkv 8.0, ")
+             + "; the same model section as OLMo-7B-0424, key for key."),
     row(("allenai/OLMo-2-0425-1B", "allenai/OLMo-2-0425-1B-Instruct"), "olmo-2", "1b", "base",
         (GITHUB, f"{_OLMO}:configs/official-0425/OLMo2-1B-stage1.yaml"),
         P("1B", f"{_OLMO}:README.md: 'OLMo-2 1B', released with its Instruct sibling ('OLMo2 1B Instruct')"),

@@ -48,14 +48,14 @@ _ARCH_BY_FAMILY = {
     "mistral": "mistral", "mathstral": "mistral", "mistral-large": "mistral",
     "mixtral": "mixtral", "qwen2": "qwen2", "qwen2.5": "qwen2", "qwq": "qwen2", "qwen3": "qwen3",
     "gemma-2": "gemma2", "gemma-3": "gemma3_text", "phi-3": "phi3", "phi-3.5": "phi3", "phi-4": "phi3",
-    "gemma": "gemma", "codegemma": "gemma", "olmo-2": "olmo2", "stablelm": "stablelm",
+    "gemma": "gemma", "codegemma": "gemma", "olmo-2": "olmo2", "stablelm": "stablelm", "olmo": "olmo",
 }
 _CLASS = {
     "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
     "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
     "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
     "gemma": "GemmaForCausalLM", "olmo2": "Olmo2ForCausalLM", "stablelm": "StableLmForCausalLM",
-    "gpt_neox": "GPTNeoXForCausalLM", "falcon": "FalconForCausalLM",
+    "gpt_neox": "GPTNeoXForCausalLM", "falcon": "FalconForCausalLM", "olmo": "OlmoForCausalLM",
 }
 
 
@@ -230,6 +230,12 @@ def hf_config(arch: str, s: Shape) -> dict[str, Any]:
         c.update(layer_norm_eps=s.eps, partial_rotary_factor=s.partial_rotary, use_qkv_bias=s.bias,
                  qk_layernorm=False, use_parallel_residual=s.parallel_residual, hidden_act="silu",
                  hidden_dropout=0.0)
+        return c
+    if arch == "olmo":  # OlmoConfig's keys, as transformers' converter writes them: no head_dim, no norm epsilon
+        for key in ("head_dim", "rms_norm_eps"):  # (OlmoLayerNorm's is fixed at 1e-5)
+            del c[key]
+        c.update(attention_bias=False, clip_qkv=None, hidden_act="silu", pad_token_id=1, eos_token_id=50279,
+                 rope_scaling=s.rope)
         return c
     c["hidden_act"] = "silu"
     if arch == "llama":

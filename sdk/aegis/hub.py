@@ -317,7 +317,7 @@ def match_model(name: str) -> ModelMatch:
     if owner is not None:
         entry = _known_by_id(owner)
         return ModelMatch(model_id=entry.id, source="catalog", note=_variant_note(name, entry, asked),
-                          checkpoint=_sibling_id(entry.id, name))
+                          checkpoint=_sibling_id(entry.id, name) or _listed_checkpoint(entry.id, asked))
     if asked.family is None:
         raise UnknownModelError(_unknown_message(name, asked))
     known = _catalog()[0]
@@ -375,17 +375,22 @@ def _listed_checkpoint(entry_id: str, asked: _Name) -> str | None:
     entry = catalog.model_entry(entry_id)
     listed = [i for i in getattr(entry, "ids", ()) or () if i.lower() != entry_id.lower()]
     hits = [i for i in listed if asked.same_model(_parse_name(i))]
-    if not hits:  # the name leaves out a word every id of the entry has ('olmo2:7b-instruct': the release '1124'),
-        # or the listed id leaves out the entry's size (Mistral-Nemo-Instruct-2407 is the 12B)
+    if not hits and asked.variant:  # a suffix asked of this entry, though the name leaves out a word all its ids have
+        # ('olmo2:7b-instruct': the release '1124'), or the listed id its size (Mistral-Nemo-Instruct-2407 is the 12B)
         size = next((f.size for f in _known_by_id(entry_id).full if f.size), None)
-        hits = [i for i in listed if asked._replace(
-            size=asked.size or size,
-            words=tuple(sorted(set(asked.words) | (set(own.words) & set((n := _parse_name(i)).words))))).same_model(
-            n._replace(size=n.size or size))]
+        hits = [i for i in listed if _is_instruct((n := _parse_name(i)).variant) == _is_instruct(asked.variant)
+                and asked._replace(size=asked.size or size,
+                                   words=tuple(sorted(set(asked.words) | (set(own.words) & set(n.words))))
+                                   ).same_model(n._replace(size=n.size or size))]
     exact = [i for i in hits if _parse_name(i).variant == asked.variant]
-    if asked.same_model(own) and not exact:
+    kind = [i for i in hits if _is_instruct(_parse_name(i).variant) == _is_instruct(asked.variant)]
+    if asked.same_model(own) and not (exact or (kind and _is_instruct(asked.variant) != _is_instruct(own.variant))):
         return None
-    return (exact or hits or [None])[0]
+    return (exact or kind or hits or [None])[0]
+
+
+def _is_instruct(variant: tuple[str, ...]) -> bool:
+    return bool(set(variant) & _INSTRUCT_WORDS)
 
 
 def _exists(path: Path) -> bool:

@@ -99,6 +99,10 @@ PHI_CASES = [
     ("cohere", 2, dict(method="lora", precision="bf16", micro_batch_size=2, seq_len=512)),  # +1.9%
     ("cohere_qk", 2, dict(method="lora", precision="bf16", micro_batch_size=2, seq_len=512)),  # -2.9%
     ("cohere2", 10, dict(method="qlora", precision="bf16", micro_batch_size=2, seq_len=256)),  # +5.1%
+    # OLMo 1: LayerNorms with no parameter; clip_qkv clamps q, k and v
+    ("olmo", 10, dict(method="qlora", precision="bf16", micro_batch_size=2, seq_len=256)),  # -0.4%
+    ("olmo", 10, dict(method="full", precision="bf16", micro_batch_size=2, seq_len=256)),  # -9.5%
+    ("olmo_clip", 2, dict(method="lora", precision="bf16", micro_batch_size=2, seq_len=512)),  # -5.9%
 ]
 
 

@@ -287,6 +287,19 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "logit_scale": 0.25,
         "layer_norm_eps": 1e-5,
     },
+    "olmo": {  # OLMo-1B's layout: LayerNorms without weight or bias (eps fixed at 1e-5), SwiGLU, a tied head
+        **{k: v for k, v in _COMMON.items() if k not in ("rms_norm_eps", "tie_word_embeddings", "num_key_value_heads")},
+        "model_type": "olmo",
+        "tie_word_embeddings": True,
+    },
+    "olmo_clip": {  # OLMo 1.7's clip_qkv (tight enough that random projections are clamped), GQA, attention
+        # biases, an untied head; the stray rms_norm_eps is ignored as OlmoLayerNorm ignores it
+        **_COMMON,
+        "model_type": "olmo",
+        "clip_qkv": 0.05,
+        "attention_bias": True,
+        "rms_norm_eps": 0.5,
+    },
     "cohere2_types": {  # an explicit layer_types list, attention biases, an untied head
         **{k: v for k, v in _COMMON.items() if k != "rms_norm_eps"},
         "model_type": "cohere2",

@@ -238,7 +238,8 @@ def embedding_dropout(config: dict[str, Any]) -> float:
 def rms_norm_eps(config: dict[str, Any]) -> float:
     """The norms' epsilon (``rms_norm_eps``; Phi's LayerNorm ``layer_norm_eps``), or its transformers default."""
     entry = _entry(config)
-    eps = value(config, entry.norm_eps_key if entry is not None else "rms_norm_eps")
+    key = entry.norm_eps_key if entry is not None else "rms_norm_eps"
+    eps = value(config, key) if key is not None else None
     if eps is None and entry is not None:
         eps = entry.norm_eps_default  # OPT: nn.LayerNorm's own default, no config key
     return float(eps if eps is not None else 1e-6)

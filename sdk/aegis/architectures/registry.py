@@ -293,8 +293,9 @@ class Architecture(_Model):
     .to(input_dtype)``: OLMo 2 and 3, GPT-OSS), not the cast input (Llama's ``self.weight * hidden_states.to(input_dtype)``):
     a trained weight's gradient keeps the float32 normalised tensor, and the output has the input's dtype."""
     layer_norm: bool = False
-    norm_eps_key: str = "rms_norm_eps"
-    """Config key of the norms' epsilon (Phi: ``layer_norm_eps``)."""
+    norm_eps_key: str | None = "rms_norm_eps"
+    """Config key of the norms' epsilon (Phi: ``layer_norm_eps``); None where the code fixes it whatever the config
+    holds (``OlmoLayerNorm``'s 1e-5: ``norm_eps_default``)."""
     pre_norms: bool = True
     post_norms: bool = False
     parallel_block: bool = False
@@ -315,6 +316,12 @@ class Architecture(_Model):
     """Config key of a number the logits are divided by (Granite ``logits_scaling``)."""
     logit_scale_key: str | None = None
     """Config key of a number the logits are multiplied by (Cohere ``logit_scale``)."""
+    float32_layer_norm: bool = False
+    """The LayerNorms have no weight or bias and normalise a float32 copy of their input, cast back to its dtype
+    (``OlmoLayerNorm``: ``F.layer_norm(x.to(float32), shape, None, None, eps=1e-5).to(x.dtype)``): the float32 copy
+    is what autograd saves, under autocast or not."""
+    clip_qkv_key: str | None = None
+    """Config key of a bound the q, k and v projections' outputs are clamped to in place (OLMo ``clip_qkv``)."""
     manual_layer_norm: bool = False
     """The LayerNorms are written out in float32 ops rather than ``nn.LayerNorm`` (Cohere's ``CohereLayerNorm``:
     mean, the centred input computed twice, rsqrt, weight only), which changes what autograd saves, not the maths."""

@@ -111,9 +111,11 @@ class Family:
         """A sigmoid gate scales the shared expert's output (Qwen2-MoE); DeepSeek adds it ungated."""
         self.attention_sinks = entry.attention_sinks
         """A learned per-head sink logit joins the eager softmax, which runs in the compute dtype (GPT-OSS)."""
-        self.layer_norm: bool | str = "manual" if entry.layer_norm and entry.manual_layer_norm else entry.layer_norm
+        self.layer_norm: bool | str = ("manual" if entry.layer_norm and entry.manual_layer_norm else
+                                       "float32" if entry.layer_norm and entry.float32_layer_norm else entry.layer_norm)
         """LayerNorm (weight and bias; saves its input, mean and rstd) instead of RMSNorm (Phi-MoE); ``"manual"``:
-        written out in float32 ops (Cohere's ``CohereLayerNorm``)."""
+        written out in float32 ops (Cohere's ``CohereLayerNorm``); ``"float32"``: no weight or bias, on a float32
+        copy of the input, cast back (``OlmoLayerNorm``)."""
         self.expert_act_saved_widths = moe.act_saved_widths if moe else 3
         """Tensors of one expert's width that its activation saves per routed token (`registry.MoE`)."""
 
@@ -216,7 +218,18 @@ class Family:
             if kind not in built:
                 built[kind] = self._layer(c, v, sparse=kind[0], window=kind[1])
             out.append(built[kind])
+        if out and self._last_parameter_is_a_layers_linear(c, v):
+            # transformers' bitsandbytes integration keeps the module of the model's last named parameter unquantised
+            # (get_keys_to_not_convert): a tied model's head is the embedding, so with no final-norm parameter it is
+            # the last layer's last linear (OLMo-1B: down_proj, traced)
+            last = out[-1]
+            *rest, lin = last.linears
+            out[-1] = dataclasses.replace(last, linears=(*rest, dataclasses.replace(lin, quantizable=False)))
         return out
+
+    def _last_parameter_is_a_layers_linear(self, c: dict[str, Any], v: registry.Vars) -> bool:
+        return (self.tied(c) and not self.lm_head_bias(c) and not self.final_norm_params(c)
+                and not self._vector_params(self.entry.norms, v) and self.entry.moe is None)
 
     def _layer(self, c: dict[str, Any], v: registry.Vars, *, sparse: bool, window: int | None) -> LayerShape:
         moe = self.entry.moe
@@ -292,6 +305,12 @@ class Family:
             return 0
         rows, cols = (int(registry.evaluate(x, self._names(c))) for x in p.matrix or ())
         return rows * cols
+
+    def clip_qkv(self, c: dict[str, Any]) -> float | None:
+        """The bound q, k and v are clamped to (OLMo ``clip_qkv``), or None."""
+        key = self.entry.clip_qkv_key
+        bound = arch.value(c, key) if key else None
+        return None if bound is None else float(bound)
 
     def final_norm_params(self, c: dict[str, Any]) -> int:
         return self._vector_params(self.entry.final_norm, self._names(c))

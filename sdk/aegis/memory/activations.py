@@ -105,6 +105,11 @@ def _norm(acc: _Acc, s: Setting, x_bytes: int, width: int, *, gemma: bool, label
     size. ``input_saved``: another LayerNorm already saved this input (GPT-NeoX's two norms of one block input).
     ``layer_norm="manual"``: Cohere's LayerNorm written out in float32 ops over ``rows`` rows per token (its q/k
     norms: one per head)."""
+    if layer_norm == "float32":
+        # OlmoLayerNorm: native_layer_norm of a float32 copy of x (the copy it saves; x itself when already float32)
+        # and float32 mean and rstd per row; no weight; the output is cast back to x's dtype
+        acc.add(label, 4 * width + 8 * rows)
+        return x_bytes
     if layer_norm == "manual":
         # CohereLayerNorm computes the centred float32 input twice (for the variance's pow and for the product with
         # the rsqrt): both are saved, with the rsqrt per row; the float32 weight product keeps the normalised tensor
@@ -236,6 +241,8 @@ def _layer_acc(fam: Family, c: dict, layer: LayerShape, s: Setting) -> _Acc:
     projections = ([(lin_names(fused_qkv), q_w + 2 * kv_w)] if fused_qkv else
                    [(lin_names("q_proj"), q_w), (lin_names("k_proj"), kv_w), (lin_names("v_proj"), kv_w)])
     d = _linears(acc, s, y, h, projections, "attention projections")
+    if fam.clip_qkv(c) is not None:  # OLMo's in-place clamp_ of q, k and v saves a copy of each input (traced)
+        acc.add("attention (clip_qkv)", d * (q_w + 2 * kv_w), 3)
     if fam.qk_norm(c):
         d_q = _norm(acc, s, d, q_w, gemma=gemma, label="q/k norms", layer_norm=fam.layer_norm, rows=heads)
         _norm(acc, s, d, kv_w, gemma=gemma, label="q/k norms", layer_norm=fam.layer_norm, rows=kv)

@@ -61,7 +61,7 @@ def standard_layer(
         return parallel_layer(spec, p, x, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lora)
     lora = lora or {}
     eps, gemma = spec.rms_norm_eps, spec.gemma_norm
-    h = _norm(spec, p["input_layernorm"], x)
+    h = _norm(spec, p.get("input_layernorm", {}), x)
     h = attention_block(spec, p["self_attn"], h, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lora.get("self_attn"))
     h = _residual_dropout(spec, h, ctx, "attention")
     block = moe_block if spec.moe is not None else mlp_block
@@ -77,7 +77,7 @@ def standard_layer(
         h = rms_norm(h, p["post_feedforward_layernorm"]["weight"], eps, gemma=gemma)
         return x + h
     x = x + h
-    h = _norm(spec, p["post_attention_layernorm"], x)
+    h = _norm(spec, p.get("post_attention_layernorm", {}), x)
     return x + ff(spec, p["mlp"], h, ctx, lora.get("mlp"))
 
 
@@ -102,11 +102,11 @@ def parallel_layer(
     """Phi's layer: one LayerNorm feeds attention and the MLP side by side, ``x + drop(attn(h)) + drop(mlp(h))``;
     GPT-NeoX (``spec.parallel_mlp_norm``) gives the MLP its own, ``mlp(post_attention_layernorm(x))``."""
     lora = lora or {}
-    h = _norm(spec, p["input_layernorm"], x)
+    h = _norm(spec, p.get("input_layernorm", {}), x)
     a = attention_block(spec, p["self_attn"], h, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lora.get("self_attn"))
     a = _residual_dropout(spec, a, ctx, "attention")
     if spec.parallel_mlp_norm:
-        h = _norm(spec, p["post_attention_layernorm"], x)
+        h = _norm(spec, p.get("post_attention_layernorm", {}), x)
     m = _residual_dropout(spec, mlp_block(spec, p["mlp"], h, ctx, lora.get("mlp")), ctx, "mlp")
     return a + m + x
 
@@ -326,7 +326,7 @@ class Model:
         x = self._layers(params, x, positions, segment_ids, lora, rng)
         spec = self.spec
         if spec.layer_norm:
-            return layer_norm(x, params["model"]["norm"], spec.rms_norm_eps)
+            return layer_norm(x, params["model"].get("norm", {}), spec.rms_norm_eps)
         return rms_norm(
             x, params["model"]["norm"]["weight"], spec.rms_norm_eps, gemma=spec.gemma_norm,
             weight_fp32=spec.norm_weight_fp32,

@@ -163,7 +163,8 @@ def _checkpoint_names(entry: registry.Architecture, config: dict[str, Any] | Non
                 in_layer.append(pair)
     wpe = entry.position_embedding
     return CheckpointNames(
-        layers=entry.layers_path, embedding=entry.embedding_path, final_norm=entry.final_norm[0].path.rsplit(".", 1)[0],
+        layers=entry.layers_path, embedding=entry.embedding_path,
+        final_norm=entry.final_norm[0].path.rsplit(".", 1)[0] if entry.final_norm else "model.norm",
         lm_head=entry.lm_head_saved_as, in_layer=tuple(in_layer),
         **({"position_embedding": wpe.path.rsplit(".", 1)[0]} if wpe is not None else {}),
     )
@@ -263,7 +264,8 @@ def _layout(config: dict[str, Any]) -> dict[str, Any]:
     return dict(
         fused_qkv=qkv is not None, **({"qkv_name": qkv, "qkv_grouped": entry.qkv_grouped} if qkv else {}),
         fused_gate_up="gate_up_proj" in names, qk_norm=entry.has_qk_norm(config),
-        layer_norm=entry.layer_norm, layer_norm_bias=entry.layer_norm_bias, parallel_block=parallel, parallel_mlp_norm=entry.has_parallel_mlp_norm(config),
+        layer_norm=entry.layer_norm, layer_norm_bias=entry.layer_norm_bias, norm_affine=bool(entry.norms),
+        parallel_block=parallel, parallel_mlp_norm=entry.has_parallel_mlp_norm(config),
         plain_mlp=plain,
         **({"plain_mlp_names": entry.plain_mlp_names} if plain else {}), o_name=entry.output_projection,
         lm_head_bias=arch.lm_head_bias(config),
@@ -310,6 +312,13 @@ def _spec_cohere(config: dict[str, Any]) -> ArchSpec:
     spec = _spec_laid_out(config)
     return dataclasses.replace(spec, rope_interleave=True, qk_norm_head_weights=spec.qk_norm,
                                logits_scale=float(arch.value(config, "logit_scale")))
+
+
+def _spec_olmo(config: dict[str, Any]) -> ArchSpec:
+    """OLMo 1: the laid-out dense decoder on LayerNorms without weight or bias (eps fixed at 1e-5), q, k and v
+    clamped to ``clip_qkv`` where the config sets it (OLMo 1.7 / 0424 / 0724)."""
+    bound = arch.value(config, registry.get(arch.model_type(config)).clip_qkv_key or "clip_qkv")
+    return dataclasses.replace(_spec_laid_out(config), clip_qkv=None if bound is None else float(bound))
 
 
 def _spec_learned_positions(config: dict[str, Any]) -> ArchSpec:
@@ -456,7 +465,7 @@ _SPECS: dict[str, Callable[[dict[str, Any]], ArchSpec]] = {
     "granite": spec_granite, "granitemoe": spec_granitemoe, "mixtral": _spec_mixtral, "qwen2_moe": _spec_qwen2_moe, "qwen3_moe": _spec_qwen3_moe,
     "deepseek": spec_deepseek, "gpt_oss": spec_gpt_oss, "phimoe": spec_phimoe, "phi": _spec_laid_out,
     "starcoder2": _spec_laid_out, "stablelm": _spec_laid_out, "gpt_neox": _spec_laid_out, "falcon": _spec_laid_out,
-    "learned_positions": _spec_learned_positions, "cohere": _spec_cohere,
+    "learned_positions": _spec_learned_positions, "cohere": _spec_cohere, "olmo": _spec_olmo,
 }
 """The registry's ``engine.spec`` names -> the spec builders (the forward pass's choices are code)."""
 _LAYERS: dict[str, LayerFn] = {

@@ -103,11 +103,14 @@ def rms_norm(
 
 def layer_norm(x: jax.Array, p: dict[str, Any], eps: float) -> jax.Array:
     """``nn.LayerNorm``: mean and variance over the last axis in float32, then weight and bias; without a ``bias``
-    (Cohere's ``CohereLayerNorm``) the weight alone, which may hold one row per head (``[heads, head_dim]``)."""
+    (Cohere's ``CohereLayerNorm``) the weight alone, which may hold one row per head (``[heads, head_dim]``); with
+    neither (``OlmoLayerNorm``) the normalised input alone."""
     xf = x.astype(jnp.float32)
     mean = jnp.mean(xf, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
-    normed = (xf - mean) * jax.lax.rsqrt(var + eps) * p["weight"].astype(jnp.float32)
+    normed = (xf - mean) * jax.lax.rsqrt(var + eps)
+    if "weight" in p:
+        normed = normed * p["weight"].astype(jnp.float32)
     if "bias" in p:
         normed = normed + p["bias"].astype(jnp.float32)
     return normed.astype(x.dtype)
@@ -200,6 +203,9 @@ def attention_block(
         q = linear(p["q_proj"], x, ctx, _sub(lora, "q_proj"), "q_proj")
         k = linear(p["k_proj"], x, ctx, _sub(lora, "k_proj"), "k_proj")
         v = linear(p["v_proj"], x, ctx, _sub(lora, "v_proj"), "v_proj")
+    if spec.clip_qkv is not None:  # OLMo: the projections' outputs (adapters included) clamped to [-clip, clip]
+        bound = spec.clip_qkv
+        q, k, v = (jnp.clip(t, -bound, bound) for t in (q, k, v))
     hd, hkv = spec.head_dim, spec.num_kv_heads
     if spec.qk_norm_full:  # OLMo 2: one RMSNorm over all heads of the projection
         q = rms_norm(q, p["q_norm"]["weight"], spec.rms_norm_eps, weight_fp32=spec.norm_weight_fp32)

@@ -25,6 +25,7 @@ from typing import Any
 import jax
 
 from aegis.architectures import config as arch
+from aegis.architectures import registry
 from aegis.errors import UnsupportedArchitectureError
 from aegis.train.models.layers import Ctx, attention_block, mlp_block, moe_block, rms_norm
 from aegis.train.models.spec import ArchSpec, MoESpec, rope_for_layer_types
@@ -67,7 +68,7 @@ def spec_olmo2(config: dict[str, Any]) -> ArchSpec:
         tie_embeddings=arch.tie_word_embeddings(config),
         qk_norm_full=True,
         post_norms_only=True,
-        norm_weight_fp32=True,
+        norm_weight_fp32=registry.get(arch.model_type(config)).norm_weight_float32,
     )
 
 
@@ -113,9 +114,9 @@ def olmo2_layer(
     lora = lora or {}
     eps = spec.rms_norm_eps
     h = attention_block(spec, p["self_attn"], x, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lora.get("self_attn"))
-    x = x + rms_norm(h, p["post_attention_layernorm"]["weight"], eps, weight_fp32=True)
+    x = x + rms_norm(h, p["post_attention_layernorm"]["weight"], eps, weight_fp32=spec.norm_weight_fp32)
     h = mlp_block(spec, p["mlp"], x, ctx, lora.get("mlp"))
-    return x + rms_norm(h, p["post_feedforward_layernorm"]["weight"], eps, weight_fp32=True)
+    return x + rms_norm(h, p["post_feedforward_layernorm"]["weight"], eps, weight_fp32=spec.norm_weight_fp32)
 
 
 def spec_granitemoe(config: dict[str, Any]) -> ArchSpec:

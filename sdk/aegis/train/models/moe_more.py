@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from aegis.architectures import config as arch
+from aegis.architectures import registry
 from aegis.errors import CheckpointError, UnsupportedArchitectureError
 from aegis.train.models.layers import (
     Ctx,
@@ -112,7 +113,7 @@ def spec_gpt_oss(config: dict[str, Any]) -> ArchSpec:
         spec,
         rms_norm_eps=arch.rms_norm_eps(config),
         tie_embeddings=arch.tie_word_embeddings(config),
-        norm_weight_fp32=True,
+        norm_weight_fp32=registry.get(arch.model_type(config)).norm_weight_float32,
         mlp_bias=False,
         moe=_moe(config),
         attn_sinks=True,
@@ -321,9 +322,9 @@ def gpt_oss_layer(
     """Pre-norm layer: sink attention, then the GPT-OSS MoE."""
     lora = lora or {}
     eps = spec.rms_norm_eps
-    h = rms_norm(x, p["input_layernorm"]["weight"], eps, weight_fp32=True)
+    h = rms_norm(x, p["input_layernorm"]["weight"], eps, weight_fp32=spec.norm_weight_fp32)
     x = x + sink_attention(spec, p["self_attn"], h, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lora.get("self_attn"))
-    h = rms_norm(x, p["post_attention_layernorm"]["weight"], eps, weight_fp32=True)
+    h = rms_norm(x, p["post_attention_layernorm"]["weight"], eps, weight_fp32=spec.norm_weight_fp32)
     return x + gpt_oss_moe(spec, p["mlp"], h, ctx)
 
 

@@ -94,6 +94,8 @@ class ArchSpec:
     router_name: str = "gate"  # the router's key under ``mlp`` (Phi-MoE's nn.Linear ``router``, which PEFT wraps)
     layer_norm: bool = False  # Phi-MoE: LayerNorm (weight and bias) in place of every RMSNorm
     layer_norm_bias: bool = True  # False: the LayerNorms have a weight only (Cohere)
+    norm_affine: bool = True  # False: the norms have no weight or bias at all (OLMo's LayerNorm)
+    clip_qkv: float | None = None  # OLMo clip_qkv: q, k and v projections clamped to [-clip, clip]
     qk_norm_head_weights: bool = False  # Cohere: the q/k LayerNorms (weight only) hold a weight per head [heads, hd]
     logits_scale: float = 1.0  # Cohere logit_scale: logits multiplied by it
     lm_head_bias: bool = False  # Phi-MoE: lm_head.bias [vocab]
@@ -308,6 +310,10 @@ def layer_shapes(spec: ArchSpec) -> dict[str, Any]:
         for key in ("input_layernorm", "post_attention_layernorm"):
             if key in layer:
                 layer[key]["bias"] = (d,)
+    if not spec.norm_affine:  # OLMo: the norms hold no parameter (an empty node keeps the layer's shape of tree)
+        for key in ("input_layernorm", "post_attention_layernorm"):
+            if key in layer:
+                layer[key] = {}
     return layer
 
 
@@ -324,9 +330,9 @@ def param_shapes(spec: ArchSpec) -> dict[str, Any]:
         model["embed_positions"] = {"weight": (spec.position_embeddings, spec.hidden_size)}
     for key, _, count in layer_stacks(spec):
         model[key] = stack(layer_shapes(stack_spec(spec, key)), count)
-    model["norm"] = {"weight": (spec.hidden_size,)}
+    model["norm"] = {"weight": (spec.hidden_size,)} if spec.norm_affine else {}
     tree: dict[str, Any] = {"model": model}
-    if spec.layer_norm and spec.layer_norm_bias:
+    if spec.layer_norm and spec.layer_norm_bias and spec.norm_affine:
         tree["model"]["norm"]["bias"] = (spec.hidden_size,)
     if not spec.tie_embeddings:
         tree["lm_head"] = {"weight": (spec.vocab_size, spec.hidden_size)}
