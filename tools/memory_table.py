@@ -18,9 +18,17 @@ from typing import Any
 
 from aegis.hub import resolve_model
 from aegis.memory import estimate
-from aegis.schema import LoRAConfig, StackProfile, TrainConfig
+from aegis.schema import LoRAConfig, ModelProfile, StackProfile, TrainConfig
 
 TABLE = Path(__file__).resolve().parents[1] / "tests" / "data" / "memory_truth.json"
+
+
+def profile_of(row: dict[str, Any]) -> ModelProfile:
+    """The profile of the model a row traced: a bundled model, or a reference config (`tools.truth.build.REFERENCE`)."""
+    from tools.truth.build import REFERENCE, config_path
+
+    model_id = row["model_id"]
+    return resolve_model(str(config_path(model_id)) if model_id.startswith(REFERENCE) else model_id)
 
 
 def load_rows(path: Path = TABLE) -> list[dict[str, Any]]:
@@ -75,7 +83,7 @@ def unmodelled_reason(row: dict[str, Any]) -> str | None:
 def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for row in rows:
-        est = estimate(resolve_model(row["model_id"]), config_of(row))
+        est = estimate(profile_of(row), config_of(row))
         truth = row["peak_bytes"]
         out.append({
             "model": row["model_id"].split("/")[-1], "method": row["method"], "precision": row["precision"],

@@ -17,7 +17,7 @@ from aegis.memory.allocator import replay
 from aegis.memory.device import allocation_stream, device_check, device_memory
 from aegis.memory.estimate import estimate
 from aegis.schema import LoRAConfig, Tier, TrainConfig
-from tools.memory_table import config_of, load_rows
+from tools.memory_table import config_of, load_rows, profile_of
 from tools.truth.reserved import compare, load
 
 ROWS = [r for r in load_rows() if r["peak_bytes"] <= 60 * 2**30]
@@ -30,7 +30,7 @@ RESERVED_WORST_BAR = 0.15
 @pytest.mark.parametrize("row", ROWS, ids=[r["key"].split("|q_proj")[0] for r in ROWS])
 def test_stream_carries_the_estimates_tensors(row):
     """The stream is written from the estimate's own tensors: its live peak is the estimate's tensor peak."""
-    profile, cfg = resolve_model(row["model_id"]), config_of(row)
+    profile, cfg = profile_of(row), config_of(row)
     events = allocation_stream(profile, cfg)
     stats = replay(events)
     # requested bytes: the allocator's `allocated` also counts whole cached blocks handed out unsplit

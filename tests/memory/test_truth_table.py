@@ -11,8 +11,7 @@ import statistics
 
 import pytest
 
-from aegis.hub import resolve_model
-from tools.memory_table import compare, load_rows, render, unmodelled_reason
+from tools.memory_table import compare, load_rows, profile_of, render, unmodelled_reason
 
 ROWS = load_rows()
 RESULTS = compare(ROWS)
@@ -32,11 +31,11 @@ KNOWN_GAPS: dict[str, str] = {}
 
 def test_table_covers_families_methods_and_sizes():
     assert len(ROWS) >= 30
-    families = {resolve_model(r["model_id"]).family for r in ROWS}
+    families = {profile_of(r).family for r in ROWS}
     assert len(families) >= 4, families
     assert {r["method"] for r in ROWS} == {"full", "lora", "qlora"}
     assert {r["gradient_checkpointing"] for r in ROWS} == {True, False}
-    assert any(resolve_model(r["model_id"]).is_moe for r in ROWS)
+    assert any(profile_of(r).is_moe for r in ROWS)
     assert max(r["peak_bytes"] for r in ROWS) > 40 * 2**30  # real model sizes, not toys
 
 
@@ -50,7 +49,7 @@ def test_table_covers_the_stack_profiles():
     assert any(r["gradient_checkpointing"] and r.get("checkpointing") == "reentrant" for r in ROWS)
     assert any(r.get("trainer") == "trl" for r in ROWS)
     assert any(
-        r.get("transformers_version", "5.23.0").startswith("4.") and resolve_model(r["model_id"]).is_moe
+        r.get("transformers_version", "5.23.0").startswith("4.") and profile_of(r).is_moe
         and r["method"] == "qlora"
         for r in ROWS
     )
@@ -138,7 +137,7 @@ def test_gap_check_catches_hidden_and_closed_gaps():
 def test_moe_row_where_naive_estimate_fails():
     found = []
     for row, result in zip(ROWS, RESULTS):
-        profile = resolve_model(row["model_id"])
+        profile = profile_of(row)
         if not profile.is_moe or result["unmodelled"]:
             continue
         naive = profile.total_params * NAIVE_BYTES_PER_PARAM[row["method"]]
@@ -157,7 +156,7 @@ def test_static_components_match_the_trace(row):
 
     if unmodelled_reason(row):
         pytest.skip(unmodelled_reason(row))
-    est = estimate(resolve_model(row["model_id"]), config_of(row))
+    est = estimate(profile_of(row), config_of(row))
     params = est.component("weights").bytes + sum(c.bytes for c in est.components if c.key == "adapters")
     traced = row["param_bytes_frozen"] + row["param_bytes_trainable"]
     assert params == pytest.approx(traced, rel=0.002)

@@ -42,8 +42,15 @@ STEP = (
 )
 
 
+REFERENCE = "reference/"
+"""Model ids of reference configs (`tools/truth/configs/<name>.json`): a family with no released config available
+offline, traced at the widths its transformers configuration class defaults to (grid.json gives each its source)."""
+
+
 def config_path(model_id: str) -> Path:
-    """The bundled config.json copy for a Hub id (`org/name` -> `org--name.json`)."""
+    """The bundled config.json copy for a Hub id (`org/name` -> `org--name.json`), or a reference config's file."""
+    if model_id.startswith(REFERENCE):
+        return Path(__file__).with_name("configs") / (model_id[len(REFERENCE):] + ".json")
     root = resources.files("aegis.catalog") / "models"
     return Path(str(root / (model_id.replace("/", "--") + ".json")))
 

@@ -148,9 +148,8 @@ def measure(rows: list[dict[str, Any]], out_path: Path, budget_s: float,
 
 def compare(measured: dict[str, Any]) -> list[dict[str, Any]]:
     """Per measured row: traced, replayed and planned figures beside the GPU's."""
-    from aegis.hub import resolve_model
     from aegis.memory.device import device_memory
-    from tools.memory_table import config_of, load_rows
+    from tools.memory_table import config_of, load_rows, profile_of
     from tools.truth.reserved import load as load_replayed
 
     truth = {r["key"]: r for r in load_rows()}
@@ -160,7 +159,7 @@ def compare(measured: dict[str, Any]) -> list[dict[str, Any]]:
         row = truth.get(m["key"])
         if row is None or "error" in m:
             continue
-        planned = device_memory(resolve_model(row["model_id"]), config_of(row))
+        planned = device_memory(profile_of(row), config_of(row))
         rep = replayed.get(m["key"], {})
         out.append({
             "key": m["key"], "model_id": row["model_id"], "method": row["method"], "b": row["micro_batch_size"], "s": row["seq_len"],

@@ -84,9 +84,8 @@ def load(path: Path = TABLE) -> dict[str, dict[str, Any]]:
 
 def compare(truth_rows: list[dict[str, Any]] | None = None, stored: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Per stored row: traced-then-replayed reserved beside the planner's predicted reserved."""
-    from aegis.hub import resolve_model
     from aegis.memory.device import device_memory
-    from tools.memory_table import config_of, load_rows
+    from tools.memory_table import config_of, load_rows, profile_of
 
     truth = {r["key"]: r for r in (truth_rows if truth_rows is not None else load_rows())}
     stored = load() if stored is None else stored
@@ -95,7 +94,7 @@ def compare(truth_rows: list[dict[str, Any]] | None = None, stored: dict[str, di
         row = truth.get(key)
         if row is None:
             continue
-        profile = resolve_model(row["model_id"])
+        profile = profile_of(row)
         cfg = config_of(row)
         plain = device_memory(profile, cfg)
         expandable = device_memory(profile, cfg, expandable_segments=True)
