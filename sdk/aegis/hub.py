@@ -449,8 +449,8 @@ def _variant_note(name: str, known: _Known, asked: _Name) -> str:
     if not asked.variant and theirs & _INSTRUCT_WORDS and _key(name) != _key(known.id.split("/", 1)[-1]):
         return (f"{known.id} (config used for {name}): the bundled {' '.join(sorted(theirs))} model of that name; "
                 "a run trains its weights; name the base checkpoint's Hub id to train that instead (same layer shapes)")
-    if set(asked.variant) <= theirs:
-        return ""
+    if set(asked.variant) <= theirs or not (_is_instruct(asked.variant) or theirs & _INSTRUCT_WORDS):
+        return ""  # the suffix it has, or a base asked of a base model ('llama3.1:8b-text' is Llama-3.1-8B itself)
     return _shared_note(name, known.id)
 
 
