@@ -477,6 +477,19 @@ _OLMO_CONVERT = ("converted as transformers' converter does it (huggingface/tran
                  "ids as the file gives them)")
 
 ROWS += [
+    row("EleutherAI/gpt-j-6b", "gpt-j", "6b", "base", (GITHUB, f"{_MLC}#gpt_j"),
+        P("6B", "EleutherAI/gpt-j-6b model card: '6B represents the number of parameters of this particular "
+                "pre-trained model'"),
+        P("6,053,381,344", "EleutherAI/gpt-j-6b model card, Model Details: 'n_parameters 6,053,381,344' (28 layers, "
+                           "d_model 4,096, d_ff 16,384, 16 heads of 256, RoPE on 64 dims of each head)",
+          disagrees="transformers' GPTJForCausalLM built from this config (meta device) has 6,050,882,784 parameters, "
+                    "as the planner counts: every shape the card lists agrees, and the card's figure is 2,498,560 "
+                    "(0.04%) more, as counted by mesh-transformer-jax, which is not available offline to check"),
+        note="mlc-llm's MODEL_PRESETS copy of the Hub config.json (transformers 4.18.0.dev0) without the "
+             "'rope_scaling': {'rope_type': 'gptj'} mlc-llm adds for its own loader (the Hub file has no such key; "
+             "transformers' GPT-J reads none). The vocabulary is padded to 50,400 (the tokenizer's 50,257 used).",
+        sole_size="EleutherAI/gpt-j-6b model card: 'GPT-J refers to the class of models, while 6B represents the "
+                  "number of parameters of this particular pre-trained model' (the one GPT-J release)"),
     # OLMo 1: LayerNorms without weight or bias; 0424 / 0724 add clip_qkv and 4,096 positions
     row("allenai/OLMo-1B-hf", "olmo", "1b", "base", (LITGPT, "OLMo-1B-hf"),
         P("1B", f"{_OLMO}:configs/official-0724/OLMo-1B.yaml: Ai2's official config of the 1B"),

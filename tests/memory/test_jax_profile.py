@@ -103,6 +103,11 @@ PHI_CASES = [
     ("olmo", 10, dict(method="qlora", precision="bf16", micro_batch_size=2, seq_len=256)),  # -0.4%
     ("olmo", 10, dict(method="full", precision="bf16", micro_batch_size=2, seq_len=256)),  # -9.5%
     ("olmo_clip", 2, dict(method="lora", precision="bf16", micro_batch_size=2, seq_len=512)),  # -5.9%
+    # GPT-J: Phi's block with an MLP four times as wide, RoPE over adjacent pairs of the first rotary_dim dims
+    ("gptj", 10, dict(method="qlora", precision="bf16", micro_batch_size=2, seq_len=256,
+                      lora=LoRAConfig(target_modules=("q_proj", "k_proj", "v_proj", "out_proj", "fc_in", "fc_out")))),  # -7.6%
+    ("gptj", 2, dict(method="lora", precision="bf16", micro_batch_size=2, seq_len=512,
+                     lora=LoRAConfig(target_modules=("q_proj", "k_proj", "v_proj", "out_proj", "fc_in", "fc_out")))),  # -10.6%
 ]
 
 

@@ -450,12 +450,13 @@ def test_sharded_and_tied_checkpoints_load_as_transformers_reads_them(tmp_path):
     ("cohere", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, False),
     ("cohere2", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, False),
     ("olmo", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, False),
+    ("gptj", {"q_proj", "k_proj", "v_proj", "out_proj", "fc_in", "fc_out"}, False),
 ])
 def test_other_layouts_fine_tune_with_lora_and_peft_loads_the_adapter(tmp_path, data, model_type, targets, conv1d):
     """GPT-2 (Conv1D linears, config keys of its own), OPT (positions offset by 2, layers under model.decoder), Cohere
     (the parallel block, RoPE over adjacent pairs, logits times logit_scale), Cohere 2 (a sliding-window layer and
-    a global one without positions) and OLMo 1 (LayerNorms without parameters, q/k/v clamped by clip_qkv), as
-    transformers saves them (GPT-2 and OPT with the stray Llama-style keys their
+    a global one without positions), OLMo 1 (LayerNorms without parameters, q/k/v clamped by clip_qkv) and GPT-J
+    (RoPE over adjacent pairs of the first rotary_dim dims, an lm_head bias), as transformers saves them (GPT-2 and OPT with the stray Llama-style keys their
     configs ignore): LoRA on ShareGPT with the plan's default targets lowers transformers' assistant loss, and PEFT
     loads the adapter (GPT-2: fan_in_fan_out) to the engine's logits."""
     from peft import PeftModel
@@ -469,6 +470,8 @@ def test_other_layouts_fine_tune_with_lora_and_peft_loads_the_adapter(tmp_path, 
         config["logit_scale"] = 1.0  # steps: plain logits let the loss move in this budget (parity checks the scale)
     if model_type == "olmo":  # OLMo 1.7's clip_qkv read from the folder (tests/train checks the clamp's values)
         config["clip_qkv"] = 0.5
+    if model_type == "gptj":  # GPTJConfig's default rotary_dim (64) is wider than this model's 16-dim heads
+        config["rotary_dim"] = 8
     (folder / "config.json").write_text(json.dumps(config))
     cfg = {
         "model": str(folder), "data": str(data["sharegpt"]), "training": TRAINING,

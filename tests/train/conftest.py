@@ -335,6 +335,15 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "n_inner": 96, "activation_function": "gelu", "tie_word_embeddings": False, "layer_norm_epsilon": 1e-6,
         "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
     },
+    "gptj": {  # GPT-J's layout under its own key names: attention and the gelu_new MLP side by side on ln_1, RoPE
+        # over adjacent pairs of the first rotary_dim (8 of 16) dims of each head, an lm_head bias, untied
+        "model_type": "gptj", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64,
+        "rotary_dim": 8,
+    },
+    "gptj_full": {  # every head dim rotated, n_inner set, exact GELU, a tied head
+        "model_type": "gptj", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64,
+        "rotary_dim": 16, "n_inner": 96, "activation_function": "gelu", "tie_word_embeddings": True,
+    },
     "gpt_bigcode": {  # StarCoder's layout: GPT-2's in nn.Linear, multi-query (one key/value head: [q; k; v] in c_attn)
         "model_type": "gpt_bigcode", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 48,
         "n_inner": 96, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,

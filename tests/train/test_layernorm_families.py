@@ -4,7 +4,8 @@ Falcon (multi-query on one LayerNorm, ``new_decoder_architecture``, sequential) 
 linears under ``transformer.h.{i}``) OPT (learned positions offset by 2, ``model.decoder.layers.{i}``) GPT-BigCode (StarCoder: GPT-2's layout in
 nn.Linear, multi-query or per-head q/k/v) and Cohere (Command R: the parallel block on weight-only LayerNorms, RoPE over
 adjacent pairs, scaled logits; ``use_qk_norm``'s LayerNorm weight per head; Cohere 2's sliding layers with RoPE and
-global layers without) and OLMo 1 (LayerNorms with no parameter, ``clip_qkv``). For each:
+global layers without), OLMo 1 (LayerNorms with no parameter, ``clip_qkv``) and GPT-J (Phi's block under GPT-2's names,
+RoPE over adjacent pairs of the first ``rotary_dim`` dims, an lm_head bias). For each:
 
 - planner == engine tree == transformers' meta-device count, in total and per layer (the tiny configs and every
   bundled config of the family);
@@ -47,10 +48,11 @@ DEFAULT_TARGETS = {  # model type -> (the plan's default LoRA targets, a few nam
     "cohere": (("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), ("q_proj", "v_proj")),
     "cohere2": (("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), ("q_proj", "v_proj")),
     "olmo": (("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), ("q_proj", "v_proj")),
+    "gptj": (("q_proj", "k_proj", "v_proj", "out_proj", "fc_in", "fc_out"), ("q_proj", "v_proj")),
 }
 NAMES = ["phi", "phi_qk", "starcoder2", "stablelm", "stablelm_parallel", "gpt_neox", "gpt_neox_sequential", "falcon",
          "falcon_new", "falcon_sequential", "gpt2", "gpt2_inner", "opt", "opt_nobias", "gpt_bigcode",
-         "gpt_bigcode_mha", "cohere", "cohere_qk", "cohere2", "cohere2_types", "olmo", "olmo_clip"]
+         "gpt_bigcode_mha", "cohere", "cohere_qk", "cohere2", "cohere2_types", "olmo", "olmo_clip", "gptj", "gptj_full"]
 BUNDLED = [m for m in catalog.models() if catalog.read_model_config(m)["model_type"] in DEFAULT_TARGETS]
 ADAPTERS = [  # (tiny config, modules adapted with random B)
     ("phi", ("dense", "fc2", "q_proj")),  # the parallel block's dense and fc2
@@ -69,6 +71,8 @@ ADAPTERS = [  # (tiny config, modules adapted with random B)
     ("cohere2", ("q_proj", "k_proj", "down_proj")),  # q and k rotated on sliding layers, not on global ones
     ("olmo", ("q_proj", "down_proj")),  # no norm parameters at all; a tied head
     ("olmo_clip", ("q_proj", "k_proj", "v_proj")),  # the adapted projections are clamped after the adapter's delta
+    ("gptj", ("q_proj", "k_proj", "fc_out")),  # adapted q and k rotated over adjacent pairs of their first dims
+    ("gptj_full", ("k_proj", "out_proj", "fc_in")),
 ]
 
 

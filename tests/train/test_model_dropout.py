@@ -37,6 +37,8 @@ CASES = {
     "cohere": {"attention_dropout": 0.3},  # Cohere: the attention probabilities only
     "cohere2": {"attention_dropout": 0.3},  # sliding and global layers
     "olmo": {"attention_dropout": 0.3},  # OLMo 1: the attention probabilities only
+    # GPT-J: attn_pdrop on the probabilities, resid_pdrop on both sublayer outputs, embd_pdrop on the embeddings
+    "gptj": {"attn_pdrop": 0.3, "resid_pdrop": 0.2, "embd_pdrop": 0.1},
     "gpt_bigcode": {"attn_pdrop": 0.3, "resid_pdrop": 0.2, "embd_pdrop": 0.1},  # multi-query: one key/value head  # OPT: dropout on both sublayer outputs, none on the embeddings
 }
 

@@ -235,6 +235,16 @@ def embedding_dropout(config: dict[str, Any]) -> float:
     return float(value(config, key) or 0.0) if key else 0.0
 
 
+def partial_rotary_factor(config: dict[str, Any]) -> float | None:
+    """The share of each head RoPE rotates: GPT-J's ``rotary_dim / head_dim``, else ``partial_rotary_factor`` (the
+    config's, or the family's default: Phi 0.5), None where neither is set."""
+    entry = _entry(config)
+    if entry is not None and entry.rotary_dim_key:
+        dims = value(config, entry.rotary_dim_key)
+        return None if not dims else int(dims) / head_dim(config)
+    return value(config, "partial_rotary_factor")
+
+
 def rms_norm_eps(config: dict[str, Any]) -> float:
     """The norms' epsilon (``rms_norm_eps``; Phi's LayerNorm ``layer_norm_eps``), or its transformers default."""
     entry = _entry(config)

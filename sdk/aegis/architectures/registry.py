@@ -320,6 +320,9 @@ class Architecture(_Model):
     """The LayerNorms have no weight or bias and normalise a float32 copy of their input, cast back to its dtype
     (``OlmoLayerNorm``: ``F.layer_norm(x.to(float32), shape, None, None, eps=1e-5).to(x.dtype)``): the float32 copy
     is what autograd saves, under autocast or not."""
+    rotary_dim_key: str | None = None
+    """Config key of the number of leading head dims RoPE rotates (GPT-J ``rotary_dim``): a partial rotary factor of
+    ``rotary_dim / head_dim``, in place of ``partial_rotary_factor``."""
     clip_qkv_key: str | None = None
     """Config key of a bound the q, k and v projections' outputs are clamped to in place (OLMo ``clip_qkv``)."""
     manual_layer_norm: bool = False

@@ -321,6 +321,12 @@ def _spec_olmo(config: dict[str, Any]) -> ArchSpec:
     return dataclasses.replace(_spec_laid_out(config), clip_qkv=None if bound is None else float(bound))
 
 
+def _spec_gptj(config: dict[str, Any]) -> ArchSpec:
+    """GPT-J: the laid-out parallel block on one LayerNorm (biases on the MLP, none on attention, an lm_head bias),
+    RoPE over adjacent pairs of the first ``rotary_dim`` dims of each head."""
+    return dataclasses.replace(_spec_laid_out(arch.canonical(config)), rope_interleave=True)
+
+
 def _spec_learned_positions(config: dict[str, Any]) -> ArchSpec:
     """GPT-2 and OPT: the laid-out dense decoder (LayerNorms, biases, a plain MLP) with learned absolute positions
     (GPT-2's ``wpe``; OPT's ``embed_positions``, offset by 2) in place of RoPE; GPT-2's linears stored as ``Conv1D``."""
@@ -465,7 +471,7 @@ _SPECS: dict[str, Callable[[dict[str, Any]], ArchSpec]] = {
     "granite": spec_granite, "granitemoe": spec_granitemoe, "mixtral": _spec_mixtral, "qwen2_moe": _spec_qwen2_moe, "qwen3_moe": _spec_qwen3_moe,
     "deepseek": spec_deepseek, "gpt_oss": spec_gpt_oss, "phimoe": spec_phimoe, "phi": _spec_laid_out,
     "starcoder2": _spec_laid_out, "stablelm": _spec_laid_out, "gpt_neox": _spec_laid_out, "falcon": _spec_laid_out,
-    "learned_positions": _spec_learned_positions, "cohere": _spec_cohere, "olmo": _spec_olmo,
+    "learned_positions": _spec_learned_positions, "cohere": _spec_cohere, "olmo": _spec_olmo, "gptj": _spec_gptj,
 }
 """The registry's ``engine.spec`` names -> the spec builders (the forward pass's choices are code)."""
 _LAYERS: dict[str, LayerFn] = {

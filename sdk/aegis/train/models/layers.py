@@ -222,8 +222,9 @@ def attention_block(
     elif spec.qk_norm:
         q = rms_norm(q, p["q_norm"]["weight"], spec.rms_norm_eps, gemma=spec.gemma_norm)
         k = rms_norm(k, p["k_norm"]["weight"], spec.rms_norm_eps, gemma=spec.gemma_norm)
-    if spec.rope_interleave:  # Cohere: rotating adjacent pairs is rotating the halves of a permuted head; q and
-        q, k = deinterleave(q), deinterleave(k)  # k permuted alike leave every score q.k as it was
+    if spec.rope_interleave:  # Cohere, GPT-J: rotating adjacent pairs is rotating the halves of a permuted head (GPT-J:
+        # of its rotated dims); q and k permuted alike leave every score q.k as it was
+        q, k = deinterleave(q, cos.shape[-1]), deinterleave(k, cos.shape[-1])
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
     # training with attention dropout: the explicit-scores path (the fused kernels here take no dropout)

@@ -200,9 +200,12 @@ def _rotate_half(x: jnp.ndarray) -> jnp.ndarray:
     return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
-def deinterleave(x: jnp.ndarray) -> jnp.ndarray:
+def deinterleave(x: jnp.ndarray, rot: int | None = None) -> jnp.ndarray:
     """``[x0, x1, x2, x3, ...] -> [x0, x2, ..., x1, x3, ...]`` on the last axis: rotating adjacent pairs (DeepSeek's
-    ``rope_interleave``, Cohere) is `apply_rope` on the permuted vector."""
+    ``rope_interleave``, Cohere) is `apply_rope` on the permuted vector. With ``rot`` only the first ``rot`` dims are
+    permuted, the rest kept in place (GPT-J rotates adjacent pairs of its first ``rotary_dim`` dims)."""
+    if rot is not None and rot < x.shape[-1]:
+        return jnp.concatenate([deinterleave(x[..., :rot]), x[..., rot:]], axis=-1)
     return jnp.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
 
 

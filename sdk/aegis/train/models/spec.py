@@ -136,7 +136,7 @@ def _legacy_rope(config: dict[str, Any], default_theta: float) -> dict[str, Any]
     params = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
     theta = arch.value(config, "rope_theta")  # the config's (GPT-NeoX: rotary_emb_base), else the family's default
     params.setdefault("rope_theta", default_theta if theta is None else theta)
-    partial = arch.value(config, "partial_rotary_factor")  # the config's, else the family's default (Phi: 0.5)
+    partial = arch.partial_rotary_factor(config)  # the config's, the family's default (Phi: 0.5), GPT-J's rotary_dim
     if partial is not None:
         params.setdefault("partial_rotary_factor", partial)
     return params
