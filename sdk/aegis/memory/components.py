@@ -94,9 +94,13 @@ def sizes(profile: ModelProfile, cfg: TrainConfig, place: Placement) -> Sizes:
         packed = sum(m.count * _round((m.in_features * m.out_features) / 2) for m in quant)
         rest = profile.total_params - quantized
         base = nf4 + rest * place.unquantized_bytes
+        # a layer linear bitsandbytes skips where its siblings are quantised: the module of the model's last
+        # parameter in a tied model without final-norm weights (OLMo-1B's last down_proj)
+        skipped = sorted({m.name for m in profile.linear_modules if not m.quantizable} & {m.name for m in quant})
         formula = (
             f"NF4 {quantized:,} x (0.5 B + 1 B/64 absmax + 4 B/16,384 absmax2) + code books; "
-            f"{rest:,} unquantized (embeddings, head, norms{', experts' if profile.is_moe else ''}) x "
+            f"{rest:,} unquantized (embeddings, head, norms{', experts' if profile.is_moe else ''}"
+            f"{''.join(f', the last {n}' for n in skipped)}) x "
             f"{place.unquantized_bytes} B" + (" (prepare_model_for_kbit_training upcasts them)"
                                                if place.unquantized_bytes == 4 else " (left in bf16)")
         )
