@@ -31,8 +31,6 @@ def _transformers_skips(config: dict) -> set[str]:
 @pytest.mark.parametrize("entry", CASES, ids=[m.id for m in CASES])
 def test_the_planner_leaves_unquantised_the_layer_linears_transformers_skips(entry):
     profile = resolve_model(entry.id)
-    if profile.is_moe:
-        pytest.skip("MoE experts are not nn.Linear in transformers 5 (planned unquantised as a whole)")
     quantised = {m.name for m in profile.linear_modules if m.quantizable}
     planned = {m.name.rsplit(".", 1)[-1] for m in profile.linear_modules if not m.quantizable and m.name in quantised}
     assert planned == _transformers_skips(catalog.read_model_config(entry))
