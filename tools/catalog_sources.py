@@ -501,18 +501,14 @@ ROWS += [
         P("7B", f"{_OLMO}:configs/official-0724/OLMo-7B.yaml: Ai2's official config of the 7B"),
         note="litgpt's config; its OLMo-7B-Instruct-hf entry has the same shapes, listed here (an instruct "
              "sibling). Untied head: the official config's 'weight_tying: false'."),
-    row("allenai/OLMo-7B-0424-hf", "olmo", "7b", "base",
-        (GITHUB, f"{_OLMO}:configs/official-0724/OLMo-7B-0424.yaml"),
-        P("7B", f"{_OLMO}:configs/official-0724/OLMo-7B-0424.yaml: Ai2's official config of OLMo 7B April 2024"),
-        note="Ai2's official training config (model section), "
-             + _OLMO_CONVERT.format(where=_OLMO_CONVERTERS[""], extra="clip_qkv 8.0, ")
-             + ". OLMo 1.7: q, k and v clamped to +-8, 4,096 positions."),
-    row("allenai/OLMo-7B-0724-hf", "olmo", "7b", "base",
-        (GITHUB, f"{_OLMO}:configs/official-0724/OLMo-7B-0724.yaml"),
-        P("7B", f"{_OLMO}:configs/official-0724/OLMo-7B-0724.yaml: Ai2's official config of OLMo 7B July 2024"),
-        note="Ai2's official training config (model section), "
-             + _OLMO_CONVERT.format(where=_OLMO_CONVERTERS[""], extra="clip_qkv 8.0, ")
-             + "; the same model section as OLMo-7B-0424, key for key."),
+    *(row(f"allenai/OLMo-7B-{release}-hf", "olmo", "7b", "base",
+          (GITHUB, f"{_OLMO}:configs/official-0724/OLMo-7B-{release}.yaml"),
+          P("7B", f"{_OLMO}:configs/official-0724/OLMo-7B-{release}.yaml: Ai2's official config of OLMo 7B {month}"),
+          note="Ai2's official training config (model section), "
+               + _OLMO_CONVERT.format(where=_OLMO_CONVERTERS[""], extra="clip_qkv 8.0, ")
+               + ". OLMo 1.7: q, k and v clamped to +-8, 4,096 positions; the 0424 and 0724 model sections are "
+                 "the same, key for key.")
+      for release, month in (("0424", "April 2024"), ("0724", "July 2024"))),
     row(("allenai/OLMo-2-0425-1B", "allenai/OLMo-2-0425-1B-Instruct"), "olmo-2", "1b", "base",
         (GITHUB, f"{_OLMO}:configs/official-0425/OLMo2-1B-stage1.yaml"),
         P("1B", f"{_OLMO}:README.md: 'OLMo-2 1B', released with its Instruct sibling ('OLMo2 1B Instruct')"),
