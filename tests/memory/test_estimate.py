@@ -98,3 +98,32 @@ def test_bad_input_is_a_one_line_error(kwargs, error, match):
     with pytest.raises(error, match=match) as info:
         aegis.estimate_memory(model, **kwargs)
     assert "\n" not in str(info.value)
+
+
+def test_the_eval_peak_counts_the_cache_and_logits_in_the_dtypes_transformers_leaves():
+    """transformers' own forward with float32 weights (QLoRA's k-bit preparation keeps the stream in float32): under
+    bf16 autocast the cached values and the logits are bf16 but the keys float32 (RoPE's tables follow the stream);
+    without autocast all are float32. The eval peak grows per token by exactly those bytes."""
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(config).eval()
+    size = {}
+    for autocast in (True, False):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(torch.arange(8)[None], use_cache=True)
+        layer = out.past_key_values.layers[0]
+        size[autocast] = tuple(t.element_size() for t in (layer.keys, layer.values, out.logits))
+    assert size == {True: (4, 2, 2), False: (4, 4, 4)}
+
+    profile = aegis.resolve_model("llama-3.1-8b")
+    kv = profile.num_layers * profile.num_key_value_heads * profile.head_dim
+    for autocast, (key, value, logit) in size.items():
+        short, long = (aegis.estimate_memory("llama-3.1-8b", method="qlora", micro_batch_size=1, seq_len=512,
+                                             autocast=autocast, eval_seq_len=n).eval_peak_bytes for n in (1024, 2048))
+        loss = (4 if logit != 4 else 0) + 4  # logits.float() copies 16-bit logits; log-softmax writes float32
+        layer = 3 * value * profile.intermediate_size + 4 * profile.hidden_size
+        assert (long - short) / 1024 == pytest.approx(kv * (key + value) + (logit + loss) * profile.vocab_size + layer,
+                                                      rel=1e-6)

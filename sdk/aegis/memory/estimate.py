@@ -382,13 +382,20 @@ def _trainable_per_layer(profile, cfg, lora, layers, fam) -> list[int]:
 
 def _eval_peak(profile, fam, cfg, place, *, static: int, seq: int, batch: int, width: int) -> int:
     """Eval step at `seq`: weights and states stay, plus the KV cache HF builds (use_cache), the logits
-    and fp32 loss buffers, and one layer's forward temporaries."""
+    and fp32 loss buffers, and one layer's forward temporaries.
+
+    Dtypes as transformers' forward leaves them (checked in tests/memory/test_estimate.py): under autocast (mixed
+    precision, or the bf16/fp16 autocast a LoRA/QLoRA Trainer runs) the matmuls write 16-bit values and logits, but
+    RoPE's tables follow the stream's dtype, so over a float32 stream (QLoRA's k-bit preparation) the cached keys are
+    float32; 16-bit logits get a float32 copy for the loss (``logits.float()``), float32 ones do not."""
     tokens = batch * seq
-    d = 2 if place.autocast else place.stream_bytes
-    kv = profile.num_layers * fam.kv_cache_elements(profile.config) * d
-    logits = (d + 4 + 4) * fam.vocab(profile.config)
-    layer = 3 * d * width + 4 * profile.hidden_size
-    return static + tokens * (kv + logits + layer)
+    out = 2 if place.autocast or cfg.autocast_effective else place.stream_bytes
+    rotated = fam.entry.position_embedding is None  # keys rotated by RoPE (GPT-2 / OPT: learned positions)
+    key = max(out, place.stream_bytes) if rotated else out
+    kv = profile.num_layers * fam.kv_cache_elements(profile.config) * (key + out) / 2
+    logits = (out + (4 if out != 4 else 0) + 4) * fam.vocab(profile.config)
+    layer = 3 * out * width + 4 * profile.hidden_size
+    return int(static + tokens * (kv + logits + layer))
 
 
 def _weights_label(cfg: TrainConfig, place) -> str:
