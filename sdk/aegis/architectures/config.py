@@ -245,6 +245,14 @@ def partial_rotary_factor(config: dict[str, Any]) -> float | None:
     return value(config, "partial_rotary_factor")
 
 
+def clip_qkv(config: dict[str, Any]) -> float | None:
+    """The bound q, k and v projections are clamped to (OLMo ``clip_qkv``), or None."""
+    entry = _entry(config)
+    key = entry.clip_qkv_key if entry is not None else None
+    bound = value(config, key) if key else None
+    return None if bound is None else float(bound)
+
+
 def rms_norm_eps(config: dict[str, Any]) -> float:
     """The norms' epsilon (``rms_norm_eps``; Phi's LayerNorm ``layer_norm_eps``), or its transformers default."""
     entry = _entry(config)

@@ -307,10 +307,7 @@ class Family:
         return rows * cols
 
     def clip_qkv(self, c: dict[str, Any]) -> float | None:
-        """The bound q, k and v are clamped to (OLMo ``clip_qkv``), or None."""
-        key = self.entry.clip_qkv_key
-        bound = arch.value(c, key) if key else None
-        return None if bound is None else float(bound)
+        return arch.clip_qkv(c)
 
     def final_norm_params(self, c: dict[str, Any]) -> int:
         return self._vector_params(self.entry.final_norm, self._names(c))

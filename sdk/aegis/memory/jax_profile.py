@@ -122,7 +122,8 @@ def engine_leaves(profile: ModelProfile) -> list[Leaf]:
         out.append(Leaf("model.embed_positions.weight", (positions // d, d), matrix=False, quantizable=False, stacked=False))
     for n, layer in _layer_stacks(layers):
         out += _stack_leaves(fam, c, n, layer, d)
-    out.append(Leaf("model.norm.weight", (fam.final_norm_params(c),), matrix=False, quantizable=False, stacked=False))
+    if final := fam.final_norm_params(c):  # OLMo 1's final LayerNorm has no parameter
+        out.append(Leaf("model.norm.weight", (final,), matrix=False, quantizable=False, stacked=False))
     if not fam.tied(c):
         out.append(Leaf("lm_head.weight", (v, d), matrix=True, quantizable=False, stacked=False))
     if fam.lm_head_bias(c):
@@ -154,10 +155,11 @@ def _stack_leaves(fam: Family, c: dict, n: int, layer: LayerShape, d: int) -> li
                             quantizable=False, stacked=True))
     if layer.router_params:
         out.append(Leaf("model.layers.mlp.gate.weight", (n, layer.router_params), matrix=True, quantizable=False, stacked=True))
-    for i in range(max(1, layer.norm_params // d)):
+    vectors = max(1, layer.norm_params // d) if layer.norm_params else 0  # OLMo 1's LayerNorms hold none
+    for i in range(vectors):
         width = d if layer.norm_params >= d else layer.norm_params
         out.append(Leaf(f"model.layers.norm{i}.weight", (n, width), matrix=False, quantizable=False, stacked=True))
-    rest = layer.norm_params - max(1, layer.norm_params // d) * d
+    rest = layer.norm_params - vectors * d
     hd = fam.head_dim(c)
     for i in range(rest // hd if rest % hd == 0 else 0):  # q_norm and k_norm, head_dim wide
         out.append(Leaf(f"model.layers.qk_norm{i}.weight", (n, hd), matrix=False, quantizable=False, stacked=True))

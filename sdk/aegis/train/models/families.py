@@ -317,8 +317,7 @@ def _spec_cohere(config: dict[str, Any]) -> ArchSpec:
 def _spec_olmo(config: dict[str, Any]) -> ArchSpec:
     """OLMo 1: the laid-out dense decoder on LayerNorms without weight or bias (eps fixed at 1e-5), q, k and v
     clamped to ``clip_qkv`` where the config sets it (OLMo 1.7 / 0424 / 0724)."""
-    bound = arch.value(config, registry.get(arch.model_type(config)).clip_qkv_key or "clip_qkv")
-    return dataclasses.replace(_spec_laid_out(config), clip_qkv=None if bound is None else float(bound))
+    return dataclasses.replace(_spec_laid_out(config), clip_qkv=arch.clip_qkv(config))
 
 
 def _spec_gptj(config: dict[str, Any]) -> ArchSpec:

@@ -310,10 +310,9 @@ def layer_shapes(spec: ArchSpec) -> dict[str, Any]:
         for key in ("input_layernorm", "post_attention_layernorm"):
             if key in layer:
                 layer[key]["bias"] = (d,)
-    if not spec.norm_affine:  # OLMo: the norms hold no parameter (an empty node keeps the layer's shape of tree)
+    if not spec.norm_affine:  # OLMo: the norms hold no parameter, so the tree has no node for them
         for key in ("input_layernorm", "post_attention_layernorm"):
-            if key in layer:
-                layer[key] = {}
+            layer.pop(key, None)
     return layer
 
 
@@ -330,7 +329,8 @@ def param_shapes(spec: ArchSpec) -> dict[str, Any]:
         model["embed_positions"] = {"weight": (spec.position_embeddings, spec.hidden_size)}
     for key, _, count in layer_stacks(spec):
         model[key] = stack(layer_shapes(stack_spec(spec, key)), count)
-    model["norm"] = {"weight": (spec.hidden_size,)} if spec.norm_affine else {}
+    if spec.norm_affine:
+        model["norm"] = {"weight": (spec.hidden_size,)}
     tree: dict[str, Any] = {"model": model}
     if spec.layer_norm and spec.layer_norm_bias and spec.norm_affine:
         tree["model"]["norm"]["bias"] = (spec.hidden_size,)
