@@ -27,6 +27,7 @@ __all__ = [
     "WeightsNotFoundError",
     "MissingExtraError",
     "PathNotAllowedError",
+    "OutputPathError",
 ]
 
 
@@ -88,3 +89,8 @@ class PathNotAllowedError(AegisError, PermissionError):
 
 class MissingExtraError(AegisError, ImportError):
     """A feature whose optional extra is not installed; the message names the pip command."""
+
+
+class OutputPathError(AegisError, OSError):
+    """An output folder or file that cannot be written: it holds files Aegis did not write (without
+    ``--overwrite``), it is a file, its parent is not a folder, or it is not writable."""

@@ -256,17 +256,64 @@ def export(
     out: Path = typer.Argument(None, help="Output folder (default: <runs_dir>/<run>/export)."),
     merge: bool = typer.Option(False, "--merge", help="Fold LoRA adapters into the base: a full HF model folder."),
     step: int = typer.Option(None, "--step", help="Newest checkpoint at or below this step (default: the run's step)."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Write into OUT even if it holds other files (same names replaced, others kept)."),
     runs_dir: str = _RunsDir,
 ) -> None:
     """Export a run's checkpoint for transformers/PEFT: a PEFT adapter folder, or an HF model folder."""
+    from aegis._outdir import check_output_dir
     from aegis.supervise.runner import Supervisor
+    from aegis.supervise.runs import open_run
 
     try:
-        path = Supervisor(runs_dir).export(run_id, out, merge=merge, step=step)
+        paths = open_run(runs_dir, run_id)
+        target = Path(out) if out is not None else paths.export
+        _check_export_target(paths, target)
+        check_output_dir(target, overwrite=overwrite or out is None)  # before the model is built
+        if step is not None:
+            _check_export_step(paths, step)
+        path = Supervisor(runs_dir).export(run_id, out, merge=merge, step=step, overwrite=overwrite)
     except AegisError as err:
         _fail(err)
+    from aegis.supervise.events import EventLog
+
     kind = "HF model folder" if merge or (path / "config.json").is_file() else "PEFT adapter"
-    typer.echo(f"exported {run_id} to {path} ({kind})")
+    done = [e for e in EventLog(paths.events).read() if e.kind == "exported"]
+    at = f" at step {done[-1].step}" if done and done[-1].step is not None else ""
+    typer.echo(f"exported {run_id}{at} to {path} ({kind})")
+
+
+def _checkpoint_steps(paths: Any) -> list[int]:
+    """The steps of a run's saved checkpoints (Orbax's step folders), without opening Orbax."""
+    folder = paths.checkpoints
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and p.is_dir())
+
+
+def _check_export_step(paths: Any, step: int) -> None:
+    from aegis.errors import CheckpointError
+
+    steps = _checkpoint_steps(paths)
+    if not steps:
+        raise CheckpointError(f"run '{paths.run_id}' has no checkpoint to export yet; export it once it has saved one")
+    if step < steps[0]:
+        listing = ", ".join(str(s) for s in steps)
+        raise CheckpointError(
+            f"--step {step}: run '{paths.run_id}' has no checkpoint at or below step {step}; its checkpoints are "
+            f"at steps {listing} (pass one of them, or leave out --step for the run's newest)"
+        )
+
+
+def _check_export_target(paths: Any, target: Path) -> None:
+    """The run's own folder and its checkpoints are never export targets (an HF config.json would replace the run's)."""
+    from aegis.errors import OutputPathError
+
+    where = Path(os.path.abspath(target.expanduser()))
+    root = Path(os.path.abspath(paths.root))
+    if where == root or where == root / "checkpoints" or root / "checkpoints" in where.parents:
+        raise OutputPathError(f"{target} is the run's own folder; export to another folder "
+                              f"(default: {paths.export})")
 
 
 _COMMANDS = {"run": run, "resume": resume, "status": status, "interrupt": interrupt, "command": command, "export": export}

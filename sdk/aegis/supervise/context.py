@@ -225,14 +225,18 @@ class RunContext:
     def known_ids(self) -> set[str]:
         return set(json.loads(self.paths.samples.read_text())["ids"])
 
-    def export_model(self, state: RunState, out: Any = None, *, merge: bool = False, step: int | None = None) -> Any:
-        """Write the model at ``step`` (default: the state's) to ``out`` (default ``<run>/export``): a PEFT
-        adapter or an HF folder. The engine is restored from the checkpoint when it is not at that step."""
+    def export_model(
+        self, state: RunState, out: Any = None, *, merge: bool = False, step: int | None = None, overwrite: bool = False
+    ) -> Any:
+        """Write the model at ``step`` (default: the state's) to ``out`` (default ``<run>/export``, where a user's
+        files are kept beside it): a PEFT adapter or an HF folder. The engine is restored from the checkpoint
+        when it is not at that step."""
         engine = self.engine_for(state)
         want = state.step if step is None else step
         if engine.dirty or engine.step != want:
             engine.restore(self.store, state, max_step=want)
-        path = engine.export(out or self.paths.export, merge=merge, chat_template=self.cfg.chat_template)
+        path = engine.export(out or self.paths.export, merge=merge, chat_template=self.cfg.chat_template,
+                             overwrite=overwrite or out is None)
         self.event("exported", engine.step, path=str(path), merged=merge, method=engine.trainer.train_config.method)
         return path
 

@@ -296,7 +296,7 @@ class Engine:
 
     # ------------------------------------------------------------------ export
 
-    def export(self, out: Any, *, merge: bool = False, chat_template: str | None = None) -> Any:
+    def export(self, out: Any, *, merge: bool = False, chat_template: str | None = None, overwrite: bool = False) -> Any:
         """Write the trained model for transformers/PEFT (see :func:`aegis.train.export.export_trained`)."""
         import jax
 
@@ -316,6 +316,7 @@ class Engine:
             tokenizer=model.tokenizer_folder,
             chat_template=load_chat_template(chat_template) if chat_template else None,
             merge=merge,
+            overwrite=overwrite,
         )
 
     # ------------------------------------------------------------------ faults

@@ -180,10 +180,12 @@ class Supervisor:
         return self.command(run_id, "interrupt", source=source)
 
     def export(
-        self, run_id: str, out: str | Path | None = None, *, merge: bool = False, step: int | None = None
+        self, run_id: str, out: str | Path | None = None, *, merge: bool = False, step: int | None = None,
+        overwrite: bool = False,
     ) -> Path:
         """Write the run's model at its newest checkpoint (at or below ``step``) for transformers/PEFT:
-        a PEFT adapter folder (LoRA/QLoRA), a full HF folder (full fine-tuning, or ``merge``)."""
+        a PEFT adapter folder (LoRA/QLoRA), a full HF folder (full fine-tuning, or ``merge``). An ``out``
+        holding files Aegis did not write is refused unless ``overwrite`` (:mod:`aegis._outdir`)."""
         paths = open_run(self.runs_dir, run_id)
         raw = read_state(paths)
         if raw is None:
@@ -192,7 +194,8 @@ class Supervisor:
         ctx = RunContext(self._config(paths), paths)
         try:
             target = Path(out) if out is not None else paths.export
-            return Path(ctx.export_model(state, target, merge=merge, step=step if step is not None else state.step))
+            return Path(ctx.export_model(state, target, merge=merge, step=step if step is not None else state.step,
+                                         overwrite=overwrite or out is None))
         finally:
             ctx.close()
 

@@ -87,16 +87,30 @@ def export_trained(
     tokenizer: Path | None = None,
     chat_template: str | None = None,
     merge: bool = False,
+    overwrite: bool = False,
 ) -> Path:
     """Write ``out`` for transformers/PEFT; returns it. ``base``: the model folder trained from (None:
-    a random-init run, which can only export full weights or an adapter without a loadable base)."""
+    a random-init run, which can only export full weights or an adapter without a loadable base).
+
+    ``out`` is written as :mod:`aegis._outdir` writes folders: into a temporary sibling renamed into place; a
+    folder holding files Aegis did not write is refused (OutputPathError) unless ``overwrite``, and even then
+    only files of the same name are replaced."""
+    from aegis._outdir import output_dir
+
+    if merge and method != "full" and base is None:
+        raise CheckpointError("--merge needs the base model's weights, and this run initialised them randomly; "
+                              "export the adapter without --merge")
+    with output_dir(out, overwrite=overwrite, writer="aegis export") as tmp:
+        _write_export(model, trainable, method=method, out=tmp, base=base, base_name=base_name, merge=merge)
+        _copy_tokenizer(tokenizer, tmp, chat_template)
+    return Path(out)
+
+
+def _write_export(model: Any, trainable: Any, *, method: str, out: Path, base: Path | None, base_name: str | None,
+                  merge: bool) -> None:
     from aegis.train.lora import merge_lora
     from aegis.train.weights import load_checkpoint, save_lora_adapter
 
-    out = Path(out)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
     if method == "full":
         leaf = next(x for x in _leaves(trainable))
         dtype = str(jnp.dtype(leaf.dtype))
@@ -104,15 +118,11 @@ def export_trained(
     elif not merge:
         save_lora_adapter(model, trainable, out, base_model_name_or_path=base_name or (str(base) if base else None))
     else:
-        if base is None:
-            raise CheckpointError("--merge needs the base model's weights, and this run initialised them randomly; "
-                                  "export the adapter without --merge")
+        assert base is not None  # checked by export_trained
         dtype = _stored_dtype(base) or "float32"
         params = load_checkpoint(model, base, dtype=jnp.float32)
         merged = merge_lora(model, params, trainable)
         _write_model_folder(model, merged, out, dtype=dtype, base=base)
-    _copy_tokenizer(tokenizer, out, chat_template)
-    return out
 
 
 def _leaves(tree: Any) -> list[Any]:
