@@ -1,5 +1,6 @@
 """`kill -9` mid-window, then resume: nothing lost beyond the last checkpoint; blacklist, LR and
-events survive (the run is a real subprocess killed with SIGKILL)."""
+events survive; `aegis status` says the dead run is not running and how to continue it; metrics.jsonl
+holds each step once (the run is a real subprocess killed with SIGKILL)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import time
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from aegis.supervise import Supervisor
+from aegis.supervise.cli import app
 from aegis.supervise.demo import DEMO_TOXIC_IDS, demo_config
 from aegis.supervise.events import read_jsonl
 
@@ -51,6 +54,10 @@ def test_kill_9_mid_window_then_resume(tmp_path):
     state = sup.state("killed")
     assert state.status == "running" and set(state.blacklist) == set(DEMO_TOXIC_IDS)
     assert killed_at < 100 and committed
+    assert killed_at > committed[-1]  # the dead process logged steps past its last checkpoint
+    shown = CliRunner().invoke(app, ["status", "--run-id", "killed", "--runs-dir", str(runs)], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0 and "crashed" in shown.output and f"process {proc.pid}" in shown.output
+    assert "aegis resume --run-id killed" in shown.output and "(live" not in shown.output
 
     out = sup.resume("killed")
     assert out.status == "completed" and out.step == 100
@@ -62,7 +69,11 @@ def test_kill_9_mid_window_then_resume(tmp_path):
     if newest > state.step:  # the kill came after a mid-window checkpoint: resume from it, not the window start
         assert restored and restored[-1].step == newest and restored[-1].data["from_step"] == state.step
     # every step's final record exists once per step, and the resumed steps never include the toxic row
-    steps = {r["step"]: r for r in read_jsonl(run_dir / "metrics.jsonl")}
-    assert sorted(steps) == list(range(1, 101))
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 101))  # once each: the dead process's future is gone
+    steps = {r["step"]: r for r in records}
     assert all(not set(r["sample_ids"]) & set(DEMO_TOXIC_IDS) for s, r in steps.items() if s > newest)
     assert json.loads((run_dir / "blacklist.json").read_text())["blacklist"] == list(DEMO_TOXIC_IDS)
+    shown = CliRunner().invoke(app, ["status", "--run-id", "killed", "--runs-dir", str(runs)], env={"COLUMNS": "200"})
+    assert "completed" in shown.output and "crashed" not in shown.output
+    assert "(last 60 of 100 steps, 41–100)" in shown.output

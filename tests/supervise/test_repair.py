@@ -4,7 +4,7 @@ from aegis.supervise.config import RunConfig
 from aegis.supervise.repair import apply_repair, plan_repair
 from aegis.supervise.state import Anomaly, DiagnosisReport, OutlierStats, RunState
 
-CFG = RunConfig.model_validate({"recovery": {"max_retries": 2}})
+CFG = RunConfig.model_validate({"model": "tiny-llama", "data": "toy", "recovery": {"max_retries": 2}})
 STATS = OutlierStats(median_grad_norm=1, max_grad_norm=2, mad_grad_norm=0.1, median_loss=1, max_loss=9, num_samples=8)
 
 

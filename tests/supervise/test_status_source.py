@@ -75,13 +75,13 @@ def test_a_local_folder_without_hub_id_and_a_merged_export(tmp_path: Path) -> No
 
 
 def test_the_demo_says_random_init(tmp_path: Path) -> None:
-    paths = _run(tmp_path)  # tiny-llama on toy data
+    paths = _run(tmp_path, model="tiny-llama", data="toy")  # the demo's model and data
     st = build_status(paths)
     assert (st.model, st.data, st.init) == ("tiny-llama", "toy", "random")
     assert "tiny-llama (full, random init)" in _text(st)
     write_json_atomic(paths.source, {"model": "llama", "folder": None, "hub_id": None, "init": "random", "data": "toy"})
     assert build_status(paths).model == "tiny-llama"  # the config's name, not the config's model_type
-    inline = _run(tmp_path / "inline", model={"model_type": "llama", "hidden_size": 8})
+    inline = _run(tmp_path / "inline", model={"model_type": "llama", "hidden_size": 8}, data="toy")
     assert build_status(inline).model == "inline llama config"
 
 

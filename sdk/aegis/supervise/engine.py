@@ -9,6 +9,8 @@ Heavy objects (the trainer, its arrays) live here, in process memory, never in g
     for info in engine.trainer.train(50): ...
     engine.checkpoint(store, step, state)            # async Orbax save of params + sampler state
     engine.restore(store, max_step=120)              # newest readable checkpoint <= 120
+
+    check_feasible(cfg, model_config)                # before a run starts: one line if no tier can run here
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from aegis.supervise.state import RunState
 __all__ = [
     "Engine",
     "ModelInput",
+    "check_feasible",
     "is_oom",
     "load_examples",
     "make_renderer",
@@ -43,6 +46,78 @@ def is_oom(err: BaseException) -> bool:
     if names & {"XlaRuntimeError", "JaxRuntimeError"}:
         return any(m in str(err) for m in _OOM_MARKERS)
     return False
+
+
+IMPOSSIBLE_FACTOR = 4.0
+"""A run is refused before it starts when every tier's planned peak is this many times the memory there is:
+far past the estimate's error (a few percent against XLA's compiled peak), so only configs that cannot run."""
+
+
+def _device_memory() -> tuple[int | None, str]:
+    """(bytes one device can hold, what it is): a GPU's allocator limit, or this host's RAM on XLA:CPU."""
+    import os
+
+    import jax
+
+    device = jax.devices()[0]
+    if device.platform != "cpu":
+        stats = device.memory_stats() or {}
+        limit = stats.get("bytes_limit")
+        return (int(limit) if limit else None), f"{getattr(device, 'device_kind', device.platform)} memory"
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None, "host RAM"
+    return int(ram), "host RAM (XLA:CPU)"
+
+
+def _gib(n: float) -> str:
+    g = n / 2**30
+    return f"{g:,.1f} GiB" if g < 1e6 else f"{g:.3g} GiB"
+
+
+def check_feasible(cfg: RunConfig, model_config: dict[str, Any]) -> None:
+    """Refuse, in one line before anything is built, a run with a tier that cannot run: a ``seq_len`` past a
+    model's learned positions (GPT-2's ``wpe`` has no row for it), or a planned peak (the planner's JAX
+    estimate for the tier's micro batch and seq_len) over :data:`IMPOSSIBLE_FACTOR` x this device's memory.
+
+    A tier that merely might not fit is left to the run: an out-of-memory there takes the next fallback."""
+    from aegis.errors import AegisError, InvalidConfigError
+    from aegis.families import get_family
+
+    try:
+        family = get_family(model_config)
+    except AegisError:
+        return  # an architecture the engine cannot build either: building it says so
+    name = str(model_config.get("_name_or_path") or model_config.get("model_type") or "the model")
+    if family.position_embedding_params(model_config):
+        limit = family.max_positions(model_config)
+        for i, tc in enumerate(cfg.tiers):
+            if tc.seq_len > limit:
+                where = "train_config.seq_len" if i == 0 else f"fallbacks[{i - 1}].seq_len"
+                raise InvalidConfigError(
+                    f"{where} {tc.seq_len:,} is past {name}'s {limit:,} learned positions (it has no embedding for "
+                    f"later tokens): set it to {limit:,} or less"
+                )
+    capacity, what = _device_memory()
+    if capacity is None:
+        return
+    from aegis.memory import estimate
+    from aegis.profiles import profile_from_config
+
+    try:
+        profile = profile_from_config(model_config, model_id=name, source="path")
+        peaks = [estimate(profile, tc, framework="jax").tensor_bytes for tc in cfg.tiers]
+    except (AegisError, ValueError, ArithmeticError):
+        return  # the planner cannot size it; the run's own memory check will
+    for i, (tc, peak) in enumerate(zip(cfg.tiers, peaks)):
+        if peak > IMPOSSIBLE_FACTOR * capacity:
+            where = "train_config" if i == 0 else f"fallbacks[{i - 1}]"
+            raise InvalidConfigError(
+                f"{where} cannot run here: micro batch {tc.micro_batch_size} x seq_len {tc.seq_len:,} needs about "
+                f"{_gib(peak)} and this machine's {what} is {_gib(capacity)}; lower its seq_len or micro_batch_size "
+                "(`aegis plan` sizes them for a GPU)"
+            )
 
 
 @dataclasses.dataclass

@@ -7,7 +7,9 @@ interrupted node from the last persisted state.
 
 * **train** — applies queued commands, restores the engine when it is not at the state's step,
   trains up to ``steps_per_window`` steps (stopping early at a first anomaly, an OOM, or an urgent
-  command), logs every step, checkpoints on the interval and at a clean window's end;
+  command), logs every step, checkpoints on the interval and at a clean window's end; before
+  training it drops the logged steps past the engine's (a killed process's or a rolled-back future),
+  so metrics.jsonl holds each step once;
 * **monitor** — judges the window with :class:`Detector`, extends the history, routes;
 * **forensics** — restores the checkpoint before the anomaly and diagnoses the offending batch;
 * **repair** — chooses and applies the repair, rolls checkpoints back, exports the blacklist;
@@ -29,6 +31,7 @@ from aegis.supervise.forensics import diagnose
 from aegis.supervise.monitor import Detector
 from aegis.supervise.notify import build_payload, send_webhook
 from aegis.supervise.repair import apply_repair, plan_repair, suggested_actions
+from aegis.supervise.runs import truncate_metrics
 from aegis.supervise.state import Anomaly, HumanInterrupt, RunState, StepMetrics
 
 __all__ = [
@@ -156,6 +159,7 @@ def train_node(ctx: RunContext, gs: GraphState) -> GraphState:
         oom = _oom_anomaly(ctx, err, state.step + 1)
         return dump(state.update(anomaly=oom, window=()))
     store = ctx.store
+    truncate_metrics(ctx.paths, engine.step)  # steps past it were a dead process's or a rolled-back future
     detector = Detector(cfg.monitoring, state.metrics)
     for m in window:
         detector.observe(m)

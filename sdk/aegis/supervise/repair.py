@@ -46,7 +46,11 @@ class RepairDecision(Frozen):
 
 
 def suggested_actions(state: RunState) -> tuple[str, ...]:
-    """Commands a human could send next, most likely first."""
+    """Commands a human could send next, most likely first. Out of memory gets none that change the LR or
+    the data (they cannot free memory): `resume` retries on the current tier, `stop` ends the run to start a
+    smaller one (the pause's reason says which micro batch and seq_len ran out)."""
+    if state.anomaly is not None and state.anomaly.type == "oom":
+        return ("resume", "stop")
     out: list[str] = []
     if state.diagnosis is not None and state.diagnosis.suspected_samples:
         out.append("blacklist_samples " + " ".join(state.diagnosis.suspected_samples[:10]))
@@ -81,9 +85,15 @@ def plan_repair(state: RunState, cfg: RunConfig, num_tiers: int) -> RepairDecisi
     if anomaly.type == "oom":
         nxt = state.fallback_tier + 1
         if nxt >= num_tiers:
+            tc = cfg.tiers[min(state.fallback_tier, len(cfg.tiers) - 1)]
             return RepairDecision(
                 strategy="escalate",
-                reason=f"out of memory on tier {state.fallback_tier} and the plan has no further fallback",
+                reason=(
+                    f"out of memory on tier {state.fallback_tier} (micro batch {tc.micro_batch_size}, seq_len "
+                    f"{tc.seq_len:,}, {tc.method}) and the plan has no further fallback: `stop` and start a run with "
+                    "a smaller micro_batch_size or seq_len, gradient_checkpointing, or qlora (`aegis plan` gives a "
+                    "fallback chain), or `resume` if the memory was taken by something else"
+                ),
                 rollback_to=rollback,
                 **keep,
             )

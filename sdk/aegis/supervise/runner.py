@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -59,7 +60,10 @@ class CommandReceipt(Frozen):
 
     run_id: str
     command: str = Field(description="Canonical text of the command.")
-    queued: bool = Field(description="False for `status`, which changes nothing and is answered at once.")
+    queued: bool = Field(
+        description="False for `status` (answered at once) and for `resume` of a run whose process died "
+        "(nothing to queue: `aegis resume` restarts it)."
+    )
     live: bool = Field(description="A process is running the run and will apply it at the next step/window.")
     status: RunStatusReport | None = None
 
@@ -88,9 +92,23 @@ class Supervisor:
         paths = RunPaths(self.runs_dir / run_id)
         if paths.exists():
             raise RunError(f"run '{run_id}' already exists in {self.runs_dir}; continue it with `aegis resume --run-id {run_id}`")
-        paths.root.mkdir(parents=True, exist_ok=True)
         cfg = cfg.model_copy(update={"run_id": run_id})
-        ctx = RunContext(cfg, paths, callbacks)
+        created = not paths.root.exists()
+        try:
+            with run_lock(paths):  # taken before config.json exists: `aegis status` never sees a lockless new run
+                ctx = RunContext(cfg, paths, callbacks)
+                return self._begin(ctx, wait_for_commands_s)
+        except BaseException:
+            if created and not paths.config.exists():  # refused before it began: leave no half folder behind
+                shutil.rmtree(paths.root, ignore_errors=True)
+            raise
+
+    def _begin(self, ctx: RunContext, wait_for_commands_s: float | None) -> RunOutcome:
+        """Check the config against the model and this machine, write the run's files and train from step 0."""
+        cfg, paths = ctx.cfg, ctx.paths
+        from aegis.supervise.engine import check_feasible
+
+        check_feasible(cfg, ctx.model_config)
         counts = Counter(ex.domain for ex in ctx.examples)
         unknown = sorted(set(cfg.curriculum.weights) - set(counts))
         if unknown:
@@ -98,7 +116,7 @@ class Supervisor:
         write_json_atomic(paths.config, cfg.model_dump(mode="json", by_alias=True))
         ctx.write_samples_manifest()
         state = RunState.new(
-            run_id,
+            paths.run_id,
             lr=cfg.training.lr,
             grad_clip=cfg.training.grad_clip,
             weights=initial_weights(dict(counts), cfg.curriculum),
@@ -113,14 +131,17 @@ class Supervisor:
         callbacks: RunCallbacks | None = None,
         wait_for_commands_s: float | None = None,
     ) -> RunOutcome:
-        """Continue a run from its persisted state: after a crash, or after a human review (implies `resume`)."""
+        """Continue a run from its persisted state: after a crash, or after a human review (implies `resume`).
+        A run whose process died before its first step starts again from step 0."""
         paths = open_run(self.runs_dir, run_id)
-        ctx = RunContext(self._config(paths), paths, callbacks)
-        raw = read_state(paths)
-        if raw is None:
-            raise RunError(f"run '{run_id}' never got past its start; start it again with `aegis run`")
-        ctx.event("process_resumed", raw.get("step"))
-        return self._drive(ctx, None, wait_for_commands_s, implicit_resume=True)
+        with run_lock(paths):
+            ctx = RunContext(self._config(paths), paths, callbacks)
+            raw = read_state(paths)
+            if raw is None:
+                ctx.event("process_resumed", 0, restarted=True)
+                return self._begin(ctx, wait_for_commands_s)
+            ctx.event("process_resumed", raw.get("step"))
+            return self._drive(ctx, None, wait_for_commands_s, implicit_resume=True)
 
     def _drive(
         self, ctx: RunContext, initial: Any, wait_for_commands_s: float | None, implicit_resume: bool = False
@@ -129,7 +150,7 @@ class Supervisor:
 
         tc = thread_config(ctx.paths.run_id)
         try:
-            with run_lock(ctx.paths), open_graph(ctx) as app:
+            with open_graph(ctx) as app:  # the caller holds the run's lock
                 snap = app.get_state(tc)
                 if initial is None and _interrupted(snap):
                     app.invoke(Command(resume={"resume": implicit_resume}), tc)
@@ -165,12 +186,17 @@ class Supervisor:
         raw = read_state(paths)
         state = RunState.model_validate(raw) if raw is not None else None
         known = set(json.loads(paths.samples.read_text())["ids"]) if paths.samples.exists() else None
-        validate_command(cmd, state, known)
         live = is_live(paths)
+        died = not live and (state is None or (state.status == "running" and not state.human.pending))
+        if not (cmd.name == "resume" and died):  # `resume` of a run whose process died restarts it
+            validate_command(cmd, state, known)
         step = state.step if state is not None else None
         if cmd.name == "status":
             EventLog(paths.events).append("command", step, command=cmd.text, source=source)
             return CommandReceipt(run_id=run_id, command=cmd.text, queued=False, live=live, status=build_status(paths))
+        if cmd.name == "resume" and died:  # nothing to apply in the run: whoever resumes it restarts its process
+            EventLog(paths.events).append("command", step, command=cmd.text, source=source)
+            return CommandReceipt(run_id=run_id, command=cmd.text, queued=False, live=False)
         append_jsonl(paths.inbox, {"text": cmd.text, "time": time.time(), "source": source})
         EventLog(paths.events).append("command", step, command=cmd.text, source=source)
         return CommandReceipt(run_id=run_id, command=cmd.text, queued=True, live=live)

@@ -8,6 +8,10 @@ What the run trains comes from ``<run>/source.json`` (written when the model is 
     report = build_status(paths)            # RunStatusReport
     console.print(render_status(report))    # table + loss sparkline
     status_markdown(report)                 # chat / Slack bullets
+
+A run whose state says it is training but whose process is gone (``kill -9``, a crash, a closed
+laptop) shows as ``crashed``, with who ran it and the command that continues it; the sparkline says
+which steps it covers ("last 60 of 150 steps, 91–150").
 """
 
 from __future__ import annotations
@@ -22,12 +26,22 @@ from aegis.schema import Frozen
 from aegis.supervise.config import RunConfig
 from aegis.supervise.events import EventLog, read_jsonl
 from aegis.supervise.graph import read_state
-from aegis.supervise.runs import RunPaths, is_live
+from aegis.supervise.runs import RunPaths, liveness
 from aegis.supervise.state import RunState
 
-__all__ = ["RunStatusReport", "build_status", "sparkline", "render_status", "status_markdown", "memory_line"]
+__all__ = [
+    "RunStatusReport",
+    "build_status",
+    "sparkline",
+    "sparkline_window",
+    "render_status",
+    "status_markdown",
+    "memory_line",
+]
 
 _BARS = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 60
+"""Steps drawn by `aegis status`'s loss sparkline (the chat and Slack panels draw 40)."""
 
 
 class RunStatusReport(Frozen):
@@ -35,8 +49,20 @@ class RunStatusReport(Frozen):
 
     run_id: str
     run_dir: str
-    status: str = Field(description="running / paused / stopped / completed, or 'starting' before the first node.")
+    status: str = Field(
+        description="running / paused / stopped / completed, 'starting' before the first node, or 'crashed': "
+        "the state says training but no process runs it (killed, crashed); `aegis resume` continues it."
+    )
     live: bool = Field(description="A process is running the run right now.")
+    process: str | None = Field(
+        default=None, description="Who runs (or last ran) it: 'process 4242', with the host when it is another."
+    )
+    stale: str | None = Field(
+        default=None, description="Why a 'crashed' run is not running: its process is gone, the last heartbeat."
+    )
+    next_action: str | None = Field(
+        default=None, description="The command that moves the run on from here (`aegis resume --run-id RUN`)."
+    )
     step: int
     total_steps: int
     lr: float | None = None
@@ -48,6 +74,8 @@ class RunStatusReport(Frozen):
     suggested_actions: tuple[str, ...] = ()
     last_anomaly: str | None = None
     losses: tuple[float, ...] = Field(default=(), description="Loss of the last logged steps, oldest first.")
+    loss_steps: tuple[int, ...] = Field(default=(), description="The steps of ``losses`` (same order).")
+    steps_logged: int = Field(default=0, description="Steps in metrics.jsonl (``losses`` holds the last of them).")
     checkpoints: tuple[int, ...] = ()
     recent_events: tuple[str, ...] = ()
     model: str | None = Field(
@@ -71,7 +99,7 @@ class RunStatusReport(Frozen):
     )
 
 
-def sparkline(values: list[float] | tuple[float, ...], width: int = 60) -> str:
+def sparkline(values: list[float] | tuple[float, ...], width: int = SPARK_WIDTH) -> str:
     """A unicode sparkline of the last ``width`` finite values (NaN/Inf drawn as '!')."""
     vals = list(values)[-width:]
     finite = [v for v in vals if math.isfinite(v)]
@@ -82,6 +110,18 @@ def sparkline(values: list[float] | tuple[float, ...], width: int = 60) -> str:
     return "".join(
         _BARS[min(len(_BARS) - 1, int((v - lo) / span * (len(_BARS) - 1)))] if math.isfinite(v) else "!" for v in vals
     )
+
+
+def sparkline_window(report: "RunStatusReport", width: int = SPARK_WIDTH) -> str:
+    """Which steps a sparkline of ``width`` covers: 'last 60 of 150 steps, 91–150', or 'all 12 steps, 1–12'."""
+    steps = report.loss_steps[-width:]
+    if not steps:
+        return ""
+    total = max(report.steps_logged, len(report.loss_steps))
+    span = f"{steps[0]}–{steps[-1]}" if len(steps) > 1 else f"{steps[0]}"
+    if len(steps) >= total:
+        return f"all {total} step{'s' if total != 1 else ''}, {span}"
+    return f"last {len(steps)} of {total} steps, {span}"
 
 
 def _checkpoint_steps(paths: RunPaths) -> tuple[int, ...]:
@@ -142,15 +182,20 @@ def build_status(paths: RunPaths, loss_points: int = 200) -> RunStatusReport:
     for rec in read_jsonl(paths.metrics):
         if isinstance(rec.get("step"), int) and isinstance(rec.get("loss"), (int, float)):
             by_step[rec["step"]] = float(rec["loss"])
-    losses = tuple(by_step[s] for s in sorted(by_step))[-loss_points:]
+    loss_steps = tuple(sorted(by_step))[-loss_points:]
+    losses = tuple(by_step[s] for s in loss_steps)
     events = EventLog(paths.events).read()
+    alive = liveness(paths)
     recent = tuple(f"{e.kind}@{e.step}" if e.step is not None else e.kind for e in events[-8:])
     common: dict[str, Any] = dict(
         run_id=paths.run_id,
         run_dir=str(paths.root),
-        live=is_live(paths),
+        live=alive.live,
+        process=alive.owner.describe() if alive.owner is not None else None,
         total_steps=cfg.training.total_steps,
         losses=losses,
+        loss_steps=loss_steps,
+        steps_logged=len(by_step),
         checkpoints=_checkpoint_steps(paths),
         recent_events=recent,
         method=cfg.tiers[0].method,
@@ -158,10 +203,22 @@ def build_status(paths: RunPaths, loss_points: int = 200) -> RunStatusReport:
         **_export(events),
         **_memory(events),
     )
+    resume = f"aegis resume --run-id {paths.run_id}"
     if state is None:
-        return RunStatusReport(status="starting", step=0, **common)
+        if alive.live or not paths.lock.exists():
+            return RunStatusReport(status="starting", step=0, **common)
+        return RunStatusReport(  # the process died before the first step: resume starts it again
+            status="crashed", step=0, stale=alive.detail or "no process runs it", next_action=resume, **common
+        )
+    status, stale, action = state.status, None, None
+    if state.status == "running" and not alive.live:
+        status, stale, action = "crashed", alive.detail or "no process runs it", resume
+    elif state.status == "paused" and not alive.live:
+        action = resume
     return RunStatusReport(
-        status=state.status,
+        status=status,
+        stale=stale,
+        next_action=action,
         step=state.step,
         lr=state.lr,
         grad_clip=state.grad_clip,
@@ -182,8 +239,9 @@ def render_status(report: RunStatusReport) -> Any:
     t = Table(title=f"run {report.run_id}", show_header=False, title_justify="left")
     t.add_column("field", style="bold")
     t.add_column("value")
-    state = report.status + (" (live)" if report.live else "")
-    t.add_row("status", state)
+    t.add_row("status", _state_line(report))
+    if report.next_action:
+        t.add_row("continue", report.next_action)
     t.add_row("step", f"{report.step} / {report.total_steps}")
     if report.model:
         t.add_row("model", f"{report.model}{_how(report)}")
@@ -195,7 +253,8 @@ def render_status(report: RunStatusReport) -> Any:
     if memory_line(report):
         t.add_row("memory", memory_line(report))
     if report.losses:
-        t.add_row("loss", f"{sparkline(report.losses)}  last {report.losses[-1]:.4g}")
+        window = sparkline_window(report)
+        t.add_row("loss", f"{sparkline(report.losses)}  last {report.losses[-1]:.4g}" + (f" ({window})" if window else ""))
     t.add_row("blacklist", ", ".join(report.blacklist) or "-")
     if report.domain_weights:
         t.add_row("domain mix", ", ".join(f"{d} {w:.2f}" for d, w in report.domain_weights.items()))
@@ -212,6 +271,15 @@ def render_status(report: RunStatusReport) -> Any:
     return t
 
 
+def _state_line(report: RunStatusReport) -> str:
+    """'running (live, process 4242)', 'crashed: process 4242 that ran it is gone, last heartbeat 2 min ago'."""
+    if report.live:
+        return f"{report.status} (live{', ' + report.process if report.process else ''})"
+    if report.stale:
+        return f"{report.status}: {report.stale}"
+    return report.status
+
+
 def _how(report: RunStatusReport) -> str:
     """' (lora)', ' (full, random init)' …: the method, and whether the weights are random."""
     how = ", ".join(x for x in (report.method, "random init" if report.init == "random" else None) if x)
@@ -221,7 +289,9 @@ def _how(report: RunStatusReport) -> str:
 def status_markdown(report: RunStatusReport) -> str:
     """The status as short Markdown bullets (the chat and Gradio run panels; Slack converts it to mrkdwn)."""
     st = report
-    lines = [f"**Run `{st.run_id}`**: {st.status}{' (live)' if st.live else ''}, step {st.step} / {st.total_steps}"]
+    lines = [f"**Run `{st.run_id}`**: {_state_line(st)}, step {st.step} / {st.total_steps}"]
+    if st.status == "crashed" and st.next_action:
+        lines.append(f"- **Not running**: continue it with `{st.next_action}` (or say `resume`)")
     if st.model:
         lines.append(f"- Model `{st.model}`{_how(st)}" + (f" on `{st.data}`" if st.data else ""))
     if st.lr is not None:
@@ -229,7 +299,8 @@ def status_markdown(report: RunStatusReport) -> str:
     if memory_line(st):
         lines.append(f"- Memory: {memory_line(st)}")
     if st.losses:
-        lines.append(f"- Loss `{sparkline(st.losses, 40)}` last {st.losses[-1]:.4g}")
+        window = sparkline_window(st, 40)
+        lines.append(f"- Loss `{sparkline(st.losses, 40)}` last {st.losses[-1]:.4g}" + (f" ({window})" if window else ""))
     if st.blacklist:
         lines.append(f"- Blacklist: {', '.join(st.blacklist)}")
     if st.last_anomaly:
