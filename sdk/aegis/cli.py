@@ -78,6 +78,7 @@ def plan(
         help="The step runs under torch.autocast (default: the trainer's; HF Trainer's bf16=True does).")] = None,
     emit: Annotated[Optional[str], typer.Option(help="Also write a trainer config: axolotl, hf or unsloth.")] = None,
     out: Annotated[Optional[str], typer.Option(help="Where --emit writes (default: stdout).")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Let --out replace an existing file.")] = False,
     json_: JsonOpt = False,
     markdown: MarkdownOpt = False,
     explain: Annotated[bool, typer.Option("--explain", help="Show every formula and reason (text and Markdown).")] = False,
@@ -86,6 +87,12 @@ def plan(
     from aegis.planner import plan as make_plan
 
     fmt = _output(json_, markdown)
+    if out:  # before planning: a file that exists or cannot be written is one line, and nothing is printed
+        from aegis._outdir import check_output_file
+
+        if not emit:
+            raise typer.BadParameter("--out is where --emit writes its config; add --emit axolotl, hf or unsloth")
+        check_output_file(out, overwrite=overwrite)
     report = make_plan(
         request, model=model, method=method, gpu=gpu, gpu_count=gpus, dataset=dataset, lora_rank=rank,
         lora_targets=_targets(targets),
@@ -100,8 +107,9 @@ def plan(
 
         text = emit_config(report, emit)  # type: ignore[arg-type]
         if out:
-            with open(out, "w", encoding="utf-8") as fh:
-                fh.write(text)
+            from aegis._outdir import write_output_file
+
+            write_output_file(out, text, overwrite=overwrite)
             typer.echo(f"wrote {emit} config to {out}", err=True)
         else:
             typer.echo(text)

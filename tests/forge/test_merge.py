@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from aegis.errors import InvalidConfigError
+from aegis.errors import InvalidConfigError, OutputPathError
 from aegis.forge import merge_models
 from tests.forge.conftest import config_of, fill, read_folder
 
@@ -182,7 +182,7 @@ def test_bad_inputs_are_one_line_errors_and_write_nothing(models, tmp_path, cfg,
 def test_output_folder_is_not_clobbered(models, tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "notes.txt").write_text("mine")
-    with pytest.raises(InvalidConfigError, match="exists and is not empty; pass --overwrite"):
+    with pytest.raises(OutputPathError, match="is not empty and Aegis did not write it .it holds notes.txt.; pass --overwrite"):
         merge_models(fill(TIES, models), tmp_path / "out")
     merge_models(fill(TIES, models), tmp_path / "out", overwrite=True)
     assert (tmp_path / "out" / "notes.txt").read_text() == "mine" and (tmp_path / "out" / "model.safetensors").is_file()

@@ -162,22 +162,53 @@ def compress_model(
     keep_layers: tuple[int, ...] = (),
     max_shard_bytes: int | None = None,
     on_tensor: Callable[[str], None] | None = None,
+    overwrite: bool = False,
 ) -> CompressionResult:
     """Write the BitNet b1.58 form of model folder ``src`` to ``out`` (layout: module doc).
 
     Tensors stream one at a time (memory: about one tensor). ``scale_dtype``: how ``gamma`` is stored (the
     loader uses the stored value, so the packed model is exactly ``W_q * gamma``). Raises
-    :class:`~aegis.errors.InvalidConfigError` for a folder that is not a model or an ``out`` that is ``src``.
+    :class:`~aegis.errors.InvalidConfigError` for a folder that is not a model or an ``out`` that is ``src``,
+    :class:`~aegis.errors.OutputPathError` for an ``out`` holding files Aegis did not write (unless
+    ``overwrite``: files of the same name are replaced, the others kept); ``out`` appears whole or not at all.
     """
+    from aegis._outdir import output_dir
+
+    out = _check_compress_output(src, out, overwrite=overwrite)
+    with output_dir(out, overwrite=overwrite, writer="aegis compress") as tmp:
+        result = _pack_model(src, tmp, per_channel=per_channel, scale_dtype=scale_dtype, keep_layers=keep_layers,
+                            max_shard_bytes=max_shard_bytes, on_tensor=on_tensor)
+    return result.model_copy(update={"out": out})
+
+
+def _check_compress_output(src: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
+    """``out`` as a path, once it is known to be writable and not the input folder (before any work)."""
+    from aegis._outdir import check_output_dir
+
+    out = Path(out).expanduser()
+    if out.resolve() == Path(src).resolve():
+        raise InvalidConfigError(f"output folder {out} is the input folder; pick a new folder for the packed model.")
+    check_output_dir(out, overwrite=overwrite)
+    return out
+
+
+def _pack_model(
+    src: str | Path,
+    out: Path,
+    *,
+    per_channel: bool = False,
+    scale_dtype: Literal["float32", "bfloat16"] = "float32",
+    keep_layers: tuple[int, ...] = (),
+    max_shard_bytes: int | None = None,
+    on_tensor: Callable[[str], None] | None = None,
+) -> CompressionResult:
+    """:func:`compress_model`'s writing, into folder ``out`` as it is (a fresh folder the caller publishes)."""
     from aegis.forge._bitnet_pack import absmean_ternary, pack_ternary
     from aegis.forge._io import DTYPES, FLOATING, ModelWeights, ShardWriter
     from aegis.forge.merge import MAX_SHARD_BYTES
     from aegis.model_source import TOKENIZER_FILES, locate_model
     from aegis.profiles import profile_from_config
 
-    src_path, out = Path(src), Path(out)
-    if out.resolve() == src_path.resolve():
-        raise InvalidConfigError(f"output folder {out} is the input folder; pick a new folder for the packed model.")
     source = locate_model(str(src))
     weights = ModelWeights(str(src), source)
     config = weights.config
@@ -207,7 +238,6 @@ def compress_model(
 
     ternary = zeros = preserved_params = 0
     linear_orig = linear_packed = total_orig = total_packed = 0
-    out.mkdir(parents=True, exist_ok=True)
     with ShardWriter(out, entries, max_shard_bytes or MAX_SHARD_BYTES) as writer:
         for name in weights.names:
             arr = weights.read(name)

@@ -326,22 +326,22 @@ def compress_calibrated(
     activations: Literal["int8", "none"] = "int8",
     chat_template: str | None = None,
     on_stage: Callable[[str], None] | None = None,
+    overwrite: bool = False,
 ) -> BitNetReport:
     """Calibrate, fine-tune (``finetune``), revert, pack and report (module doc). ``samples``: calibration rows
     (default: the size category's count, capped by the data); ``max_drop``: revert threshold on the relative
     drop (default: the plan's critical bar, 10 %)."""
     import jax
 
-    from aegis.forge.bitnet import compress_model, load_packed, size_category
+    from aegis._outdir import output_dir
+    from aegis.forge.bitnet import _check_compress_output, load_packed, _pack_model, size_category
     from aegis.model_source import locate_model
     from aegis.profiles import profile_from_config
     from aegis.train.models import build_model
     from aegis.train.weights import load_checkpoint
 
     say = on_stage or (lambda s: None)
-    src_path, out = Path(src), Path(out)
-    if out.resolve() == src_path.resolve():
-        raise InvalidConfigError(f"output folder {out} is the input folder; pick a new folder for the packed model.")
+    out = _check_compress_output(src, out, overwrite=overwrite)  # before anything is computed
     source = locate_model(str(src))
     config = source.config()
     profile = profile_from_config(config, model_id=str(src), source="path")
@@ -389,37 +389,39 @@ def compress_calibrated(
         )
 
     say("packing")
-    result = compress_model(weights_folder, out, per_channel=per_channel, scale_dtype=scale_dtype, keep_layers=keep)
-    packed = load_packed(out, activations=activations)
-    fwd = jax.jit(
-        lambda p, b: packed.model.apply(
-            _unpack_experts(p, packed.model.param_dtype), b["input_ids"], positions=b["positions"],
-            segment_ids=b["segment_ids"],
+    with output_dir(out, overwrite=overwrite, writer="aegis compress") as tmp:
+        result = _pack_model(weights_folder, tmp, per_channel=per_channel, scale_dtype=scale_dtype, keep_layers=keep)
+        result = result.model_copy(update={"out": out})
+        packed = load_packed(tmp, activations=activations)
+        fwd = jax.jit(
+            lambda p, b: packed.model.apply(
+                _unpack_experts(p, packed.model.param_dtype), b["input_ids"], positions=b["positions"],
+                segment_ids=b["segment_ids"],
+            )
         )
-    )
-    stages["final"] = evaluate(lambda b: fwd(packed.params, b), batches)
+        stages["final"] = evaluate(lambda b: fwd(packed.params, b), batches)
 
-    drops = {k: relative_drop(base, v, metric) for k, v in stages.items()}
-    acc_drop = relative_drop(base, stages["final"], "accuracy")
-    report = BitNetReport(
-        out=out,
-        size_category=category.name,
-        total_params=profile.total_params,
-        calibration_examples=len(calib),
-        metric=metric,
-        max_drop=max_drop,
-        stages=stages,
-        drops=drops,
-        perplexity_ratios={k: v.perplexity / base.perplexity for k, v in stages.items()},
-        layer_decisions=tuple(decisions),
-        reverted_layers=keep,
-        run_id=run_id,
-        compression=result,
-        expected_sparsity=EXPECTED_SPARSITY[category.name],
-        accuracy_verdict="ok" if acc_drop <= ACCURACY_WARNING else "warning" if acc_drop <= ACCURACY_CRITICAL else "critical",
-        compression_verdict="ok" if result.total_compression >= 0.8 * category.target_compression else "low",
-    )
-    (out / REPORT_FILE).write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        drops = {k: relative_drop(base, v, metric) for k, v in stages.items()}
+        acc_drop = relative_drop(base, stages["final"], "accuracy")
+        report = BitNetReport(
+            out=out,
+            size_category=category.name,
+            total_params=profile.total_params,
+            calibration_examples=len(calib),
+            metric=metric,
+            max_drop=max_drop,
+            stages=stages,
+            drops=drops,
+            perplexity_ratios={k: v.perplexity / base.perplexity for k, v in stages.items()},
+            layer_decisions=tuple(decisions),
+            reverted_layers=keep,
+            run_id=run_id,
+            compression=result,
+            expected_sparsity=EXPECTED_SPARSITY[category.name],
+            accuracy_verdict="ok" if acc_drop <= ACCURACY_WARNING else "warning" if acc_drop <= ACCURACY_CRITICAL else "critical",
+            compression_verdict="ok" if result.total_compression >= 0.8 * category.target_compression else "low",
+        )
+        (tmp / REPORT_FILE).write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return report
 
 

@@ -6,6 +6,9 @@ typer's ``CliRunner``). Imports nothing heavy until the command runs.
 
     aegis merge merge.yml ./merged
     aegis merge merge.yml ./merged --seed 0 --max-shard-size 2GB --overwrite
+
+Every command here writes its folder as :mod:`aegis._outdir` does: a folder holding files Aegis did not write
+is refused without ``--overwrite``; with it, files of the same name are replaced and the others kept.
 """
 
 from __future__ import annotations
@@ -118,6 +121,8 @@ def compress(
     metric: Annotated[str, typer.Option(help="Drop measured on: accuracy or perplexity.")] = "accuracy",
     revert: Annotated[bool, typer.Option("--revert/--no-revert", help="Layer-wise revert.")] = True,
     runs_dir: Annotated[Path, typer.Option(help="Where the STE run's folder goes.")] = Path("runs"),
+    overwrite: Annotated[bool, typer.Option(
+        "--overwrite", help="Write into OUT even if it holds other files (same names replaced, others kept).")] = False,
 ) -> None:
     """Compress to BitNet b1.58: absmean ternary linear weights packed 2 bits each; with --data, calibrate,
     fine-tune with the STE (--finetune-steps), revert costly layers and report."""
@@ -135,7 +140,7 @@ def compress(
             from aegis.forge.bitnet import compress_model
 
             r = compress_model(src, out, per_channel=per_channel, scale_dtype=scale_dtype,  # type: ignore[arg-type]
-                               keep_layers=tuple(keep_layer or ()))
+                               keep_layers=tuple(keep_layer or ()), overwrite=overwrite)
         else:
             if keep_layer:
                 raise InvalidConfigError("--keep-layer and --data: with calibration the layer-wise revert picks the "
@@ -152,7 +157,7 @@ def compress(
                 src, out, data=data, samples=samples, seq_len=seq_len, finetune=ft, runs_dir=runs_dir,
                 max_drop=max_drop, metric=metric, revert=revert, per_channel=per_channel,  # type: ignore[arg-type]
                 scale_dtype=scale_dtype,  # type: ignore[arg-type]
-                on_stage=lambda s: typer.echo(s, err=True),
+                on_stage=lambda s: typer.echo(s, err=True), overwrite=overwrite,
             )
             typer.echo(report.summary())
             r = report.compression
@@ -179,6 +184,8 @@ def evomerge(
     resume: Annotated[Optional[bool], typer.Option(
         "--resume/--no-resume", help="Continue the run in OUT (default: resume when OUT/state exists).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the summary.")] = False,
+    overwrite: Annotated[bool, typer.Option(
+        "--overwrite", help="Start a run in OUT even if it holds other files (they are kept).")] = False,
 ) -> None:
     """Evolve merges of fine-tunes of one base (linear/slerp x dare/ties x frankenmerge/dfs) into one model."""
     from aegis.errors import AegisError
@@ -187,7 +194,7 @@ def evomerge(
         from aegis.forge.evomerge import evomerge as run_evomerge
 
         log = (lambda s: None) if quiet else (lambda s: typer.echo(s, err=True))
-        r = run_evomerge(config, out, resume=resume, log=log)
+        r = run_evomerge(config, out, resume=resume, log=log, overwrite=overwrite)
     except AegisError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None

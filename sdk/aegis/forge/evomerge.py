@@ -365,11 +365,15 @@ def evomerge(
     *,
     resume: bool | None = None,
     log: Callable[[str], None] = lambda s: None,
+    overwrite: bool = False,
 ) -> EvoMergeResult:
     """Run (or resume) an EvoMerge into folder ``out``. ``resume``: True requires OUT/state, False refuses
-    to touch an existing run, None resumes when there is one. Raises InvalidConfigError (one line)."""
+    to touch an existing run, None resumes when there is one. Raises InvalidConfigError (one line), and
+    OutputPathError for a new run in a folder holding files Aegis did not write (unless ``overwrite``: they
+    are kept) or one that cannot be created."""
     import numpy as np
 
+    from aegis._outdir import check_output_dir
     from aegis.forge._evo_fitness import Metrics, diversity as measure_diversity, fitness_weights
 
     cfg = config if isinstance(config, EvoMergeConfig) else load_evomerge_config(config)
@@ -381,8 +385,11 @@ def evomerge(
         raise InvalidConfigError(f"--resume: {out} holds no EvoMerge state (OUT/state); start the run without --resume")
     if resume is False and ours:
         raise InvalidConfigError(f"{out} already holds an EvoMerge run; resume it, or choose another OUT")
-    if not ours and out.exists() and any(out.iterdir()):
-        raise InvalidConfigError(f"{out} exists, is not empty and holds no EvoMerge state; choose another OUT")
+    if not ours:
+        check_output_dir(out, overwrite=overwrite)
+        if (out / "work").exists():  # the run's scratch folder, deleted when it ends
+            raise InvalidConfigError(f"{out} holds work/, the folder an EvoMerge run uses as scratch and deletes; "
+                                     "move it or choose another OUT")
     run.prepare()
     evaluator = run.evaluator()
 
@@ -463,15 +470,14 @@ def evomerge(
 
 
 def _finish(run: _Run, state: dict[str, Any], resumed_from: int | None) -> EvoMergeResult:
+    from aegis._outdir import output_dir
     from aegis.forge._evo_genome import Genome, combo_name
 
     out = run.out
     best = state["best"]
     genome = Genome.model_validate(best["genome"])
-    tmp = out / ".best.partial"
-    run.build(genome, tmp, None)
-    shutil.rmtree(out / "best", ignore_errors=True)
-    os.replace(tmp, out / "best")
+    with output_dir(out / "best", overwrite=True, writer="aegis evomerge") as tmp:  # a user's files in best/ stay
+        run.build(genome, tmp, None)
     shutil.rmtree(run.work, ignore_errors=True)
     best_parent = max(state["parents"], key=lambda p: p["fitness"])
     usage = Counter(c for h in state["history"] for c in h["combos"])

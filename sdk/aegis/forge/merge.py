@@ -29,7 +29,6 @@ says so (``embed_tokens``, ``wte``, ...), else a head-side tensor (merged with t
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from collections.abc import Callable, Mapping
@@ -444,20 +443,6 @@ def _out_config(planner: _Planner, slices: list[_Slice]) -> dict[str, Any]:
     return conf
 
 
-def _publish(tmp: Path, out: Path) -> None:
-    from aegis.model_source import INDEX_FILE
-
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    for stale in [*out.glob("*.safetensors"), out / INDEX_FILE]:
-        if stale.is_file():
-            stale.unlink()
-    for p in tmp.iterdir():
-        os.replace(p, out / p.name)
-    tmp.rmdir()
-
-
 def merge_models(
     config: MergeConfig | Mapping[str, Any] | str | Path,
     out: str | Path,
@@ -470,10 +455,13 @@ def merge_models(
     """Merge the models of ``config`` (a mergekit YAML path, a mapping or a MergeConfig) into folder ``out``.
 
     ``seed`` fixes DARE's random masks; ``on_tensor(done, total, name)`` is called after each tensor.
-    Raises InvalidConfigError (one line, naming the key, model or tensor) before writing anything.
+    Raises InvalidConfigError (one line, naming the key, model or tensor) before writing anything, and
+    OutputPathError for an ``out`` holding files Aegis did not write (unless ``overwrite``: files of the same
+    name are replaced, the others kept) or one that cannot be created. ``out`` appears whole or not at all.
     """
     import numpy as np
 
+    from aegis._outdir import check_output_dir, output_dir
     from aegis.forge._io import ShardWriter
     from aegis.model_source import TOKENIZER_FILES
 
@@ -496,8 +484,7 @@ def merge_models(
 
         cfg, dfs_warnings = compile_dfs(cfg, root)
     out = Path(out).expanduser()
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not overwrite)):
-        raise InvalidConfigError(f"output folder {out} exists and is not empty; pass --overwrite or choose another folder")
+    check_output_dir(out, overwrite=overwrite)
 
     planner = _Planner(cfg, root)
     try:
@@ -511,11 +498,8 @@ def merge_models(
         elif cfg.tokenizer_source == "base" and cfg.base_model:
             tok_key = planner.key_of[cfg.base_model]
 
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
         rng = np.random.default_rng(seed)
-        try:
+        with output_dir(out, overwrite=overwrite, writer="aegis merge") as tmp:
             with ShardWriter(tmp, [(j.name, j.out_code, j.shape) for j in jobs], max_shard_bytes) as writer:
                 for done, job in enumerate(jobs, 1):
                     writer.write(job.name, _run_job(job, planner, rng))
@@ -532,10 +516,6 @@ def merge_models(
             if (donor / "generation_config.json").is_file():
                 shutil.copy2(donor / "generation_config.json", tmp / "generation_config.json")
             (tmp / "mergekit_config.yml").write_text(source_text or _to_yaml(cfg), encoding="utf-8")
-            _publish(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return MergeResult(
             out=out, merge_method=method_name, num_layers=planner.num_layers, tensors=len(jobs),
             shards=tuple(shards), total_bytes=writer.total_bytes, seed=seed, warnings=(*dfs_warnings, *planner.warnings),
