@@ -202,3 +202,34 @@ def test_an_out_of_memory_pause_suggests_memory_fixes_not_the_lr(tmp_path):
     assert "micro batch 8, seq_len 64" in decision.reason and "smaller micro_batch_size or seq_len" in decision.reason
     assert paused.human.suggested_actions == ("resume", "stop")
     assert not any(a.startswith("set_lr") for a in paused.human.suggested_actions)
+
+
+@pytest.mark.parametrize("same_process", [False, True])
+def test_a_rewind_leaves_each_step_once_in_metrics_and_tensorboard(tmp_path, same_process):
+    """After a kill (a new process) or a rollback (the same one) training goes on from the checkpoint at 50: the
+    steps 51-54 logged before are dropped from metrics.jsonl and purged in TensorBoard (read with its own
+    EventAccumulator), and the new 51-54 are the ones kept."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from aegis.supervise.context import RunContext
+    from aegis.supervise.state import StepMetrics
+
+    cfg = parse_run_config(run_config(tmp_path, report_to="tensorboard"))
+    paths = RunPaths(tmp_path / "runs" / "r1")
+    paths.root.mkdir(parents=True)
+    ctx = RunContext(cfg, paths)
+    for s in range(1, 55):
+        ctx.record_step(StepMetrics(step=s, loss=float(s), grad_norm=1.0), 1e-3, 0)
+    if not same_process:
+        ctx.close()  # killed: the next process opens a new event file
+        ctx = RunContext(cfg, paths)
+    assert ctx.rewind_metrics(50) == 4 and ctx.rewind_metrics(50) == 0
+    for s in range(51, 61):
+        ctx.record_step(StepMetrics(step=s, loss=100.0 + s, grad_norm=1.0), 1e-3, 0)
+    ctx.close()
+    want = [(s, float(s)) for s in range(1, 51)] + [(s, 100.0 + s) for s in range(51, 61)]
+    assert [(r["step"], r["loss"]) for r in read_jsonl(paths.metrics)] == want
+    acc = EventAccumulator(str(paths.logs / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == want

@@ -46,6 +46,7 @@ class RunContext:
         self._examples: list[Any] | None = None
         self._model_input: Any = None
         self._reporter: Any = None
+        self._rewind_to: int | None = None
         self._inbox_size = -1
 
     # ------------------------------------------------------------------ events and logs
@@ -67,6 +68,9 @@ class RunContext:
                     self.cfg.report_to, self.paths.logs, run_id=self.paths.run_id,
                     config=self.cfg.model_dump(mode="json", exclude={"model"}),
                 )
+            if self._reporter is not None and self._rewind_to is not None:
+                self._reporter.rewind(self._rewind_to)  # before the first point of a resumed process
+            self._rewind_to = None
             if self._reporter is not None:
                 self._reporter.log(m.step, {
                     "train/loss": m.loss, "train/grad_norm": m.grad_norm, "train/learning_rate": m.lr,
@@ -74,6 +78,19 @@ class RunContext:
                 })
         if self.callbacks.on_step is not None:
             self.callbacks.on_step(m)
+
+    def rewind_metrics(self, step: int) -> int:
+        """Drop the logged steps after ``step`` (a killed process's or a rolled-back future) from metrics.jsonl
+        and the reporters (TensorBoard purges them), so training on from ``step`` logs each step once."""
+        from aegis.supervise.runs import truncate_metrics
+
+        dropped = truncate_metrics(self.paths, step)
+        if dropped and self.cfg.report_to:
+            if self._reporter is not None:
+                self._reporter.rewind(step)
+            else:
+                self._rewind_to = step  # the reporter opens at the next step: it rewinds first
+        return dropped
 
     def metrics_between(self, after: int, upto: int) -> list[StepMetrics]:
         """Logged metrics of steps in (after, upto], the last record of each step winning."""

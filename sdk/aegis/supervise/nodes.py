@@ -31,7 +31,6 @@ from aegis.supervise.forensics import diagnose
 from aegis.supervise.monitor import Detector
 from aegis.supervise.notify import build_payload, send_webhook
 from aegis.supervise.repair import apply_repair, plan_repair, suggested_actions
-from aegis.supervise.runs import truncate_metrics
 from aegis.supervise.state import Anomaly, HumanInterrupt, RunState, StepMetrics
 
 __all__ = [
@@ -159,7 +158,7 @@ def train_node(ctx: RunContext, gs: GraphState) -> GraphState:
         oom = _oom_anomaly(ctx, err, state.step + 1)
         return dump(state.update(anomaly=oom, window=()))
     store = ctx.store
-    truncate_metrics(ctx.paths, engine.step)  # steps past it were a dead process's or a rolled-back future
+    ctx.rewind_metrics(engine.step)  # steps past it were a dead process's or a rolled-back future
     detector = Detector(cfg.monitoring, state.metrics)
     for m in window:
         detector.observe(m)

@@ -63,6 +63,10 @@ class _Backend(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    def rewind(self, step: int) -> None:
+        """Forget what was logged after ``step`` (a resumed or rolled-back run logs those steps again); a
+        backend that cannot leaves them (W&B and MLflow keep every point they were sent)."""
+
 
 class _TensorBoard(_Backend):
     name = "tensorboard"
@@ -82,6 +86,13 @@ class _TensorBoard(_Backend):
             value=[self._summary_pb2.Summary.Value(tag=tag, simple_value=value) for tag, value in metrics.items()]
         )
         self._writer.add_event(self._event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+
+    def rewind(self, step: int) -> None:
+        # a SessionLog START at step+1: TensorBoard drops every point at or past it read before (what
+        # torch's SummaryWriter(purge_step=...) writes after a restart)
+        start = self._event_pb2.SessionLog(status=self._event_pb2.SessionLog.START)
+        self._writer.add_event(self._event_pb2.Event(wall_time=time.time(), step=step + 1, session_log=start))
+        self._writer.flush()
 
     def close(self) -> None:
         self._writer.close()
@@ -245,6 +256,16 @@ class MetricsReporter:
             except Exception as err:  # noqa: BLE001 - a reporting backend must never stop a run
                 del self._backends[name]
                 _warn_disabled(name, f"log step {step}", err)
+                _close_quietly(backend)
+
+    def rewind(self, step: int) -> None:
+        """Tell the backends that training continues from ``step``: the points logged after it are void."""
+        for name, backend in list(self._backends.items()):
+            try:
+                backend.rewind(int(step))
+            except Exception as err:  # noqa: BLE001 - a reporting backend must never stop a run
+                del self._backends[name]
+                _warn_disabled(name, f"rewind to step {step}", err)
                 _close_quietly(backend)
 
     def close(self) -> None:
