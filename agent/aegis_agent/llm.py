@@ -2,7 +2,8 @@
 
 Used only when the deterministic parser reads nothing (or names something unknown) and an LLM is
 configured. The LLM sees the conversation's current request so it can resolve follow-ups, and
-returns a `PlanRequest` (pydantic-ai validates it and retries on a malformed answer).
+returns a `PlanRequest` — or a `PlanQuestion` when the message asks about the current plan ("which part is
+hogging the VRAM?") — validated by pydantic-ai, which retries a malformed answer.
 
     extractor = RequestExtractor.from_settings(settings)          # None when no LLM is configured
     req = extractor.extract("teach a small qwen SQL on my 24 GB card", current=PlanRequest(...))
@@ -17,6 +18,7 @@ from typing import Any
 from aegis.errors import AegisError
 from aegis.schema import PlanRequest
 
+from aegis_agent.questions import PlanQuestion
 from aegis_agent.settings import AgentSettings
 
 __all__ = ["INSTRUCTIONS", "RequestExtractor"]
@@ -29,7 +31,9 @@ INSTRUCTIONS = (
     "'a100-80gb', 'h100'. gpu_count: number of GPUs. lora_rank, micro_batch_size, effective_batch_size, "
     "seq_len, epochs: numbers. optimizer: adamw, adamw_8bit, paged_adamw_8bit, sgd or adafactor. "
     "lora_targets: LoRA module names such as ['q_proj', 'v_proj'], or ['all-linear']. "
-    "When a current request is given, the message may be a follow-up: return only what changes."
+    "When a current request is given, the message may be a follow-up: return only what changes. "
+    "When the message asks about the current plan instead of changing it (which part uses the most memory, why "
+    "gradient checkpointing is on or off, how long the run takes or what it costs), return a PlanQuestion."
 )
 
 
@@ -39,7 +43,7 @@ class RequestExtractor:
     def __init__(self, model: Any) -> None:
         from pydantic_ai import Agent
 
-        self._agent = Agent(model, output_type=PlanRequest, instructions=INSTRUCTIONS, retries=2)
+        self._agent = Agent(model, output_type=[PlanRequest, PlanQuestion], instructions=INSTRUCTIONS, retries=2)
 
     @classmethod
     def from_settings(cls, settings: AgentSettings) -> RequestExtractor | None:
@@ -59,8 +63,9 @@ class RequestExtractor:
         provider = OpenAIProvider(base_url=settings.llm_base_url, api_key=settings.llm_api_key or "not-needed")
         return cls(OpenAIChatModel(settings.llm_model, provider=provider))
 
-    def extract(self, text: str, current: PlanRequest | None = None) -> PlanRequest:
-        """The request ``text`` describes (fields it does not mention are None)."""
+    def extract(self, text: str, current: PlanRequest | None = None) -> PlanRequest | PlanQuestion:
+        """The request ``text`` describes (fields it does not mention are None), or the question it asks about the
+        current plan."""
         prompt = text
         if current is not None and current.model_dump(exclude_none=True):
             prompt = f"Current request: {current.model_dump_json(exclude_none=True)}\nMessage: {text}"

@@ -29,6 +29,7 @@ from aegis.schema import Frozen, MemoryComponent, PlanReport, PlanRequest, Tier
 from langchain_core.tools import StructuredTool
 from pydantic import Field
 
+from aegis_agent.questions import QuestionKind, answer
 from aegis_agent.runs import RunManager, status_markdown
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "AegisToolkit",
     "ExplainArgs",
     "NoArgs",
+    "QuestionArgs",
     "RunCommandArgs",
     "RunStatusArgs",
     "StartRunArgs",
@@ -46,6 +48,7 @@ TOOL_NAMES = (
     "plan_finetune",
     "compare_gpus",
     "explain_memory_component",
+    "answer_plan_question",
     "list_models",
     "list_gpus",
     "start_run",
@@ -63,6 +66,13 @@ class ExplainArgs(Frozen):
     """Which memory component to explain, for which request."""
 
     component: str = Field(description="Component name or key, e.g. 'optimizer states', 'activations', 'logits'.")
+    request: PlanRequest | None = Field(default=None, description="The planned request (None: the last plan).")
+
+
+class QuestionArgs(Frozen):
+    """A question about the current plan, answered from the plan's own figures."""
+
+    kind: QuestionKind = Field(description="largest_component, why_checkpointing or time_and_cost.")
     request: PlanRequest | None = Field(default=None, description="The planned request (None: the last plan).")
 
 
@@ -216,6 +226,21 @@ class AegisToolkit:
         text, comp = explain_component(report, component)
         return text, {"component": comp.key if comp else None, **({} if comp else {"error": "unknown component"})}
 
+    def answer_plan_question(
+        self, kind: QuestionKind, request: PlanRequest | dict | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Answer a question about the current plan from its own figures: which memory component is largest
+        (largest_component), why gradient checkpointing is on or off (why_checkpointing: the same job planned the
+        other way), how long the run takes and what it costs (time_and_cost)."""
+        if request is None:
+            return "Plan something first (e.g. `qlora llama-3.1-8b on 3090`), then ask about it.", {"error": "no plan"}
+        req = request if isinstance(request, PlanRequest) else PlanRequest(**request)
+        try:
+            report = self.report_for(req)
+        except AegisError as err:
+            return f"I could not plan that: {err}", {"error": str(err)}
+        return answer(report, kind, replan=self.report_for), {"question": kind}
+
     def list_models(self) -> tuple[str, dict[str, Any]]:
         """List the bundled models (usable offline), with parameter counts and aliases."""
         from aegis.compare import render_models
@@ -293,6 +318,7 @@ class AegisToolkit:
             "plan_finetune": PlanRequest,
             "compare_gpus": PlanRequest,
             "explain_memory_component": ExplainArgs,
+            "answer_plan_question": QuestionArgs,
             "list_models": NoArgs,
             "list_gpus": NoArgs,
             "start_run": StartRunArgs,

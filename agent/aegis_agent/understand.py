@@ -1,8 +1,10 @@
 """Understanding a chat message: which tool to call with which arguments, or what to answer at once.
 
 Deterministic first, in this order: run commands in the supervisor's grammar (``set_lr 1e-5``,
-``resume``, ``interrupt`` …), starting a run, run status, GPU comparison, catalog listings,
-"explain <memory component>", and finally a planning request read by `aegis.parse`. A planning
+``resume``, ``interrupt`` …), starting a run, run status, a question about the current plan
+(`aegis_agent.questions`: "what eats the most memory?", "why checkpointing?", "how long will it take?"),
+GPU comparison, catalog listings, "explain <memory component>", and finally a planning request read by
+`aegis.parse` ("what if I use rank 64?" is a follow-up plan). A planning
 message is a follow-up when the conversation already has a request: what it names replaces the
 previous value, everything else carries over ("on a 4090 instead", "rank 32", "with 8-bit adam").
 Only when the parser reads nothing, or names something unknown, is the optional LLM asked
@@ -29,13 +31,16 @@ from aegis.schema import Frozen, PlanRequest
 from aegis.supervise.commands import COMMAND_NAMES, parse_command
 from pydantic import Field
 
+from aegis_agent.questions import PlanQuestion, QuestionKind, classify
+
 __all__ = ["HELP", "ToolCall", "Understanding", "carry_over", "understand"]
 
 HELP = (
     "I plan fine-tunes and steer training runs. Try:\n"
     "- `qlora llama-3.1-8b on 3090` (then follow up: `on a 4090 instead`, `rank 32`, `with 8-bit adam`)\n"
     "- `compare gpus` — which GPUs fit the current request, cheapest first\n"
-    "- `explain the optimizer states` — where a memory figure comes from\n"
+    "- `explain the optimizer states` — where a memory figure comes from; after a plan: `what eats the most memory?`, "
+    "`why checkpointing?`, `how long will it take?`, `what if I use rank 64?`\n"
     "- `list models`, `list gpus`\n"
     "- `start the run`, `status`, and run commands: `set_lr 1e-5`, `blacklist_samples 12 40`, `skip_batch`, "
     "`interrupt`, `resume`, `stop`"
@@ -147,6 +152,7 @@ def understand(
         )
     if _STATUS.search(text):
         return Understanding(call=ToolCall(name="run_status", args={"run_id": run}), source="rules")
+    question = classify(text)
     if policy is not None:
         try:
             policy.check_mentions(text)  # before the parser stats paths a remote user may not use
@@ -156,6 +162,8 @@ def understand(
     unknown_model = _unknown_model(parsed.issues)
     if unknown_model:
         return Understanding(reply=unknown_model, source="parser")
+    if question is not None and not _names_a_change(parsed.request):
+        return _question(question, request, "rules")
     if _COMPARE.search(text):
         req = carry_over(request, parsed.request, parsed.implied)
         return Understanding(call=ToolCall(name="compare_gpus", args=_request_args(req)), source="rules")
@@ -181,6 +189,8 @@ def understand(
             req = extractor.extract(text, current=request)
         except AegisError as err:
             return Understanding(reply=f"The language model could not read that: {err}", source="llm")
+        if isinstance(req, PlanQuestion):
+            return _question(req.kind, request, "llm")
         if req.model:
             try:
                 req = _checked_model(req)
@@ -196,6 +206,23 @@ def understand(
         lines = "\n".join(f"- {issue.message}" for issue in parsed.issues)
         return Understanding(reply=f"I could not read part of that request:\n{lines}", source="parser")
     return Understanding(reply="I did not find a request in that. " + HELP, source="parser")
+
+
+def _names_a_change(parsed: PlanRequest) -> bool:
+    """The message names a variant to plan ('how long would it take on an a100'), not only a question: a field
+    beyond the checkpointing a 'why checkpointing?' implies."""
+    return bool(parsed.model_dump(exclude_none=True, exclude={"gradient_checkpointing"}))
+
+
+def _question(kind: QuestionKind, request: PlanRequest | None, source: str) -> Understanding:
+    """Answer a question about the current plan (a question back when there is none yet)."""
+    if request is None:
+        return Understanding(reply="Plan something first (e.g. `qlora llama-3.1-8b on 3090`), then ask about it.",
+                             source=source)
+    return Understanding(
+        call=ToolCall(name="answer_plan_question", args={"kind": kind, "request": _request_args(request)}),
+        source=source,
+    )
 
 
 def _unknown_model(issues: tuple[ParseIssue, ...]) -> str | None:

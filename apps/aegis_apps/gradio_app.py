@@ -2,7 +2,8 @@
 
 - Chat: every message goes to `aegis_agent.ChatAgent` (one conversation per browser session);
   plans come back as the SDK's Markdown report.
-- Memory: a bar chart of the last plan's breakdown (the tier the report breaks down) and its total.
+- Memory: one bar of the last plan's breakdown (the tier the report breaks down), used memory from the left and
+  the free headroom last, every band named with its size in a legend; and its total.
 - Run: status, a loss plot refreshed every second, the anomaly and diagnosis, and buttons for the
   commands a paused run suggests (resume, lower LR, blacklist the suspects, skip the batch, stop);
   a button sends its command through the agent, so it shows in the chat too.
@@ -21,7 +22,7 @@ import hmac
 import ipaddress
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from aegis.errors import AegisError
 from aegis.units import GIB
@@ -29,8 +30,10 @@ from aegis.schema import PlanReport
 from aegis_agent import ChatAgent, status_markdown
 
 __all__ = [
+    "CHART_CSS",
     "MAX_COMMAND_BUTTONS",
     "Auth",
+    "Band",
     "build_ui",
     "check_exposure",
     "command_buttons",
@@ -38,6 +41,8 @@ __all__ = [
     "is_remote",
     "launch",
     "loss_frame",
+    "memory_bands",
+    "memory_chart_html",
     "memory_frame",
     "parse_auth",
     "token_auth",
@@ -60,33 +65,110 @@ def _gradio() -> Any:
 _COMPONENT_COLORS = {
     "weights": "#4c78a8", "adapters": "#f58518", "gradients": "#e45756", "optimizer": "#72b7b2",
     "optimizer temporaries": "#54a24b", "activations": "#eeca3b", "backward temporaries": "#b279a2",
-    "logits": "#ff9da6", "gathered": "#9d755d", "overhead": "#79706e", "margin": "#bab0ac", "headroom": "#e8e8e8",
+    "logits": "#ff9da6", "masks": "#9ecae9", "casts": "#d6a5c9", "buckets": "#8cd17d", "gathered": "#9d755d",
+    "overhead": "#79706e", "margin": "#bab0ac", "headroom": "#ffffff",
 }
-"""Colours of the memory chart's stacked components (memory-engine keys, then overhead, margin, headroom)."""
+"""Colours of the memory chart's bands: every key the memory engine emits (`aegis.memory.estimate`), then the
+runtime overhead, the margin up to the predicted high end and the free headroom (white, outlined)."""
+
+_OTHER_COLOR = "#c7c7c7"
+"""A component key without a colour of its own (a future memory-engine key): still drawn and labelled."""
+
+CHART_CSS = """
+#aegis-chat table { display: block; max-width: 100%; overflow-x: auto; border-collapse: collapse; }
+#aegis-chat th, #aegis-chat td { white-space: nowrap; word-break: normal; overflow-wrap: normal; }
+.aegis-mem { font-size: 0.9em; }
+.aegis-mem-title { font-weight: 600; margin-bottom: 4px; }
+.aegis-mem-bar { display: flex; width: 100%; height: 28px; border: 1px solid #888; border-radius: 4px;
+                 overflow: hidden; box-sizing: border-box; }
+.aegis-band { height: 100%; min-width: 1px; box-sizing: border-box; }
+.aegis-band[data-key="headroom"] { background-image: repeating-linear-gradient(45deg, transparent 0 5px,
+                 rgba(0,0,0,.08) 5px 7px); border-left: 1px dashed #888; }
+.aegis-mem-scale { display: flex; justify-content: space-between; color: #777; font-size: 0.85em; }
+.aegis-mem-legend { list-style: none; padding: 0; margin: 6px 0 0 0; display: grid; gap: 2px 12px;
+                    grid-template-columns: repeat(auto-fill, minmax(210px, 1fr)); }
+.aegis-mem-legend li { display: flex; align-items: center; gap: 6px; margin: 0; }
+.aegis-swatch { display: inline-block; flex: none; width: 12px; height: 12px; border: 1px solid #888; }
+.aegis-mem-legend .aegis-gib { margin-left: auto; font-variant-numeric: tabular-nums; }
+"""
+"""The app's CSS: tables in the chat scroll sideways instead of wrapping one character per line; the memory chart."""
+
+
+class Band(NamedTuple):
+    """One band of the memory chart."""
+
+    key: str
+    label: str
+    bytes: int
+
+
+def memory_bands(report: PlanReport | None) -> list[Band]:
+    """The breakdown tier's components in the report's order, then the runtime overhead, the margin up to the
+    predicted high end (the caching allocator's reserved segments, or the dynamic margin) and the free headroom,
+    which together reach the memory the headroom is measured against. Over capacity, no headroom band. Empty
+    without a plan or when nothing was sized. The tier and the budget are the report's own
+    (`aegis.report._facts.plan_facts`)."""
+    facts = None if report is None else _facts(report)
+    if facts is None or facts.tier is None:
+        return []
+    mem, f = facts.tier.memory, facts.memory
+    bands = [Band(c.key, c.name, c.bytes) for c in mem.components if c.in_peak]
+    if mem.overhead_bytes:
+        bands.append(Band("overhead", "Runtime overhead", mem.overhead_bytes))
+    bands.append(Band("margin", "Margin to the high end", f.high_bytes - f.total_bytes))
+    if f.headroom_bytes > 0:
+        bands.append(Band("headroom", "Headroom (free)", f.headroom_bytes))
+    return bands
+
+
+def _bar_label(report: PlanReport) -> str:
+    f = _facts(report).memory
+    return f"{report.gpu.name.removeprefix('NVIDIA ').removeprefix('GeForce ')} ({f.budget_bytes / GIB:.1f} GiB {f.budget_label})"
 
 
 def memory_frame(report: PlanReport | None) -> Any:
-    """The breakdown tier's components stacked in one bar against the GPU's capacity, as a DataFrame for
-    `gr.BarPlot` (columns bar, component, GiB): the components, the margin up to the predicted high end (the
-    caching allocator's reserved segments, or the dynamic margin) and the headroom, which
-    together reach the memory the headroom is measured against. Over capacity, no headroom row. Empty
-    without a plan. The tier and the budget are the report's own (`aegis.report._facts.plan_facts`)."""
+    """The chart's bands as a DataFrame (columns bar, component, GiB), for plotting elsewhere; empty without a plan."""
     import pandas as pd
 
-    facts = None if report is None else _facts(report)
-    if facts is None or facts.tier is None:  # typed columns: the chart's axes are fixed by the first value's dtypes
+    bands = memory_bands(report)
+    if not bands:  # typed columns
         return pd.DataFrame({"bar": pd.Series([], dtype=str), "component": pd.Series([], dtype=str),
                              "GiB": pd.Series([], dtype=float)})
-    mem, f = facts.tier.memory, facts.memory
-    rows = [(c.key, c.bytes) for c in mem.components if c.in_peak]
-    if mem.overhead_bytes:
-        rows.append(("overhead", mem.overhead_bytes))
-    rows.append(("margin", f.high_bytes - f.total_bytes))  # up to the high end: reserved segments or the margin
-    if f.headroom_bytes > 0:
-        rows.append(("headroom", f.headroom_bytes))
-    bar = f"{report.gpu.name.removeprefix('NVIDIA ').removeprefix('GeForce ')} ({f.budget_bytes / GIB:.1f} GiB {f.budget_label})"
-    return pd.DataFrame({"bar": [bar] * len(rows), "component": [r[0] for r in rows],
-                         "GiB": [round(r[1] / GIB, 3) for r in rows]})
+    assert report is not None
+    return pd.DataFrame({"bar": [_bar_label(report)] * len(bands), "component": [b.key for b in bands],
+                         "GiB": [round(b.bytes / GIB, 3) for b in bands]})
+
+
+def memory_chart_html(report: PlanReport | None) -> str:
+    """The memory chart as HTML: one horizontal bar from 0 to the GPU's memory (or to the predicted high end when
+    that is more), used memory from the left and the free headroom last, on the right; every band named with its
+    size and share in a legend that wraps at any width. Empty without a sized plan."""
+    from html import escape
+
+    from aegis.report.format import format_bytes
+
+    bands = memory_bands(report)
+    if not bands:
+        return ""
+    assert report is not None
+    f = _facts(report).memory
+    scale = max(sum(b.bytes for b in bands), f.budget_bytes)
+    cells, items = [], []
+    for b in bands:
+        color = _COMPONENT_COLORS.get(b.key, _OTHER_COLOR)
+        pct = 100 * b.bytes / scale
+        text = f"{b.label}: {format_bytes(b.bytes)} ({b.bytes / f.budget_bytes:.0%} of {format_bytes(f.budget_bytes, 1)})"
+        cells.append(f'<div class="aegis-band" data-key="{escape(b.key)}" title="{escape(text)}" '
+                     f'style="width:{pct:.3f}%;background-color:{color}"></div>')
+        items.append(f'<li data-key="{escape(b.key)}"><span class="aegis-swatch" style="background-color:{color}">'
+                     f'</span><span>{escape(b.label)}</span><span class="aegis-gib">{format_bytes(b.bytes)}</span></li>')
+    over = "" if f.headroom_bytes > 0 else f" — over by {format_bytes(-f.headroom_bytes, 1)}"
+    return (
+        f'<div class="aegis-mem"><div class="aegis-mem-title">{escape(_bar_label(report))}{over}</div>'
+        f'<div class="aegis-mem-bar" role="img" aria-label="memory used and free">{"".join(cells)}</div>'
+        f'<div class="aegis-mem-scale"><span>0</span><span>{format_bytes(scale, 1)}</span></div>'
+        f'<ul class="aegis-mem-legend">{"".join(items)}</ul></div>'
+    )
 
 
 def _facts(report: PlanReport) -> Any:
@@ -147,8 +229,7 @@ def build_ui(agent: ChatAgent, *, refresh_s: float = 1.0) -> Any:
         reply = agent.reply(text, thread_of(request))
         history = [*history, {"role": "user", "content": text}, {"role": "assistant", "content": reply.text}]
         if any(c.name == "plan_finetune" for c in reply.tool_calls):
-            frame = memory_frame(reply.report)
-            return history, "", (None if frame.empty else frame), _memory_caption(reply.report)
+            return history, "", memory_chart_html(reply.report), _memory_caption(reply.report)
         return history, "", gr.update(), gr.update()
 
     def run_panel(request: gr.Request) -> tuple[Any, ...]:
@@ -186,8 +267,8 @@ def build_ui(agent: ChatAgent, *, refresh_s: float = 1.0) -> Any:
     with demo:
         gr.Markdown("## Aegis — plan a fine-tune, then run it under a self-healing supervisor")
         with gr.Row():
-            with gr.Column(scale=5):
-                chat = gr.Chatbot(label="Aegis", height=640, elem_id="aegis-chat")
+            with gr.Column(scale=5, min_width=480):  # below ~840 px the two columns stack
+                chat = gr.Chatbot(label="Aegis", show_label=False, height=640, elem_id="aegis-chat")
                 with gr.Row():
                     box = gr.Textbox(
                         placeholder="qlora llama-3.1-8b on 3090",
@@ -196,20 +277,9 @@ def build_ui(agent: ChatAgent, *, refresh_s: float = 1.0) -> Any:
                         elem_id="aegis-input",
                         submit_btn=True,
                     )
-            with gr.Column(scale=3):
+            with gr.Column(scale=3, min_width=340):
                 caption = gr.Markdown(_memory_caption(None), elem_id="aegis-memory-total")
-                chart = gr.BarPlot(  # one stacked bar: components, margin and headroom up to the GPU's capacity
-                    None,  # not an empty frame: a stacked BarPlot that starts from one never draws later bars
-                    x="bar",
-                    y="GiB",
-                    color="component",
-                    color_map=_COMPONENT_COLORS,  # one colour per component across plans
-                    x_title=" ",
-                    y_title="GiB (stacked to the GPU's capacity)",
-                    color_title="component",
-                    height=300,
-                    elem_id="aegis-memory-chart",
-                )
+                chart = gr.HTML("", elem_id="aegis-memory-chart")  # one bar: used from the left, headroom last
                 gr.Markdown("#### Run")
                 run_status = gr.Markdown(elem_id="aegis-run-status")
                 loss = gr.LinePlot(
@@ -303,4 +373,5 @@ def launch(
         prevent_thread_lock=not block,
         show_error=True,
         quiet=not block,
+        css=CHART_CSS,
     )

@@ -56,6 +56,29 @@ def test_memory_frame_stacks_to_the_capacity() -> None:
     assert "headroom" not in set(over["component"])
 
 
+def test_memory_chart_names_every_band_with_headroom_last() -> None:
+    """The chart's bands are the breakdown's components in the report's order (each with its label and bytes), then
+    overhead, margin and the free headroom; they reach the budget; every band is in the HTML legend."""
+    from aegis.report._facts import plan_facts
+    from aegis_apps.gradio_app import memory_bands, memory_chart_html
+
+    for text in ("qlora llama-3.1-8b on 3090", "lora qwen2.5-7b on 2x a100 40gb", "full llama-3.2-1b on a100 80gb"):
+        report = aegis.plan(text)
+        facts = plan_facts(report)
+        mem = facts.tier.memory
+        bands = memory_bands(report)
+        parts = [(c.key, c.name, c.bytes) for c in mem.components if c.in_peak]
+        assert [tuple(b) for b in bands[: len(parts)]] == parts
+        assert [b.key for b in bands[len(parts):]] == ["overhead", "margin"] + (
+            ["headroom"] if facts.memory.headroom_bytes > 0 else [])
+        assert sum(b.bytes for b in bands) == (
+            facts.memory.budget_bytes if facts.memory.headroom_bytes > 0 else facts.memory.high_bytes)
+        html = memory_chart_html(report)
+        for b in bands:
+            assert f'<li data-key="{b.key}">' in html and format_bytes(b.bytes) in html
+    assert memory_chart_html(None) == "" and memory_bands(None) == []
+
+
 def test_loss_frame_and_buttons() -> None:
     frame = loss_frame((3.0, float("nan"), 2.0), last_step=12)
     assert list(frame["step"]) == [10, 12] and list(frame["loss"]) == [3.0, 2.0]
@@ -67,11 +90,46 @@ def test_loss_frame_and_buttons() -> None:
     ]
 
 
+_SQUEEZED_JS = """chat => {
+  // every table cell in the chat must hold its text on one line: a squeezed column wraps it (one character per line)
+  const cells = [...chat.querySelectorAll('table th, table td')].filter(c => c.textContent.trim());
+  const squeezed = [];
+  for (const c of cells) {
+    const r = document.createRange();
+    r.selectNodeContents(c);
+    const lines = new Set([...r.getClientRects()].map(x => Math.round(x.top)));
+    if (lines.size > 1) squeezed.push(`${c.textContent.trim()}: ${lines.size} lines, ${Math.round(c.clientWidth)} px`);
+  }
+  return {cells: cells.length, squeezed: squeezed.slice(0, 10)};
+}"""
+"""Table cells of the chat whose text wraps onto several lines."""
+
+_CHART_JS = """chart => {
+  const bands = [...chart.querySelectorAll('.aegis-band')].map(b => {
+    const r = b.getBoundingClientRect();
+    return {key: b.dataset.key, left: r.left, right: r.right, width: r.width};
+  });
+  const legend = [...chart.querySelectorAll('.aegis-mem-legend li')].map(li => ({
+    key: li.dataset.key, text: li.innerText, visible: li.getBoundingClientRect().width > 0,
+    clipped: li.scrollWidth > li.clientWidth + 1,
+  }));
+  const box = chart.querySelector('.aegis-mem').getBoundingClientRect();
+  return {bands, legend, right: box.right};
+}"""
+
+
+def _overlap(a: dict | None, b: dict | None) -> bool:
+    return bool(a and b and a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"]
+                and a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"])
+
+
 @pytest.mark.browser
 def test_browser_plan_shows_total_chart_and_recommended_config(tmp_path: Path) -> None:
+    """At 820 and 1366 px: the plan, its total and chart; the GPU table readable (no cell wrapped); every band of the
+    memory chart named in the legend with its size, headroom last; nothing drawn over the chat's first line."""
     if not CHROMIUM.exists():
         pytest.skip("/usr/bin/chromium is missing: `apt-get install -y chromium` (CI installs it)")
-    from aegis_apps.gradio_app import build_ui, launch
+    from aegis_apps.gradio_app import build_ui, launch, memory_bands
     from playwright.sync_api import sync_playwright
 
     settings = AgentSettings(runs_dir=str(tmp_path / "runs"))
@@ -84,36 +142,62 @@ def test_browser_plan_shows_total_chart_and_recommended_config(tmp_path: Path) -
     report = aegis.plan("qlora llama-3.1-8b on 3090")
     total = format_bytes(report.recommended.memory.total_bytes)
     cfg = report.recommended.config
+    bands = memory_bands(report)
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
-            box = page.locator("#aegis-input textarea")
-            box.wait_for(timeout=30_000)
-            box.fill("qlora llama-3.1-8b on 3090")
-            box.press("Enter")
-            chat = page.locator("#aegis-chat")
-            chat.get_by_role("heading", name="Recommended Config").wait_for(timeout=60_000)
-            page.locator("#aegis-memory-total").get_by_text(f"Memory total: {total}").wait_for(timeout=30_000)
-            page.locator("#aegis-memory-chart canvas, #aegis-memory-chart svg").first.wait_for(timeout=30_000)
-            chat_text = chat.inner_text()
-            assert f"{total} predicted" in chat_text
-            assert f"micro batch {cfg.micro_batch_size} x grad accum {cfg.gradient_accumulation_steps}" in chat_text
-            assert "RTX 3090" in chat_text
-            assert "Fallbacks" in chat_text and "fall\nbac" not in chat_text
-            overflow = chat.get_by_role("heading", name="Aegis plan:").evaluate(_OVERFLOW_JS)
-            assert overflow["checked"] > 20 and not overflow["wide"], overflow
-            chat.get_by_role("heading", name="Aegis plan:").evaluate("e => e.scrollIntoView()")  # the verdict
-            page.locator("#aegis-memory-chart").scroll_into_view_if_needed()
-            page.wait_for_timeout(3000)  # let vega draw the bars before the screenshot
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "gradio-chat.png"), full_page=True)
+            for width in (820, 1366):
+                page = browser.new_page(viewport={"width": width, "height": 900})
+                page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
+                box = page.locator("#aegis-input textarea")
+                box.wait_for(timeout=30_000)
+                box.fill("qlora llama-3.1-8b on 3090")
+                box.press("Enter")
+                chat = page.locator("#aegis-chat")
+                chat.get_by_role("heading", name="Recommended Config").wait_for(timeout=60_000)
+                page.locator("#aegis-memory-total").get_by_text(f"Memory total: {total}").wait_for(timeout=30_000)
+                chart = page.locator("#aegis-memory-chart")
+                chart.locator(".aegis-band").first.wait_for(timeout=30_000)
+                chat_text = chat.inner_text()
+                assert f"{total} predicted" in chat_text
+                assert f"micro batch {cfg.micro_batch_size} x grad accum {cfg.gradient_accumulation_steps}" in chat_text
+                assert "RTX 3090" in chat_text
+                assert "Fallbacks" in chat_text and "fall\nbac" not in chat_text
+                heading = chat.get_by_role("heading", name="Aegis plan:")
+                overflow = heading.evaluate(_OVERFLOW_JS)
+                assert overflow["checked"] > 20 and not overflow["wide"], overflow
+                # nothing (a label, an avatar) drawn over the reply's first line
+                heading.evaluate("e => e.scrollIntoView()")
+                first = heading.bounding_box()
+                for other in chat.locator("[data-testid='block-label'], .avatar-container").all():
+                    if other.is_visible():
+                        assert not _overlap(other.bounding_box(), first), (width, other.bounding_box(), first)
+                # the chart: one band per component, overhead, margin and headroom, each named in the legend
+                drawn = chart.evaluate(_CHART_JS)
+                assert [b["key"] for b in drawn["bands"]] == [b.key for b in bands]
+                assert [li["key"] for li in drawn["legend"]] == [b.key for b in bands]
+                for band, li in zip(bands, drawn["legend"]):
+                    assert li["visible"] and not li["clipped"] and band.label in li["text"], (width, li)
+                    assert format_bytes(band.bytes) in li["text"]
+                assert drawn["bands"][-1]["key"] == "headroom"  # free memory last, at the right end
+                assert drawn["bands"][-1]["left"] >= max(b["right"] for b in drawn["bands"][:-1]) - 1
+                # the GPU comparison: a wide table, readable at this width (scrolls sideways, never wraps a cell)
+                box.fill("which gpus fit?")
+                box.press("Enter")
+                chat.get_by_text("Which GPUs fit (cheapest first)").wait_for(timeout=120_000)
+                chat.locator("table td").first.wait_for(timeout=30_000)
+                table = chat.evaluate(_SQUEEZED_JS)
+                assert table["cells"] > 50 and not table["squeezed"], (width, table)
+                page.wait_for_timeout(500)
+                ARTIFACTS.mkdir(exist_ok=True)
+                page.screenshot(path=str(ARTIFACTS / f"gradio-chat-{width}.png"), full_page=True)
+                page.close()
             browser.close()
     finally:
         demo.close()
         agent.close()
-    assert (ARTIFACTS / "gradio-chat.png").stat().st_size > 10_000
+    for width in (820, 1366):
+        assert (ARTIFACTS / f"gradio-chat-{width}.png").stat().st_size > 10_000
 
 
 @pytest.mark.browser
