@@ -9,14 +9,23 @@ import re
 _B = r"(?<![a-z0-9])"
 _E = r"(?![a-z0-9])"
 _S = r"[\s_-]*"
-_SEP = r"[\s_-]*(?:(?:=|:|of|to|is|at)[\s_-]*)?"
-_INT = r"(\d{1,12})(?![\d.])"
-_NUM = r"(\d{1,9}(?:\.\d{1,6})?)(?![\d.])"
+_SEP = r"[\s_-]*?(?:(?:=|:|of|to|is|at)[\s_-]*?)?"  # lazy: a '-' before digits after a space is a sign
+_SIGN = r"(?:(?<![^\s=:(\[])[-+\u2212])?"
+"""A minus (or plus) sign kept with its number when it follows a space, '=', ':' or a bracket ('bs -2', 'bs=-2');
+glued to a word it is a separator ('rank-16')."""
+_NUMBER = _SIGN + r"\d+(?:,\d{3})*(?:\.\d+)?(?:e[+-]?\d+)?"
+"""A number as typed, sign, thousands commas, decimals and exponent included: read whole and validated (never
+read in part: 'seq 1000000000' is one out-of-range length, not a length of 100000000 and a stray 0)."""
+_UNIT = r"(?:%|[a-wyz][a-z]*|x[a-z]+)?"
+"""Letters glued to a number ('4kb', '2k'), read with it and judged by the setting; a bare 'x' is a count ('8x')."""
+_INT = r"(" + _NUMBER + _UNIT + r")(?![\d.])"
+_NUM = _INT
 _WORDS = {
     "one": 1, "single": 1, "two": 2, "dual": 2, "pair": 2, "three": 3, "four": 4, "quad": 4, "five": 5,
     "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10, "twelve": 12, "sixteen": 16,
 }
-_COUNT = r"(\d{1,4}|" + "|".join(_WORDS) + ")"
+_COUNT = r"(" + _SIGN + r"\d+(?:\.\d+)?(?![\d.])|" + "|".join(_WORDS) + ")"
+"""A GPU count as typed (sign and fraction kept, so '-2x' and '1.5x' are refused rather than read as 2 and 5)."""
 
 
 def _rx(pattern: str) -> re.Pattern[str]:
@@ -115,7 +124,7 @@ _IGNORED = _word(
 )
 """Training settings the planner does not use: consumed (and noted) so their numbers are not read as batch or GPU."""
 
-_SEQ_VALUE = r"(\d{1,9}(?:\.\d{1,3})?~k?)"
+_SEQ_VALUE = r"(" + _NUMBER + r"(?:~k(?![a-z]))?" + _UNIT + r")(?![\d.])"
 _SETTINGS: list[tuple[str, re.Pattern[str]]] = [
     ("effective_batch_size", _word(r"(?:(?:effective|global|total|eff)~(?:batch(?:~size)?|bs)|gbs|ebs)@#")),
     ("effective_batch_size", _word(r"#~(?:effective|global)~batch(?:~size)?")),
@@ -129,8 +138,8 @@ _SETTINGS: list[tuple[str, re.Pattern[str]]] = [
     ("seq_len", _word(r"(?:(?:max(?:imum)?~)?(?:seq(?:uence)?(?:~len(?:gth)?)?|length|tokens)|ctx(?:~len)?"
                       r"|context(?:~(?:len(?:gth)?|window|size))?|cutoff~len|block~size|model~max~length)@" + _SEQ_VALUE)),
     ("seq_len", _word(_SEQ_VALUE + r"~(?:tokens?|tok|ctx|context(?:~(?:len(?:gth)?|window))?|seq(?:uence)?~len(?:gth)?|seq)")),
-    ("epochs", _word(r"(\d{1,9}(?:\.\d{1,6})?(?![\d.])|" + "|".join(_WORDS) + r")~(?:epochs?|eps?)")),
-    ("epochs", _word(r"(?:num~(?:train~)?)?epochs?@" + _NUM)),
+    ("epochs", _word(r"(?:num~(?:train~)?)?epochs?@" + _NUM)),  # before '3 epochs': 'on 3090 epochs 2' is 2
+    ("epochs", _word(r"(" + _NUMBER + r"(?![\d.])|" + "|".join(_WORDS) + r")~(?:epochs?|eps?)")),
     ("lora_dropout", _word(r"(?:lora~)?dropout@" + _NUM)),
 ]
 
@@ -142,6 +151,11 @@ _BOUNDS: dict[str, tuple[float, float, str]] = {
     "seq_len": (1, 2**24, "sequence length"),
     "epochs": (1e-6, 10000, "epochs"),
     "lora_dropout": (0, 0.99, "LoRA dropout"),
-    "gpu_count": (1, 65536, "GPU count"),
+    "gpu_count": (1, 4096, "GPU count"),
 }
-"""Sanity ranges: a value outside is a typo, reported as an issue (rank 4096 is LoRAConfig's own limit)."""
+"""Sanity ranges: a value outside is a typo, reported as an issue (rank 4096 is LoRAConfig's own limit). The same
+ranges bound the CLI's flags and the planner's fields (`aegis.planner`): one range per setting, however it is said."""
+
+_INTEGER_SETTINGS = frozenset({"micro_batch_size", "effective_batch_size", "grad_accum", "lora_rank", "seq_len",
+                               "gpu_count"})
+"""Settings that are counts: 2.5 is refused, not rounded."""

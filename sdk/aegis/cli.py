@@ -11,8 +11,10 @@ Start-up stays light: no JAX, torch, transformers or gradio unless a command nee
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -42,6 +44,13 @@ def _output(json_: bool, markdown: bool) -> Output:
     return Output.json if json_ else Output.markdown if markdown else Output.text
 
 
+def _max(setting: str) -> float:
+    """The largest value a flag takes: the same sanity range as the free text's (`aegis._parse_vocab._BOUNDS`)."""
+    from aegis._parse_vocab import _BOUNDS
+
+    return _BOUNDS[setting][1]
+
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="Print Markdown (chat, Slack).")]
 
@@ -52,15 +61,17 @@ def plan(
     model: Annotated[Optional[str], typer.Option(help="Model alias, Hub id or config.json path.")] = None,
     method: Annotated[Optional[str], typer.Option(help="full, lora or qlora.")] = None,
     gpu: Annotated[Optional[str], typer.Option(help="GPU name, e.g. 3090, a100-80gb.")] = None,
-    gpus: Annotated[Optional[int], typer.Option("--gpus", min=1, help="Number of GPUs.")] = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", min=1, max=_max("gpu_count"), help="Number of GPUs.")] = None,
     dataset: Annotated[Optional[str], typer.Option(help="JSONL/JSON/CSV/Parquet path or Hub dataset id.")] = None,
-    rank: Annotated[Optional[int], typer.Option(min=1, help="LoRA rank.")] = None,
+    rank: Annotated[Optional[int], typer.Option(min=1, max=_max("lora_rank"), help="LoRA rank.")] = None,
     targets: Annotated[Optional[str], typer.Option(
         help="LoRA target modules, comma-separated PEFT names (q_proj,v_proj; w1,w2,w3 on Mixtral) or all-linear.")] = None,
-    batch: Annotated[Optional[int], typer.Option(min=1, help="Micro batch size (default: solved).")] = None,
-    effective_batch: Annotated[Optional[int], typer.Option(min=1, help="Target effective batch (default 16).")] = None,
-    seq: Annotated[Optional[int], typer.Option(min=1, help="Sequence length (default: dataset p95).")] = None,
-    epochs: Annotated[Optional[float], typer.Option(min=0.01, help="Epochs (default 3).")] = None,
+    batch: Annotated[Optional[int], typer.Option(
+        min=1, max=_max("micro_batch_size"), help="Micro batch size (default: solved).")] = None,
+    effective_batch: Annotated[Optional[int], typer.Option(
+        min=1, max=_max("effective_batch_size"), help="Target effective batch (default 16).")] = None,
+    seq: Annotated[Optional[int], typer.Option(min=1, max=_max("seq_len"), help="Sequence length (default: dataset p95).")] = None,
+    epochs: Annotated[Optional[float], typer.Option(min=0.01, max=_max("epochs"), help="Epochs (default 3).")] = None,
     optimizer: Annotated[Optional[str], typer.Option(help="adamw, adamw_8bit, paged_adamw_8bit, sgd, adafactor.")] = None,
     checkpointing: Annotated[Optional[bool], typer.Option("--checkpointing/--no-checkpointing", help="Force gradient checkpointing.")] = None,
     trainer: Annotated[Optional[str], typer.Option(
@@ -136,7 +147,7 @@ def compare(
     model: Annotated[Optional[str], typer.Option(help="Model alias, Hub id or config.json path.")] = None,
     method: Annotated[Optional[str], typer.Option(help="full, lora or qlora.")] = None,
     dataset: Annotated[Optional[str], typer.Option(help="Dataset path or Hub id (for time and cost).")] = None,
-    seq: Annotated[Optional[int], typer.Option(min=1, help="Sequence length.")] = None,
+    seq: Annotated[Optional[int], typer.Option(min=1, max=_max("seq_len"), help="Sequence length.")] = None,
     json_: JsonOpt = False,
     markdown: MarkdownOpt = False,
 ) -> None:
@@ -245,9 +256,9 @@ def gpus(json_: JsonOpt = False, markdown: MarkdownOpt = False) -> None:
 def benchmark(
     model: Annotated[str, typer.Argument(help="Model alias, Hub id or config.json path.")],
     method: Annotated[str, typer.Option(help="full, lora or qlora.")] = "lora",
-    batch: Annotated[int, typer.Option(min=1, help="Micro batch size.")] = 1,
-    seq: Annotated[int, typer.Option(min=2, help="Sequence length.")] = 512,
-    steps: Annotated[int, typer.Option(min=1, help="Measured steps after warm-up.")] = 10,
+    batch: Annotated[int, typer.Option(min=1, max=_max("micro_batch_size"), help="Micro batch size.")] = 1,
+    seq: Annotated[int, typer.Option(min=2, max=_max("seq_len"), help="Sequence length.")] = 512,
+    steps: Annotated[int, typer.Option(min=1, max=100_000, help="Measured steps after warm-up.")] = 10,
     gpu: Annotated[Optional[str], typer.Option(help="Catalog GPU id to file the result under (default: detected).")] = None,
     json_: JsonOpt = False,
 ) -> None:
@@ -327,19 +338,89 @@ def _mount_forge_commands() -> None:
     app.command("compress")(compress)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: one-line errors, exit code 2, never a traceback for AegisError."""
-    args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] not in _PLANNER_COMMANDS:
-        _mount_forge_commands()
-        if args[:1] not in (["merge"], ["compress"], ["evomerge"]):
-            _mount_run_commands()  # keeps `aegis plan` from importing the supervisor
+LOG_DIR_ENV = "AEGIS_LOG_DIR"
+"""Where `aegis` writes the traceback of an error it did not expect (default: ``$XDG_STATE_HOME/aegis/logs``, else
+``~/.local/state/aegis/logs``; the system's temporary folder when that cannot be written)."""
+
+
+def crash_log_dir() -> Path:
+    """The folder of crash logs: $AEGIS_LOG_DIR, else the XDG state folder's ``aegis/logs``."""
+    if os.environ.get(LOG_DIR_ENV):
+        return Path(os.environ[LOG_DIR_ENV]).expanduser()
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "aegis" / "logs"
+
+
+def _write_crash_log(args: list[str]) -> Path | None:
+    """The current exception's traceback, the command line and versions, in a new file; its path (None if no
+    folder could be written)."""
+    import platform
+    import tempfile
+    import time
+    import traceback
+
     try:
-        rc = app(args=args, standalone_mode=False)
+        from importlib.metadata import version
+
+        aegis_version = version("aegis-ml")
+    except Exception:  # noqa: BLE001 - a crash log must not fail for metadata
+        aegis_version = "unknown"
+    text = (f"aegis {aegis_version}, Python {platform.python_version()}, {platform.platform()}\n"
+            f"command: aegis {' '.join(args)}\n\n{traceback.format_exc()}")
+    name = time.strftime("crash-%Y%m%d-%H%M%S") + f"-{os.getpid()}.log"
+    for folder in (crash_log_dir(), Path(tempfile.gettempdir()) / "aegis-logs"):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / name
+            path.write_text(text, encoding="utf-8")
+            return path
+        except OSError:
+            continue
+    return None
+
+
+def _one_line(text: object, limit: int = 300) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _usage_line(err: Exception, args: list[str]) -> str:
+    """A usage error as one line naming the value given and where to look:
+    "Invalid value for '--rank' ('1000000'): Input should be less than or equal to 4096 (`aegis plan --help` ...)"."""
+    ctx = getattr(err, "ctx", None)
+    where = ctx.command_path if ctx is not None else "aegis"
+    message = err.format_message() if hasattr(err, "format_message") else str(err)
+    opts = getattr(getattr(err, "param", None), "opts", None) or ()
+    given = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in opts), None)
+    given = given if given is not None else next((a.split("=", 1)[1] for a in args if a.split("=", 1)[0] in opts
+                                                  and "=" in a), None)
+    if given is not None and ":" in message:
+        head, _, tail = message.partition(":")
+        message = f"{head} ({given!r}):{tail}"
+    return f"{_one_line(message)} (`{where} --help` lists the options)"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: one-line errors, exit code 2, never a traceback for AegisError.
+
+    The last line of defence: bad input the commands did not catch (a pydantic ValidationError, a file that is not
+    text, a path that is a folder) is one line, exit 2; any other exception one line naming its type and the log
+    file holding its traceback (`crash_log_dir`), exit 1. Ctrl-C exits 130."""
+    import click
+    from pydantic import ValidationError
+
+    args = sys.argv[1:] if argv is None else argv
+    mounted = {c.name for c in app.registered_commands}  # main() may run again in one process (tests, the agent)
+    if (not args or args[0] not in _PLANNER_COMMANDS) and "merge" not in mounted:
+        _mount_forge_commands()
+    if (not args or args[0] not in _PLANNER_COMMANDS | {"merge", "compress", "evomerge"}) and "run" not in mounted:
+        _mount_run_commands()  # keeps `aegis plan` from importing the supervisor
+    try:
+        rc = app(args=args, standalone_mode=False, prog_name="aegis")
         if isinstance(rc, int) and rc:  # typer.Exit(n) is returned, not raised, outside standalone mode
             raise SystemExit(rc)
     except AegisError as err:
-        typer.secho(f"error: {err}", err=True, fg="red")
+        typer.secho(f"error: {_one_line(err, 2000)}", err=True, fg="red")
         raise SystemExit(2) from None
     except ImportError as err:  # an optional extra is not installed: name it, no traceback
         from aegis._extras import missing_extra
@@ -347,19 +428,38 @@ def main(argv: list[str] | None = None) -> None:
         command = next((a for a in args if not a.startswith("-")), "")
         typer.secho(f"error: {missing_extra(err, f'`aegis {command}`'.replace(' `', '`'))}", err=True, fg="red")
         raise SystemExit(2) from None
-    except typer.Abort:
+    except (typer.Abort, click.exceptions.Abort, KeyboardInterrupt):
         raise SystemExit(130) from None
-    except typer.Exit as err:
+    except (typer.Exit, click.exceptions.Exit) as err:
         raise SystemExit(err.exit_code) from None
-    except typer.TyperException as err:  # usage errors: bad option values, unknown options
-        show = getattr(err, "show", None)
-        if show is None:
-            raise
-        show()
+    except (typer.TyperException, click.ClickException) as err:  # usage errors: bad option values, unknown options
+        if type(err).__name__ == "NoArgsIsHelpError":  # `aegis plan` alone: its help
+            err.show()
+        else:
+            typer.secho(f"error: {_usage_line(err, args)}", err=True, fg="red")
         raise SystemExit(getattr(err, "exit_code", 2)) from None
+    except ValidationError as err:  # user input a loader validated without naming it
+        from aegis._validation import validation_line
+
+        typer.secho(f"error: {_one_line(validation_line(err), 2000)}", err=True, fg="red")
+        raise SystemExit(2) from None
+    except UnicodeDecodeError as err:
+        typer.secho(f"error: a file read as text is not UTF-8 text (byte {err.object[err.start:err.start + 1]!r} at "
+                    f"offset {err.start}): pass a YAML, JSON or JSONL text file", err=True, fg="red")
+        raise SystemExit(2) from None
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as err:
+        what = f"{err.strerror or type(err).__name__}: {err.filename}" if err.filename else _one_line(err)
+        typer.secho(f"error: {what}: check the path", err=True, fg="red")
+        raise SystemExit(2) from None
+    except Exception as err:  # noqa: BLE001 - the last line of defence: one line and a log, never a traceback
+        path = _write_crash_log(args)
+        where = f"details in {path}" if path is not None else "no log could be written"
+        typer.secho(f"error: {type(err).__name__}: {_one_line(err)} ({where})", err=True, fg="red")
+        raise SystemExit(1) from None
     finally:
         if argv is None:  # the console script: the process exits next, and its last garbage collection
             gc.freeze()  # then skips every object alive now (~40 ms of a cold `aegis plan`; the OS frees them)
+
 
 if __name__ == "__main__":
     main()

@@ -42,6 +42,7 @@ How it reads a request, in order (each stage masks what it consumed so later sta
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ from aegis._parse_vocab import (
     _COUNT,
     _E,
     _IGNORED,
+    _INTEGER_SETTINGS,
     _KBIT_PREP,
     _LIGER,
     _METHODS,
@@ -74,7 +76,8 @@ from aegis._parse_vocab import (
 from aegis.errors import AegisError, RequestParseError
 from aegis.schema import Frozen, PlanRequest
 
-__all__ = ["ParseIssue", "ParsedRequest", "parse_request", "parse_request_lenient", "MAX_REQUEST_CHARS"]
+__all__ = ["ParseIssue", "ParsedRequest", "parse_request", "parse_request_lenient", "MAX_REQUEST_CHARS",
+           "transformers_version_problem"]
 
 MAX_REQUEST_CHARS = 4000
 """Longer texts are not parsed (one issue says so): a request is a sentence or two."""
@@ -137,8 +140,12 @@ def _key(name: str) -> tuple[str, ...]:
     return tuple(_TOKEN.findall(_lower(name)))
 
 
-def _count(word: str) -> int:
-    return _WORDS[word] if word in _WORDS else int(word)
+def _count(word: str) -> float:
+    """A GPU count as typed: 'two' -> 2, '-2' -> -2, '1.5' -> 1.5 (`_settle` refuses what is not a count)."""
+    if word in _WORDS:
+        return _WORDS[word]
+    value = float(word.replace("\u2212", "-"))
+    return int(value) if value.is_integer() else value
 
 
 def _mask(work: str, start: int, end: int) -> str:
@@ -239,10 +246,10 @@ def _gpus() -> _Table:
 
 
 _COUNT_BEFORE = _rx(r"(?<![a-z0-9.])" + _COUNT + r"\s*(?:of\s+)?(?:[x×*]\s*)?$")
-_COUNT_AFTER = _rx(r"(?:s(?![a-z0-9]))?(?:\s*[x×*]\s*(\d{1,4})(?![\d.a-z]))?")
+_COUNT_AFTER = _rx(r"(?:s(?![a-z0-9]))?(?:\s*[x×*]\s*(\d+(?:\.\d+)?)(?![\d.a-z]))?")
 _COUNT_ONLY = [
     _rx(r"(?<![a-z0-9.])" + _COUNT + r"\s*(?:[x×*]\s*)?(?:gpus?|cards?|devices?|accelerators?)" + _E),
-    _word(r"(?:num~gpus|n~gpus|gpu~count|gpus|world~size|nproc~per~node)~(?:=|:)~(\d{1,4})(?![\d.])"),
+    _word(r"(?:num~gpus|n~gpus|gpu~count|gpus|world~size|nproc~per~node)~(?:=|:)\s*" + _COUNT),
 ]
 _DATASET_NAME = r"([a-z0-9][a-z0-9_.-]*[a-z0-9])"
 _DATASET_WORD = _word(r"(?:dataset|data~set)~(?:=|:|is|called|named)?~" + _DATASET_NAME)
@@ -457,6 +464,17 @@ def _adjacent(work: str, a: tuple[str, int, int], b: tuple[str, int, int], stric
     return _GAP.fullmatch(gap) is not None
 
 
+def transformers_version_problem(version: str) -> str | None:
+    """None when ``version`` names a transformers release Aegis models (4.x or 5.x: '4', '4.48', '4.48.1', '5.0.0rc1'),
+    else one line saying what is accepted."""
+    text = str(version).strip().removeprefix("v")
+    m = re.fullmatch(r"(\d{1,3})(?:\.\d{1,4}){0,2}(?:\.x)?(?:(?:\.?(?:dev|rc|a|b|post)\d*)|\+[\w.]+)?", text, re.ASCII)
+    if m is not None and int(m.group(1)) in (4, 5):
+        return None
+    return (f"transformers version {str(version).strip()!r} is not one Aegis models: give a 4.x or 5.x release, "
+            "e.g. 4.48, 4.57.1 or 5")
+
+
 def _read_stack(r: _Reader) -> None:
     """The stack the run uses, in words: k-bit preparation, Liger, the transformers version (a mode of gradient
     checkpointing, read earlier, also turns checkpointing on)."""
@@ -464,7 +482,12 @@ def _read_stack(r: _Reader) -> None:
     r.scan("liger", _LIGER)
     for m in list(_TRANSFORMERS_VERSION.finditer(r.work)):
         if _MASK not in m.group():
-            r.put("transformers_version", m.group(1), r.text[m.start():m.end()])
+            said = r.text[m.start():m.end()]
+            problem = transformers_version_problem(m.group(1))
+            if problem is None:
+                r.put("transformers_version", m.group(1), said)
+            else:
+                r.issues.append(ParseIssue(part="request", text=said, message=f"{problem} (in {said!r})"))
             r.consume(m.start(), m.end())
     for _, said in r.values.get("checkpointing_mode", []):
         r.put("gradient_checkpointing", True, said)
@@ -481,20 +504,51 @@ def _read_settings(r: _Reader) -> None:
         for m in list(pattern.finditer(r.work)):
             if _MASK in m.group():
                 continue
-            raw = m.group(1).replace(" ", "").replace("_", "").replace("-", "")
-            if part == "epochs":
-                value: float = _WORDS[raw] if raw in _WORDS else float(raw)
-            elif part == "lora_dropout":
-                value = float(raw)
-            elif part == "seq_len":
-                value = round(float(raw[:-1]) * 1024) if raw.endswith("k") else float(raw)
-                if value != int(value):
-                    continue
-                value = int(value)
+            said = r.text[m.start():m.end()]
+            value, problem = _setting_value(part, m.group(1), said)
+            if problem is not None:
+                r.issues.append(ParseIssue(part=_issue_part(part), text=said, message=problem))
             else:
-                value = int(raw)
-            r.put(part, value, r.text[m.start():m.end()])
+                r.put(part, value, said)
             r.consume(m.start(), m.end())
+
+
+_SEQ_UNITS = {"": 1, "k": 1024, "m": 1024 * 1024, "tok": 1, "toks": 1, "token": 1, "tokens": 1}
+_NUMBER_AT = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[+-]?\d+)?", re.ASCII)
+
+
+def _num(x: float) -> str:
+    """A number as a reader expects it: 16777216 and 0.5, not 1.67772e+07."""
+    return f"{int(x)}" if float(x).is_integer() and abs(x) < 1e18 else f"{x:g}"
+
+
+def _setting_value(part: str, raw: str, said: str) -> tuple[Any, str | None]:
+    """The value of a numeric setting as typed ('-2', '4k', '1,024', '2.5', 'three'), or None and one line saying
+    why it cannot be one (a unit the setting has not, a fraction of a count). Ranges are checked in `_settle`."""
+    low, high, label = _BOUNDS[part]
+    accepted = f"use {'a whole number' if part in _INTEGER_SETTINGS else 'a value'} from {_num(low)} to {_num(high)}"
+    text = raw.strip().replace("\u2212", "-").replace(",", "")
+    if text in _WORDS:
+        return _WORDS[text], None
+    m = _NUMBER_AT.match(text)
+    if m is None:  # the patterns only capture numbers; this guards the promise never to raise
+        return None, f"{label} {raw.strip()!r} in {said!r} is not a number: {accepted}"
+    unit = text[m.end():].strip(" _-")
+    value = float(m.group())
+    if part == "seq_len" and unit in _SEQ_UNITS:
+        value *= _SEQ_UNITS[unit]
+        if unit in ("k", "m"):
+            value = float(round(value))
+    elif unit:
+        units = " (tokens, or k = 1024 tokens: 4k)" if part == "seq_len" else ""
+        return None, f"{label} {raw.strip()!r} in {said!r} has a unit {unit!r} it cannot take{units}: {accepted}"
+    if not math.isfinite(value):
+        return None, f"{label} {raw.strip()!r} in {said!r} is out of range: {accepted}"
+    if part in _INTEGER_SETTINGS:
+        if not value.is_integer():
+            return None, f"{label} {raw.strip()} in {said!r} is not a whole number: {accepted}"
+        return int(value), None
+    return value, None
 
 
 def _read_gpus(r: _Reader) -> None:
@@ -523,7 +577,7 @@ def _read_gpus(r: _Reader) -> None:
         if before:
             r.put("gpu_count", _count(before.group(1)), said)
         if after and after.group(1):
-            r.put("gpu_count", int(after.group(1)), said)
+            r.put("gpu_count", _count(after.group(1)), said)
         r.consume(said_start, said_end)
         i += n
         while i < len(toks) and toks[i][1] < said_end:
@@ -705,10 +759,18 @@ def _settle(r: _Reader) -> dict[str, Any]:
         value = distinct[0]
         if part in _BOUNDS:
             low, high, label = _BOUNDS[part]
-            if not low <= value <= high:
+            if part in _INTEGER_SETTINGS and not float(value).is_integer():
                 r.issues.append(ParseIssue(
                     part=_issue_part(part), text=said,
-                    message=f"{label} {value:g} in {said!r} is out of range: use a value from {low:g} to {high:g}",
+                    message=f"{label} {_num(value)} in {said!r} is not a whole number: "
+                            f"use one from {_num(low)} to {_num(high)}",
+                ))
+                continue
+            if not low <= value <= high:
+                whole = "a whole number" if part in _INTEGER_SETTINGS else "a value"
+                r.issues.append(ParseIssue(
+                    part=_issue_part(part), text=said,
+                    message=f"{label} {_num(value)} in {said!r} is out of range: use {whole} from {_num(low)} to {_num(high)}",
                 ))
                 continue
         out[part] = value

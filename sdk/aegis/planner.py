@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from pydantic import ValidationError
+
 from aegis import hardware
 from aegis.errors import InvalidConfigError, RequestParseError, UnknownModelError
 from aegis.hub import match_model, resolve_model
@@ -71,11 +73,17 @@ def plan(request: str | PlanRequest | None = None, *, sample_rows: int = 1000, p
         parsed, said = result.strict(), result.notes
     else:
         parsed = request or PlanRequest()
+    given = {k: v for k, v in fields.items() if v is not None}
+    _check_fields(given)
     try:
-        override = PlanRequest(**{k: v for k, v in fields.items() if v is not None})
-    except ValueError as err:
-        raise RequestParseError(f"bad plan argument: {err.errors()[0]['loc'][0]}: {err.errors()[0]['msg']}") from None
+        override = PlanRequest(**given)
+    except ValidationError as err:
+        from aegis._validation import validation_line
+
+        raise RequestParseError(f"bad plan argument: {validation_line(err, model=PlanRequest)}") from None
     merged = parsed.merged(override)
+    if merged.model is None and merged.dataset:
+        _explain_model_folder(merged.dataset)
     if merged.model is None and isinstance(request, str):
         _explain_missing_model(request)
     report = plan_request(merged, sample_rows=sample_rows, progress=progress, detect_stack=detect_stack)
@@ -83,6 +91,49 @@ def plan(request: str | PlanRequest | None = None, *, sample_rows: int = 1000, p
     read = tuple(n for n in said if n not in report.notes and merged.model == parsed.model
                  and n.split(" (config used for ")[0] not in used)  # the report says which config it used
     return report.model_copy(update={"notes": read + report.notes}) if read else report
+
+
+def _check_fields(fields: dict) -> None:
+    """Numbers and versions given as fields (the CLI's flags, the Python API, the agent): the free text's ranges
+    (`aegis._parse_vocab._BOUNDS`), finite, whole where they count; RequestParseError naming the value and range."""
+    from aegis._parse_vocab import _BOUNDS, _INTEGER_SETTINGS
+    from aegis._validation import check_range
+    from aegis.parse import transformers_version_problem
+
+    for name, value in fields.items():
+        if value is None:
+            continue
+        if name in _BOUNDS:
+            low, high, _label = _BOUNDS[name]
+            problem = check_range(name, value, low, high, integer=name in _INTEGER_SETTINGS)
+            if problem is not None:
+                raise RequestParseError(problem)
+        elif name == "transformers_version":
+            problem = transformers_version_problem(value)
+            if problem is not None:
+                raise RequestParseError(problem)
+
+
+def _explain_model_folder(dataset: str) -> None:
+    """No model named, and the one folder named (read as the dataset) holds no data files: it was meant as the model
+    and lacks config.json; say so rather than 'no model named'."""
+    import os
+
+    path = os.path.expanduser(dataset)
+    try:
+        if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "config.json")):
+            return
+        names = os.listdir(path)
+    except OSError:
+        return
+    data = (".jsonl", ".json", ".csv", ".tsv", ".parquet", ".arrow", ".txt", ".gz", ".zst")
+    if any(n.lower().endswith(data) for n in names) or any(os.path.isdir(os.path.join(path, n)) for n in names):
+        return
+    raise RequestParseError(
+        f"no model named: the folder {dataset} has no config.json (and no data files), so it is neither a model "
+        "folder nor a dataset; for a model, add its config.json (transformers' save_pretrained writes one) or pass "
+        "--model path/to/config.json; `aegis models` lists the bundled models"
+    )
 
 
 def _explain_missing_model(text: str) -> None:
@@ -103,6 +154,7 @@ def plan_request(
     detect_stack: bool = True,
 ) -> PlanReport:
     """Plan a parsed request. `dataset_profile`: an analysis of `req.dataset` already made (reused, not redone)."""
+    _check_fields(req.model_dump(exclude_none=True))
     if not req.model:
         raise RequestParseError("no model named: say which, e.g. 'qlora llama-3.1-8b on 3090'; `aegis models` lists them")
     if not req.gpu:

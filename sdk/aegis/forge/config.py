@@ -226,6 +226,17 @@ class MergeConfig(Frozen):
             )
         return self
 
+    @model_validator(mode="after")
+    def _parameter_ranges(self) -> MergeConfig:
+        _check_parameters(self.parameters, "parameters")
+        for i, m in enumerate(self.models or []):
+            _check_parameters(m.parameters, f"models[{i}].parameters")
+        for i, sl in enumerate(self.slices or []):
+            _check_parameters(sl.parameters, f"slices[{i}].parameters")
+            for j, src in enumerate(sl.sources):
+                _check_parameters(src.parameters, f"slices[{i}].sources[{j}].parameters")
+        return self
+
     def referenced_models(self) -> list[str]:
         """Every model the YAML names, in order of first mention (base first)."""
         names = [self.base_model] if self.base_model else []
@@ -264,18 +275,69 @@ def _fields_at(loc: tuple[Any, ...]) -> list[str]:
 
 
 def _one_line(err: ValidationError, where: str) -> InvalidConfigError:
+    """One line naming the key at fault, the value and the accepted range (`aegis._validation.validation_line`)."""
+    from aegis._validation import validation_line
+
     errors = err.errors()
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])  # a typo explains a 'missing'
     loc = tuple(first["loc"])
-    if first["type"] == "extra_forbidden":
-        key, parent = str(loc[-1]), _loc(loc[:-1])
-        close = difflib.get_close_matches(key, _fields_at(loc[:-1]), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(_fields_at(loc[:-1]))}"
-        return InvalidConfigError(f"{where}unknown key {key!r}{' in ' + parent if parent else ''}{hint}")
-    if first["type"] == "missing":
-        return InvalidConfigError(f"{where}missing key {_loc(loc)!r}")
-    msg = str(first["msg"]).removeprefix("Value error, ")
-    return InvalidConfigError(f"{where}{_loc(loc) + ': ' if loc else ''}{msg}")
+    model: Any = MergeConfig
+    for part in loc[:-1]:  # the model whose field is at fault: its keys and the field's range
+        model = {"models": InputModel, "slices": OutputSlice, "sources": SliceSource, "dfs": DFSParameters}.get(
+            str(part), model)
+    return InvalidConfigError(validation_line(err, where=where, model=model, valid_keys=_fields_at(loc[:-1])))
+
+
+# ----- parameter ranges -------------------------------------------------------------------------------
+
+_RANGES: dict[str, tuple[float | None, float | None, bool, bool, str]] = {
+    "t": (0.0, 1.0, False, False, "slerp's position from the base model (0) to the other (1)"),
+    "density": (0.0, 1.0, True, False, "the fraction of each task vector kept"),
+    "weight": (None, None, False, False, "a model's weight"),
+    "lambda": (None, None, False, False, "the scale of the summed task vectors"),
+    "scale": (None, None, False, False, "a passthrough input's scale"),
+    "epsilon": (0.0, 1.0, False, True, "the spread of the keep probabilities"),
+    "gamma": (0.0, 1.0, False, False, "the fraction of largest entries removed"),
+}
+"""Accepted values of the numeric merge parameters (mergekit reads them unchecked: a slerp at t = 7.5 extrapolates
+far past both models and a density of 0 keeps nothing). Other numeric parameters need only be finite."""
+_FLAGS = frozenset({"normalize", "rescale", "int8_mask"})
+
+
+def _check_value(name: str, value: Any, where: str) -> None:
+    from aegis._validation import check_range
+
+    if name in _FLAGS:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: {name} {value!r} is not a boolean: write true or false")
+        return
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            if name in _RANGES:
+                raise ValueError(f"{where}: {name} {value!r} is not a number ({_RANGES[name][4]})") from None
+            return  # a string parameter of a method aegis does not run is left to it
+    elif isinstance(value, bool):
+        if name in _RANGES:
+            raise ValueError(f"{where}: {name} {value!r} is not a number ({_RANGES[name][4]})")
+        return
+    low, high, low_open, high_open, what = _RANGES.get(name, (None, None, False, False, "a merge parameter"))
+    problem = check_range(name, number, low, high, low_open=low_open, high_open=high_open)
+    if problem is not None:
+        raise ValueError(f"{where}: {problem} ({what})")
+
+
+def _check_parameters(params: Mapping[str, Any] | None, where: str) -> None:
+    """Every value of a `parameters:` block (scalars, gradients, {filter, value} entries) in its accepted range."""
+    for name, setting in (params or {}).items():
+        at = f"{where}.{name}"
+        entries = setting if isinstance(setting, tuple) and setting and isinstance(setting[0], Conditional) else (setting,)
+        for entry in entries:
+            value = entry.value if isinstance(entry, Conditional) else entry
+            for v in value if isinstance(value, tuple) else (value,):
+                _check_value(name, v, at)
 
 
 def load_merge_config(source: str | Path | Mapping[str, Any]) -> MergeConfig:
@@ -293,6 +355,9 @@ def load_merge_config(source: str | Path | Mapping[str, Any]) -> MergeConfig:
                 text = path.read_text(encoding="utf-8")
             except OSError as err:
                 raise InvalidConfigError(f"cannot read merge config {path} ({err.strerror or err}); check the path") from err
+            except UnicodeDecodeError as err:
+                raise InvalidConfigError(f"merge config {path} is not a text file (not UTF-8 at byte {err.start}): "
+                                         "pass the mergekit YAML") from None
             where = f"{path.name}: "
         try:
             data = yaml.safe_load(text)

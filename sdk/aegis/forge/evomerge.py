@@ -105,8 +105,6 @@ class EvoMergeResult(Frozen):
 
 def load_evomerge_config(source: str | Path | Mapping[str, Any]) -> EvoMergeConfig:
     """Parse an evomerge YAML (path or mapping); one-line InvalidConfigError naming the key at fault."""
-    import difflib
-
     import yaml
 
     where = ""
@@ -120,6 +118,9 @@ def load_evomerge_config(source: str | Path | Mapping[str, Any]) -> EvoMergeConf
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except OSError as err:
             raise InvalidConfigError(f"cannot read {path} ({err.strerror or err}); check the path") from None
+        except UnicodeDecodeError as err:
+            raise InvalidConfigError(f"evomerge config {path} is not a text file (not UTF-8 at byte {err.start}): "
+                                     "pass the evomerge YAML") from None
         except yaml.YAMLError as err:
             raise InvalidConfigError(f"{where}not valid YAML ({getattr(err, 'problem', None) or err})") from None
         root = path.resolve().parent
@@ -127,17 +128,10 @@ def load_evomerge_config(source: str | Path | Mapping[str, Any]) -> EvoMergeConf
         raise InvalidConfigError(f"{where}an evomerge config is a mapping with base_model, models and eval_data")
     try:
         cfg = EvoMergeConfig.model_validate(data)
-    except ValidationError as err:
-        e = next((x for x in err.errors() if x["type"] == "extra_forbidden"), err.errors()[0])
-        key = ".".join(str(p) for p in e["loc"])
-        if e["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(key, list(EvoMergeConfig.model_fields), n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(EvoMergeConfig.model_fields)}"
-            raise InvalidConfigError(f"{where}unknown key {key!r}; {hint}") from None
-        if e["type"] == "missing":
-            raise InvalidConfigError(f"{where}missing key {key!r}") from None
-        msg = str(e["msg"]).removeprefix("Value error, ")
-        raise InvalidConfigError(f"{where}{key + ': ' if key else ''}{msg}") from None
+    except ValidationError as err:  # one line: the key, the value given and the accepted range
+        from aegis._validation import validation_line
+
+        raise InvalidConfigError(validation_line(err, where=where, model=EvoMergeConfig)) from None
     if root is not None:  # relative paths are relative to the YAML file
         def fix(p: str) -> str:
             q = Path(p).expanduser()
