@@ -82,6 +82,14 @@ def files(tmp_path_factory) -> dict[str, str]:
     write("evo_gens.yml", f"base_model: {root}/a\nmodels: [{root}/b, {root}/c]\neval_data: {root}/e.jsonl\n"
                           "generations: 1e99\n")
     write("run_unknown.yaml", "no_such_key: 1\n")
+    run_config = json.dumps({"model": "tiny-llama", "data": "x.jsonl"})
+    write("runs/binconfig/config.json", BINARY)  # run folders whose own files were damaged
+    write("runs/emptyconfig/config.json", "")
+    write("runs/binevents/config.json", run_config)
+    write("runs/binevents/events.jsonl", b'{"kind": "start"}\n' + BINARY + b"\n")
+    write("runs/baddb/config.json", run_config)
+    write("runs/baddb/supervisor.sqlite", BINARY)
+    paths["runs"] = str(root / "runs")
     write("plan_bad.json", json.dumps({"request": {"model": 5}}))
     return paths
 
@@ -205,6 +213,14 @@ CASES = [
     _case(["command", "nope", "set_lr -1", "--runs-dir", "{root}"], 2, id="command-negative-lr"),
     _case(["export", "nope", "--runs-dir", "{root}"], 2, "nope", id="export-unknown"),
     _case(["export", "nope", "/dev/null/x", "--runs-dir", "{root}"], 2, id="export-under-a-file"),
+    _case(["status", "--run-id", "binconfig", "--runs-dir", "{runs}"], 2, ["damaged config.json", "UTF-8"],
+          id="status-binary-run-config"),
+    _case(["resume", "--run-id", "emptyconfig", "--runs-dir", "{runs}"], 2, ["damaged config.json", "not JSON"],
+          id="resume-empty-run-config"),
+    _case(["command", "binevents", "status", "--runs-dir", "{runs}"], 2, "damaged events.jsonl",
+          id="command-binary-events"),
+    _case(["export", "baddb", "--runs-dir", "{runs}"], 2, "damaged supervisor.sqlite", id="export-bad-database"),
+    _case(["status", "--run-id", "baddb", "--runs-dir", "{runs}"], 2, "not a SQLite database", id="status-bad-database"),
     _case(["export", "nope", "--step", "-1", "--runs-dir", "{root}"], 2, id="export-negative-step"),
     _case(["export", "nope", "--step", "abc", "--runs-dir", "{root}"], 2, "--step", id="export-text-step"),
     # ---- merge / evomerge / compress ----------------------------------------------------------------------

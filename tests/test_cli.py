@@ -107,3 +107,68 @@ def test_targets_flag_sets_the_lora_modules():
     report = json.loads(result.output)
     assert report["lora"]["target_modules"] == ["w1", "w3", "w2", "q_proj"]
     assert report["trainable_params"] == 343_932_928 + 4_194_304  # PEFT's ParamWrapper experts + q_proj, rank 16
+
+
+def test_an_unexpected_error_is_one_line_and_its_traceback_goes_to_a_log(monkeypatch, tmp_path, capsys):
+    import aegis.planner
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("something\nnobody expected")
+
+    monkeypatch.setattr(aegis.planner, "plan", boom)
+    monkeypatch.setenv("AEGIS_LOG_DIR", str(tmp_path / "logs"))
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "qlora llama-3.1-8b on 3090"])
+    err = capsys.readouterr().err
+    assert info.value.code == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("error: RuntimeError: something nobody expected (details in ")
+    logs = list((tmp_path / "logs").iterdir())
+    assert len(logs) == 1 and str(logs[0]) in err
+    text = logs[0].read_text()
+    assert "Traceback (most recent call last)" in text and "in boom" in text and "command: aegis plan" in text
+
+
+def test_the_crash_log_falls_back_to_the_temporary_folder(monkeypatch, tmp_path):
+    from aegis.cli import _write_crash_log, crash_log_dir
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("AEGIS_LOG_DIR", str(blocker / "logs"))  # under a file: cannot be created
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    try:
+        raise ValueError("x")
+    except ValueError:
+        path = _write_crash_log(["plan"])
+    assert crash_log_dir() == blocker / "logs"
+    assert path is not None and path.parent == tmp_path / "tmp" / "aegis-logs" and "ValueError: x" in path.read_text()
+
+
+def test_ctrl_c_exits_130_without_a_traceback(monkeypatch, capsys):
+    import aegis.planner
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(aegis.planner, "plan", interrupted)
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "qlora llama-3.1-8b on 3090"])
+    assert info.value.code == 130 and "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["plan", "lora llama-3.1-8b on 3090", "--rank", "1000000"], ["--rank", "'1000000'", "4096", "aegis plan --help"]),
+    (["plan", "lora llama-3.1-8b on 3090", "--gpus=0"], ["--gpus", "'0'"]),
+    (["plan", "lora llama-3.1-8b on 3090", "--colour"], ["No such option: --colour"]),
+    (["gpus", "--json", "--markdown"], ["pick one of --json and --markdown"]),
+])
+def test_usage_errors_are_one_line_naming_the_option_and_value(args, says, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and err.startswith("error: ")
+    for fragment in says:
+        assert fragment in err

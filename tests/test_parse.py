@@ -428,3 +428,77 @@ def test_a_leading_word_is_not_part_of_an_unknown_model_name() -> None:
     result = parse_request_lenient("what about mistral-small-24b?")
     assert [i.text for i in result.issues] == ["mistral-small-24b"]
     assert [i.text for i in parse_request_lenient("lora dolphin-mistral:7b on h100").issues] == ["dolphin-mistral:7b"]
+
+
+# ---- numbers are read whole, with their sign, unit and fraction, and checked against one range per setting ------
+
+@pytest.mark.parametrize(
+    ("text", "part", "says"),
+    [
+        ("lora llama-3.1-8b on 3090 bs -2", "micro_batch_size", ["micro batch size -2", "'bs -2'", "1 to 65536"]),
+        ("lora llama-3.1-8b on 3090 bs=-4", "micro_batch_size", ["-4"]),
+        ("lora llama-3.1-8b on -2x 3090", "gpu_count", ["GPU count -2", "'-2x 3090'", "1 to 4096"]),
+        ("lora llama-3.1-8b on -2 gpus", "gpu_count", ["GPU count -2"]),
+        ("lora llama-3.1-8b on h100 num_gpus=-3", "gpu_count", ["GPU count -3"]),
+        ("lora llama-3.1-8b on 1.5x 3090", "gpu_count", ["GPU count 1.5", "whole number"]),
+        ("lora llama-3.1-8b on h100 x 100000", "gpu_count", ["GPU count 100000", "1 to 4096"]),
+        ("lora llama-3.1-8b on 3090 seq 1000000000", "seq_len", ["sequence length 1000000000", "1 to 16777216"]),
+        ("lora llama-3.1-8b on 3090 seq 1e9", "seq_len", ["sequence length 1000000000"]),
+        ("lora llama-3.1-8b on 3090 seq -512", "seq_len", ["sequence length -512"]),
+        ("lora llama-3.1-8b on 3090 seq 4kb", "seq_len", ["'4kb'", "unit 'kb'", "4k"]),
+        ("lora llama-3.1-8b on 3090 rank 0.5", "lora_rank", ["LoRA rank 0.5", "whole number"]),
+        ("lora llama-3.1-8b on 3090 rank -8", "lora_rank", ["LoRA rank -8", "1 to 4096"]),
+        ("lora llama-3.1-8b on 3090 bs 99999999999999999999", "micro_batch_size", ["99999999999999999999"]),
+        ("lora llama-3.1-8b on 3090 -3 epochs", "epochs", ["epochs -3"]),
+        ("lora llama-3.1-8b on 3090 epochs 1e999", "epochs", ["'1e999'", "out of range"]),
+        ("lora llama-3.1-8b on 3090 dropout -0.1", "request", ["LoRA dropout -0.1", "0 to 0.99"]),
+        ("lora llama-3.1-8b on 3090 transformers 99", "request", ["'99'", "4.x or 5.x"]),
+    ],
+)
+def test_signs_fractions_units_and_huge_numbers_are_refused_naming_value_and_range(text, part, says):
+    result = parse_request_lenient(text)
+    assert part in [issue.part for issue in result.issues], result
+    message = str(pytest.raises(RequestParseError, parse_request, text).value)
+    assert "\n" not in message
+    for fragment in says:
+        assert fragment in message
+
+
+@pytest.mark.parametrize(
+    ("text", "fields"),
+    [
+        ("lora llama-3.1-8b on h100 rank-16", {"lora_rank": 16}),  # a '-' glued to a word is a separator
+        ("lora llama-3.1-8b on h100 seq 4,096", {"seq_len": 4096}),
+        ("lora llama-3.1-8b on h100 seq 2.5k", {"seq_len": 2560}),
+        ("lora llama-3.1-8b on h100 seq 8k tokens", {"seq_len": 8192}),
+        ("lora llama-3.1-8b on 3090 epochs 2", {"gpu": "rtx-3090", "epochs": 2}),  # not 3090 epochs
+        ("lora llama-3.1-8b on 3090 seq 512", {"gpu": "rtx-3090", "seq_len": 512}),
+        ("lora llama-3.1-8b on 4096x h100", {"gpu_count": 4096}),
+        ("lora llama-3.1-8b on h100 transformers 4.48.1", {"transformers_version": "4.48.1"}),
+    ],
+)
+def test_numbers_in_range_are_read_as_typed(text, fields):
+    request = parse_request(text)
+    assert {k: getattr(request, k) for k in fields} == fields
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(min_value=-10**12, max_value=10**12), form=st.sampled_from(["bs {}", "bs={}", "batch size {}",
+                                                                                "micro batch {}"]))
+def test_a_micro_batch_is_read_whole_or_refused_naming_it(n, form):
+    """Whatever the integer, the request reads exactly it (1 to 65536) or refuses it naming it: never a part of it."""
+    result = parse_request_lenient(f"lora llama-3.1-8b on h100 {form.format(n)}")
+    if 1 <= n <= 65536:
+        assert result.ok and result.request.micro_batch_size == n
+    else:
+        assert result.request.micro_batch_size is None
+        assert [i.part for i in result.issues] == ["micro_batch_size"] and str(n) in result.issues[0].message
+
+
+def test_transformers_versions_are_4x_or_5x():
+    from aegis.parse import transformers_version_problem
+
+    for ok in ("4", "4.48", "4.48.1", "5", "5.0.0rc1", "v4.57.1", "4.x"):
+        assert transformers_version_problem(ok) is None, ok
+    for bad in ("99", "3.36", "6", "latest", "", "4.48.1.2", "-4"):
+        assert "4.x or 5.x" in transformers_version_problem(bad), bad

@@ -367,13 +367,18 @@ def _write_crash_log(args: list[str]) -> Path | None:
         aegis_version = "unknown"
     text = (f"aegis {aegis_version}, Python {platform.python_version()}, {platform.platform()}\n"
             f"command: aegis {' '.join(args)}\n\n{traceback.format_exc()}")
-    name = time.strftime("crash-%Y%m%d-%H%M%S") + f"-{os.getpid()}.log"
+    stem = time.strftime("crash-%Y%m%d-%H%M%S") + f"-{os.getpid()}"
     for folder in (crash_log_dir(), Path(tempfile.gettempdir()) / "aegis-logs"):
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            path = folder / name
-            path.write_text(text, encoding="utf-8")
-            return path
+            for n in range(100):  # never over another crash's log (several in one second of one process)
+                path = folder / (f"{stem}.log" if n == 0 else f"{stem}-{n}.log")
+                try:
+                    with path.open("x", encoding="utf-8") as fh:
+                        fh.write(text)
+                    return path
+                except FileExistsError:
+                    continue
         except OSError:
             continue
     return None

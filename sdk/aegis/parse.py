@@ -522,17 +522,22 @@ def _num(x: float) -> str:
     return f"{int(x)}" if float(x).is_integer() and abs(x) < 1e18 else f"{x:g}"
 
 
+def _short(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def _setting_value(part: str, raw: str, said: str) -> tuple[Any, str | None]:
     """The value of a numeric setting as typed ('-2', '4k', '1,024', '2.5', 'three'), or None and one line saying
     why it cannot be one (a unit the setting has not, a fraction of a count). Ranges are checked in `_settle`."""
     low, high, label = _BOUNDS[part]
+    shown, said = _short(raw.strip()), _short(said)
     accepted = f"use {'a whole number' if part in _INTEGER_SETTINGS else 'a value'} from {_num(low)} to {_num(high)}"
     text = raw.strip().replace("\u2212", "-").replace(",", "")
     if text in _WORDS:
         return _WORDS[text], None
     m = _NUMBER_AT.match(text)
     if m is None:  # the patterns only capture numbers; this guards the promise never to raise
-        return None, f"{label} {raw.strip()!r} in {said!r} is not a number: {accepted}"
+        return None, f"{label} {shown!r} in {said!r} is not a number: {accepted}"
     unit = text[m.end():].strip(" _-")
     value = float(m.group())
     if part == "seq_len" and unit in _SEQ_UNITS:
@@ -541,12 +546,12 @@ def _setting_value(part: str, raw: str, said: str) -> tuple[Any, str | None]:
             value = float(round(value))
     elif unit:
         units = " (tokens, or k = 1024 tokens: 4k)" if part == "seq_len" else ""
-        return None, f"{label} {raw.strip()!r} in {said!r} has a unit {unit!r} it cannot take{units}: {accepted}"
-    if not math.isfinite(value):
-        return None, f"{label} {raw.strip()!r} in {said!r} is out of range: {accepted}"
+        return None, f"{label} {shown!r} in {said!r} has a unit {_short(unit, 12)!r} it cannot take{units}: {accepted}"
+    if not math.isfinite(value) or abs(value) >= 1e18:
+        return None, f"{label} {shown!r} in {said!r} is out of range: {accepted}"
     if part in _INTEGER_SETTINGS:
         if not value.is_integer():
-            return None, f"{label} {raw.strip()} in {said!r} is not a whole number: {accepted}"
+            return None, f"{label} {shown} in {said!r} is not a whole number: {accepted}"
         return int(value), None
     return value, None
 
@@ -759,6 +764,7 @@ def _settle(r: _Reader) -> dict[str, Any]:
         value = distinct[0]
         if part in _BOUNDS:
             low, high, label = _BOUNDS[part]
+            said = _short(said)
             if part in _INTEGER_SETTINGS and not float(value).is_integer():
                 r.issues.append(ParseIssue(
                     part=_issue_part(part), text=said,

@@ -35,6 +35,51 @@ def _fail(err: AegisError) -> None:
     raise typer.Exit(2)
 
 
+def _check_run_folder(runs_dir: str, run_id: str) -> None:
+    """The run folder's own files readable as what they are (JSON files JSON text, JSONL files UTF-8 up to their last
+    line, supervisor.sqlite a SQLite database): a RunError naming the damaged file before a command reads it (an
+    unknown or malformed run id is left to the Supervisor's own one-line error)."""
+    import json
+
+    from aegis.errors import RunError
+
+    if not run_id or any(c in run_id for c in "/\\\0") or run_id in (".", ".."):
+        return
+    root = Path(runs_dir) / run_id
+    try:
+        if not root.is_dir():
+            return
+    except OSError:
+        return
+
+    def damaged(name: str, why: str) -> RunError:
+        return RunError(f"run '{run_id}' has a damaged {name} ({why}) in {root}: restore the file, or start the run "
+                        "again with `aegis run`")
+
+    for name in ("config.json", "blacklist.json", "source.json"):
+        path = root / name
+        if path.is_file():
+            try:
+                json.loads(path.read_bytes().decode("utf-8"))
+            except UnicodeDecodeError as err:
+                raise damaged(name, f"not UTF-8 text at byte {err.start}") from None
+            except ValueError as err:
+                raise damaged(name, f"not JSON: {err}") from None
+    for name in ("events.jsonl", "metrics.jsonl", "inbox.jsonl"):
+        path = root / name
+        if path.is_file():
+            data = path.read_bytes()
+            try:  # a last line cut by a kill is the reader's to skip
+                data[:data.rfind(b"\n") + 1].decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise damaged(name, f"not UTF-8 text at byte {err.start}") from None
+    db = root / "supervisor.sqlite"
+    if db.is_file() and db.stat().st_size:
+        with db.open("rb") as fh:
+            if fh.read(16) != b"SQLite format 3\x00":
+                raise damaged("supervisor.sqlite", "not a SQLite database")
+
+
 def _enable_compile_cache() -> None:
     """Reuse compiled XLA programs across processes (resume after a crash starts in seconds)."""
     import jax
@@ -192,6 +237,7 @@ def resume(
     from aegis.supervise.runner import Supervisor
 
     try:
+        _check_run_folder(runs_dir, run_id)
         sup = Supervisor(runs_dir)
         sup.status(run_id)  # unknown run id -> one-line error before anything heavy
         _enable_compile_cache()
@@ -211,6 +257,7 @@ def status(run_id: str = _RunId, runs_dir: str = _RunsDir) -> None:
     from aegis.supervise.status import render_status
 
     try:
+        _check_run_folder(runs_dir, run_id)
         report = Supervisor(runs_dir).status(run_id)
     except AegisError as err:
         _fail(err)
@@ -222,6 +269,7 @@ def interrupt(run_id: str = _RunId, runs_dir: str = _RunsDir) -> None:
     from aegis.supervise.runner import Supervisor
 
     try:
+        _check_run_folder(runs_dir, run_id)
         receipt = Supervisor(runs_dir).interrupt(run_id)
     except AegisError as err:
         _fail(err)
@@ -241,6 +289,7 @@ def command(
     from aegis.supervise.status import render_status
 
     try:
+        _check_run_folder(runs_dir, run_id)
         receipt = Supervisor(runs_dir).command(run_id, text)
     except AegisError as err:
         _fail(err)
@@ -272,6 +321,7 @@ def export(
         check_output_dir(target, overwrite=overwrite or out is None)  # before the model is built
         if step is not None:
             _check_export_step(paths, step)
+        _check_run_folder(runs_dir, run_id)
         path = Supervisor(runs_dir).export(run_id, out, merge=merge, step=step, overwrite=overwrite)
     except AegisError as err:
         _fail(err)
