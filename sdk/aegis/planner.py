@@ -227,8 +227,8 @@ def plan_request(
     nothing = None if rec is not None else _nothing_fits(profile, gpu, gpu_count, solution, kwargs)
     throughput, cost_list = None, []
     steps_per_epoch = None
-    if dataset is not None:
-        steps_per_epoch = math.ceil(dataset.num_rows / eff)
+    if dataset is not None:  # at the effective batch the report states: the recommended tier's, across the GPUs
+        steps_per_epoch = math.ceil(dataset.num_rows / (rec.config.effective_batch_size * gpu_count if rec else eff))
     if rec is not None:
         efficiency = (1.0, 1.0) if gpu_count == 1 else (_FSDP_EFFICIENCY if multi and multi.assumed == "fsdp" else _DDP_EFFICIENCY)
         lo, hi, basis, source = tokens_per_s_range(profile, rec.config, gpu, gpu_count=gpu_count, efficiency=efficiency)
@@ -298,6 +298,8 @@ def _device_level(profile: ModelProfile, gpu: GPU, solution: Solution) -> Soluti
                 f"{gib(checked.memory.reserved_bytes or 0, 1)}: planned the first fallback that fits at the device level"
             )
             checked = first_fallback(lambda c: c.fits)
+            if checked is None:  # none fits at the device level either: nothing fits, and no chain is left
+                fallbacks = []
         elif checked.headroom_bytes < comfort <= rec.headroom_bytes:
             kept = first_fallback(lambda c: c.fits and c.headroom_bytes >= comfort)
             on_device = f"{gib(comfort)} headroom on the device (reserved segments counted)"
@@ -326,9 +328,7 @@ def _device_level(profile: ModelProfile, gpu: GPU, solution: Solution) -> Soluti
 
 def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: dict) -> tuple[Solution, MultiGPU]:
     fsdp = solve(profile, gpu, fsdp_shards=n, **kwargs)
-    ref = (ddp.recommended or fsdp.recommended or ddp.smallest).config
-    ddp_bytes = estimate(profile, ref, gpu=gpu, ddp=True).total_bytes
-    fsdp_bytes = estimate(profile, ref, gpu=gpu, fsdp_shards=n).total_bytes
+
     def speed(solution: Solution, efficiency: tuple[float, float]) -> tuple[bool, float]:
         """Whether the config is as asked (no memory savings), then its speed per GPU with scaling."""
         rec = solution.recommended
@@ -336,6 +336,11 @@ def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: d
 
     use_ddp = ddp.recommended is not None and speed(ddp, _DDP_EFFICIENCY) >= speed(fsdp, _FSDP_EFFICIENCY)
     chosen = ddp if use_ddp else fsdp
+    # both figures at the configuration the report recommends (else the smallest tried): the section's "micro batch,
+    # checkpointing" is then the recommended config's, not the other strategy's
+    ref = (chosen.recommended or chosen.smallest).config
+    ddp_bytes = estimate(profile, ref, gpu=gpu, ddp=True).total_bytes
+    fsdp_bytes = estimate(profile, ref, gpu=gpu, fsdp_shards=n).total_bytes
     reason = ("DDP fits with comfortable headroom and needs no weight gathering" if use_ddp else
               "FSDP FULL_SHARD needs the least per GPU, though neither fits" if fsdp.recommended is None else
               "FSDP FULL_SHARD: sharding weights, grads and optimizer states over the GPUs is what makes it fit"
@@ -349,8 +354,20 @@ def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: d
 
 def _nothing_fits(profile: ModelProfile, gpu: GPU, gpu_count: int, solution: Solution, kwargs: dict) -> str:
     small = solution.smallest
-    parts = [f"even the smallest configuration (micro batch 1, checkpointing, paged 8-bit AdamW, chunked CE) needs "
+    parts = [f"even the smallest configuration ({small.summary}) needs "
              f"{gib(small.memory.high_bytes)} on a {gib(gpu.memory_bytes)} {gpu.name}"]
+    pinned = {k: None for k in ("micro_batch_size", "gradient_checkpointing") if kwargs[k] is not None}
+    if pinned:  # what was asked for is what does not fit: say what the solver would choose instead
+        free = solve(profile, gpu, **{**kwargs, **pinned}, **({"fsdp_shards": gpu_count} if gpu_count > 1 else {}))
+        if free.recommended is not None:
+            cfg, said = free.recommended.config, []
+            if kwargs["micro_batch_size"] not in (None, cfg.micro_batch_size):
+                said.append(f"micro batch {cfg.micro_batch_size:,} instead of {kwargs['micro_batch_size']:,}")
+            if kwargs["gradient_checkpointing"] not in (None, cfg.gradient_checkpointing):
+                said.append(f"checkpointing {'ON' if cfg.gradient_checkpointing else 'OFF'} instead of "
+                            f"{'ON' if kwargs['gradient_checkpointing'] else 'OFF'}")
+            if said:
+                parts.append(", ".join(said))
     qlora = {**kwargs, "method": "qlora", "lora": kwargs["lora"] or LoRAConfig()}
     if kwargs["method"] != "qlora":
         q = solve(profile, gpu, **qlora)

@@ -16,7 +16,8 @@ def risks_and_notes(report: PlanReport, profile: ModelProfile) -> tuple[list[Ris
     notes: list[str] = []
     rec, gpu = report.recommended, report.gpu
     if rec is None:
-        risks.append(Risk(level="danger", title="VRAM", detail="nothing fits this GPU: see below for what would"))
+        risks.append(Risk(level="danger", title="VRAM",
+                          detail="nothing fits this GPU as asked: 'Nothing fits' above says what would"))
     else:
         room = rec.headroom_bytes
         if room >= comfort_bytes(gpu):
@@ -39,7 +40,10 @@ def risks_and_notes(report: PlanReport, profile: ModelProfile) -> tuple[list[Ris
                 f"at ~{gpu.bf16_tflops:g} TFLOPS" + (f", fp16 mixed precision at {fp16:g}: say 'fp16'" if fp16 > gpu.bf16_tflops
                                                        else ""))))
         logits = next((c for c in rec.memory.components if c.key == "logits"), None)
-        if logits is not None and logits.bytes > 0.25 * rec.memory.tensor_bytes and not rec.config.chunked_cross_entropy:
+        # worth a warning when it is a large share of the peak and more than the estimate's own +/- margin: a
+        # buffer inside that margin (a tiny vocabulary's few MiB) changes no prediction and no decision
+        if (logits is not None and logits.bytes > 0.25 * rec.memory.tensor_bytes
+                and logits.bytes > rec.memory.dynamic_margin_bytes and not rec.config.chunked_cross_entropy):
             risks.append(Risk(level="warn", title="Logits buffer", detail=(
                 f"{gib(logits.bytes)} ({logits.bytes / rec.memory.tensor_bytes:.0%} of the peak) for the "
                 f"{profile.vocab_size:,}-token vocabulary: chunked cross-entropy (Liger, Unsloth) removes most of it")))

@@ -155,23 +155,35 @@ def solve(
     rec_cfg = best_for(comfort)
     recommended, savings = None, False
     if rec_cfg is not None:
-        why = "checkpointing ON: without it even micro batch 1 leaves too little headroom" if rec_cfg.gradient_checkpointing \
-            else "checkpointing OFF: not needed at this headroom"
+        without = None if gradient_checkpointing is not None else largest(False, comfort)
+        if gradient_checkpointing is not None:
+            why = f"checkpointing {'ON' if gradient_checkpointing else 'OFF'}: as asked"
+        elif not rec_cfg.gradient_checkpointing:
+            why = "checkpointing OFF: not needed at this headroom"
+        elif without is None:
+            why = "checkpointing ON: without it even micro batch 1 leaves too little headroom"
+        else:
+            why = (f"checkpointing ON: micro batch {rec_cfg.micro_batch_size} with it is faster than micro batch "
+                   f"{without} without it")
         recommended = tier(rec_cfg, "recommended", f"fastest config with >= {gib(comfort)} headroom; {why}")
     else:  # no micro batch fits as asked: the fewest memory savings that make one fit
         rec_cfg, why = _with_savings(make, largest, ckpt_options, lora, comfort)
         if rec_cfg is not None:
             recommended, savings = tier(rec_cfg, "recommended", why), True
     agg_cfg = best_for(0)
+    if recommended is None and agg_cfg is not None:  # fits as asked, tightly, and no saving is left to try
+        rec_cfg = agg_cfg
+        recommended = tier(rec_cfg, "recommended", f"tight: fits with less than {gib(comfort)} headroom")
     aggressive = None
     if agg_cfg is not None and (rec_cfg is None or relative_speed(agg_cfg) > relative_speed(rec_cfg) * 1.01):
         aggressive = tier(agg_cfg, "aggressive", AGGRESSIVE_SUMMARY)
     elif agg_cfg is not None and rec_cfg is not None:
         notes.append(AGGRESSIVE_OMITTED)
 
-    start = rec_cfg or make(1, False)
-    fallbacks = _fallback_chain(start, tier, make, method, lora, gpu)
-    smallest = _smallest(make, method, lora, tier)
+    # the chain steps down from the recommended config; with none, nothing as asked fits, and a chain of configs
+    # that drop what was asked (a pinned micro batch or checkpointing) would tell the report two stories
+    fallbacks = _fallback_chain(rec_cfg, tier, make, method, lora, gpu) if recommended is not None else []
+    smallest = _smallest(make, lora, tier, micro_batch_size or 1, gradient_checkpointing)
     return Solution(recommended=recommended, aggressive=aggressive, fallbacks=fallbacks, smallest=smallest, notes=notes,
                     savings=savings)
 
@@ -236,14 +248,26 @@ def _fallback_chain(start: TrainConfig, tier, make, method: Method, lora: LoRACo
             update["gradient_accumulation_steps"] = max(1, -(-start.effective_batch_size // new_mb))
         current = current.model_copy(update=update)
         t = tier(current)
-        if t.fits and t.memory.total_bytes < previous_bytes:
+        if t.fits and _smaller(t.memory.total_bytes, previous_bytes):
             chain.append(t.model_copy(update={"name": f"fallback {len(chain) + 1}", "summary": summary}))
             previous_bytes = t.memory.total_bytes
     return chain
 
 
-def _smallest(make, method: Method, lora: LoRAConfig | None, tier) -> Tier:
+def _smaller(new_bytes: int, old_bytes: int) -> bool:
+    """A step down worth taking: less memory, and a different figure where the report states it (GiB to one
+    decimal, `aegis.units.gib`). A tiny model's steps save kilobytes under a fixed runtime overhead: a chain of
+    configs that all read '1.4 GiB' would cost speed or quality for nothing an OOM could tell apart."""
+    return new_bytes < old_bytes and gib(new_bytes, 1) != gib(old_bytes, 1)
+
+
+def _smallest(make, lora: LoRAConfig | None, tier, micro_batch_size: int = 1,
+              gradient_checkpointing: bool | None = None) -> Tier:
+    """The smallest configuration the request allows: every saving, at the micro batch and the checkpointing asked
+    for (micro batch 1 and checkpointing where they were left to the solver). When it does not fit, nothing does."""
     extra: dict = {"optimizer": "paged_adamw_8bit", "chunked_cross_entropy": True}
-    if lora is not None:
-        extra["lora"] = lora.model_copy(update={"rank": min(lora.rank, 8)})
-    return tier(make(1, True, **extra), "smallest", "micro batch 1, checkpointing, paged 8-bit AdamW, chunked CE")
+    if lora is not None and lora.rank > 8:  # the rank `_savings` tries
+        extra["lora"] = lora.model_copy(update={"rank": max(8, lora.rank // 2)})
+    ckpt = gradient_checkpointing is not False
+    summary = f"micro batch {micro_batch_size:,}, " + ("checkpointing, " if ckpt else "no checkpointing (as asked), ")
+    return tier(make(micro_batch_size, ckpt, **extra), "smallest", summary + "paged 8-bit AdamW, chunked CE")

@@ -322,7 +322,7 @@ def estimate(
     tensor = peak.total
     overhead = gpu_obj.overhead_bytes if gpu_obj else DEFAULT_OVERHEAD_BYTES
     dynamic = int(_DYNAMIC_FRACTION * tensor + _DYNAMIC_FLOOR)
-    total = tensor + overhead
+    total = tensor + overhead  # the low end (below) keeps the fixed overhead: the margin is the tensors'
     eval_peak = _eval_peak(profile, fam, cfg, place, static=weights + adapters + states + buckets,
                            seq=eval_seq_len or s, batch=eval_batch_size or b, width=width) + overhead
     notes = (f"peak at the {peak.name}",)
@@ -333,7 +333,7 @@ def estimate(
     return MemoryEstimate(
         model_id=profile.model_id, config=asked, components=components, tensor_bytes=tensor,
         overhead_bytes=overhead, dynamic_margin_bytes=dynamic, total_bytes=total,
-        low_bytes=total - dynamic, high_bytes=total + dynamic, eval_peak_bytes=eval_peak,
+        low_bytes=total - min(dynamic, tensor), high_bytes=total + dynamic, eval_peak_bytes=eval_peak,
         peak_phase=peak.name, notes=notes, stack_notes=tuple(stack_notes(profile, cfg)),
     )
 

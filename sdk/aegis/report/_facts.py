@@ -102,10 +102,13 @@ def tiers(report: PlanReport) -> list[Tier]:
 
 
 def breakdown_tier(report: PlanReport) -> Tier | None:
-    """The tier whose memory the breakdown (and the chart) shows: the recommended one, else the smallest tried."""
+    """The tier whose memory the breakdown (and the chart) shows: the recommended one, else the smallest tier that
+    does not fit. A report whose decision is "nothing fits" never shows a tier that fits (with headroom), so no
+    section can say "comfortable" or "short by" a negative amount beside it; the solver leaves such a report no
+    fitting tier (`aegis.solver.solve`), and one read from an older plan.json gets no breakdown."""
     if report.recommended is not None:
         return report.recommended
-    candidates = tiers(report)
+    candidates = [t for t in tiers(report) if t.headroom_bytes < 0]
     return min(candidates, key=lambda t: t.memory.total_bytes) if candidates else None
 
 

@@ -813,7 +813,7 @@ def build_sections(report: PlanReport, *, explain: bool = False) -> list[Section
     out.append(_estimates(report, explain))
     if report.risks:
         out.append(_risks(report))
-    if report.recommended is not None or report.fallbacks:
+    if report.recommended is not None:  # a chain below the recommended config: none when nothing fits
         out.append(_fallbacks(report, explain))
     notes = [n for n in report.notes if not (omitted and n == _AGGRESSIVE_OMITTED)]
     if notes:
