@@ -22,6 +22,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from aegis.supervise.events import read_jsonl
 from tests.hf_folders import CHATML, CHATML_GENERATION, make_model_folder, write_alpaca, write_messages, write_sharegpt
 
 torch = pytest.importorskip("torch")
@@ -340,6 +341,10 @@ def test_kill_9_then_resume_exports_the_same_adapter_and_a_changed_base_is_refus
     assert a.keys() == b.keys()
     for k in a:
         np.testing.assert_allclose(b[k], a[k], atol=1e-5, rtol=0)
+    # each step logged once, with the loss the uninterrupted run logged at that step
+    straight_log, killed_log = (read_jsonl(runs / r / "metrics.jsonl") for r in ("straight", "killed"))
+    assert [r["step"] for r in killed_log] == [r["step"] for r in straight_log] == list(range(1, 41))
+    np.testing.assert_allclose([r["loss"] for r in killed_log], [r["loss"] for r in straight_log], rtol=1e-6)
 
     # the base changes after a kill: resuming refuses it in one line, and trains nothing
     weights = folder.parent / "changed"
