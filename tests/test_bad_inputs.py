@@ -52,6 +52,12 @@ def files(tmp_path_factory) -> dict[str, str]:
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": -64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 100,
         "max_position_embeddings": 128}))
+    for name, change in {"hugelayers": {"num_hidden_layers": 10**9}, "nopositions": {"max_position_embeddings": 0},
+                         "textsize": {"hidden_size": "64"}}.items():
+        write(f"{name}/config.json", json.dumps({
+            "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 100,
+            "max_position_embeddings": 128, **change}))
     (root / "noconfig").mkdir()
     (root / "noconfig" / "weights.bin").write_bytes(b"\0" * 16)
     paths["noconfig"] = str(root / "noconfig")
@@ -169,6 +175,11 @@ CASES = [
     _case(["plan", "--model", "{listjson_config_json}", "--gpu", "3090"], 2, "config.json", id="flag-list-config"),
     _case(["plan", "--model", "{unknownarch_config_json}", "--gpu", "3090"], 2, "not-a-model", id="flag-unknown-arch"),
     _case(["plan", "--model", "{negative_config_json}", "--gpu", "3090"], 2, "hidden_size", id="flag-negative-config"),
+    _case(["plan", "--model", "{hugelayers_config_json}", "--gpu", "3090"], 2, ["num_hidden_layers", "10,000"],
+          id="flag-billion-layers"),  # planned in 0.1 s, not a hang over per-layer lists
+    _case(["plan", "--model", "{nopositions_config_json}", "--gpu", "3090"], 2, "max_position_embeddings",
+          id="flag-zero-positions"),
+    _case(["plan", "--model", "{textsize_config_json}", "--gpu", "3090"], 2, ["hidden_size", "'64'"], id="flag-text-size"),
     _case(["plan", "--model", "qwen2.5-0.5b", "--gpu", ""], 2, id="flag-empty-gpu"),
     _case(["plan", "--model", "qwen2.5-0.5b", "--gpu", "3090", "--dataset", "{binary_jsonl}"], 2, id="flag-binary-data"),
     # ---- compare / models / gpus / benchmark --------------------------------------------------------------

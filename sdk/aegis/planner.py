@@ -164,6 +164,9 @@ def plan_request(
         checkpointing=req.checkpointing_mode, detect=detect_stack,
     )
     profile = profile_for_stack(resolve_model(req.model), stack)  # transformers 4.x: separate expert Linears
+    if profile.max_position_embeddings < 1:  # else 'seq_len must be a positive integer, got 0' names no key
+        raise InvalidConfigError(f"{profile.model_id}: config.json's max_position_embeddings is "
+                                 f"{profile.max_position_embeddings}: a model needs at least 1 position; check the file")
     gpu = hardware.find_gpu(req.gpu)
     method = req.method or "lora"
     gpu_count = req.gpu_count or 1

@@ -115,7 +115,13 @@ def value(config: dict[str, Any], key: str) -> Any:
 def _int(config: dict[str, Any], key: str, raw: Any) -> int:
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or int(raw) != raw or raw < 0:
         raise InvalidConfigError(f"config.json key {key!r} must be a non-negative integer, got {raw!r}")
+    if key == "num_hidden_layers" and raw > _MAX_LAYERS:  # per-layer lists: 10**9 layers would hang the planner
+        raise InvalidConfigError(f"config.json key {key!r} is {raw:,}: accepted 0 to {_MAX_LAYERS:,} layers")
     return int(raw)
+
+
+_MAX_LAYERS = 10_000
+"""More decoder layers than any released model has by ~50x (Llama 3.1 405B: 126)."""
 
 
 def _required(config: dict[str, Any], key: str) -> int:
