@@ -335,15 +335,20 @@ def test_model_tokenizer_from_the_hub_cache(tiny_model: Path, tmp_path: Path) ->
 
 
 @pytest.mark.slow
-def test_rows_a_template_rejects_are_counted_and_noted(tiny_model: Path, tmp_path: Path) -> None:
+def test_rows_a_template_rejects_are_skipped_by_line_as_training_skips_them(tiny_model: Path, tmp_path: Path) -> None:
+    from aegis.render import ChatRenderer, load_examples
+
     rows = [{"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]},
             {"messages": [{"role": "assistant", "content": "I speak first"}, {"role": "user", "content": "ok"}]}]
     path = tmp_path / "odd.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     profile = analyze_dataset(str(path), model=str(tiny_model))
-    assert profile.sampled_rows == 2
-    assert any("1 rows were not accepted by the chat template" in n and "first turn must be the user" in n
-               for n in profile.notes)
+    assert profile.num_rows == profile.sampled_rows == 1
+    [refused] = profile.problems
+    assert (refused.kind, refused.lines, refused.action) == ("refused", (2,), "skipped")
+    assert "first turn must be the user" in refused.reason
+    examples, report = load_examples(str(path), ChatRenderer.from_folder(tiny_model))
+    assert len(examples) == 1 and report.malformed == [(2, refused.reason)]
     mistral = analyze_dataset(str(path), model=MISTRAL_V1)  # mistral-common's validator: last turn must be assistant
     assert mistral.sampled_rows == 2 and any("not accepted by the chat template" in n for n in mistral.notes)
 
@@ -373,7 +378,8 @@ def test_corrupt_lines_are_reported_and_the_rest_analysed() -> None:
     profile = analyze_dataset(str(DATA / "corrupt.jsonl"), model=QWEN)
     assert profile.bad_lines == (2, 5)
     assert profile.num_rows == 3 and profile.format == "text"
-    assert any("lines 2, 5" in n for n in profile.notes)
+    [corrupt] = profile.problems
+    assert (corrupt.kind, corrupt.count, corrupt.lines, corrupt.unit) == ("corrupt", 2, (2, 5), "line")
 
 
 def test_all_lines_corrupt_is_an_error() -> None:

@@ -213,6 +213,10 @@ class TokenCounter(ABC):
     template_name: str
     notes: tuple[str, ...] = ()
     rejected: list[str]
+    refused: list[tuple[int, str]] = []  # the run's own template (HFCounter): rows of the last call it refused
+
+    def check_chats(self) -> None:
+        """Raise when this counter cannot render chats as the run will (a tokenizer without a chat template)."""
 
     @abstractmethod
     def count_conversations(self, conversations: Sequence[Conversation]) -> tuple[list[int], list[int]]:
@@ -295,35 +299,42 @@ class MistralCounter(TokenCounter):
 
 
 class HFCounter(TokenCounter):
-    """A transformers tokenizer with its own jinja chat template (or a family template when it has none)."""
+    """A transformers tokenizer through the renderer training uses (:class:`aegis.render.ChatRenderer`): its
+    own chat template, or the given ``chat_template``; with neither, chats are refused as the run refuses them
+    (:meth:`check_chats`), never rendered with another family's template. Rows the template refuses are
+    listed in ``refused`` (training skips them), not counted."""
 
-    def __init__(self, tokenizer: Any, fallback: ChatTemplate, *, name: str, notes: tuple[str, ...] = ()):
-        from aegis.render import ChatRenderer
+    def __init__(self, tokenizer: Any, *, name: str, folder: str | None = None, chat_template: str | None = None,
+                 notes: tuple[str, ...] = ()):
+        from aegis.render import ChatRenderer, load_chat_template
 
-        self.tokenizer, self.fallback, self.name, self.exact = tokenizer, fallback, name, True
-        self.renderer = ChatRenderer(tokenizer, name=name)  # the renderer training uses: the same token counts
+        given = load_chat_template(chat_template) if chat_template else None
+        self.tokenizer, self.name, self.exact = tokenizer, name, True
+        # training's renderer (ChatRenderer.from_folder): the same counts, the same refusal
+        self.renderer = ChatRenderer(tokenizer, chat_template=given, name=folder or name)
         self.rejected: list[str] = []
-        self.own_template = self.renderer.has_template
-        self.template_name = "the model's own chat template" if self.own_template else fallback.name
-        self.notes = notes if self.own_template else (
-            *notes, f"the tokenizer has no chat template: rendered with Aegis' {fallback.name!r} template")
+        self.refused: list[tuple[int, str]] = []
+        self.template_name = "the given chat_template" if given else "the model's own chat template"
+        self.notes = notes
+
+    def check_chats(self) -> None:
+        self.renderer.require_template()
 
     def _lengths(self, texts: Sequence[str], special: bool) -> list[int]:
         return self.renderer.count(texts, special=special)
 
     def _render(self, conversations: Sequence[Conversation]) -> list[str]:
-        if not self.own_template:
-            return [self.fallback.render(c) for c in conversations]
+        self.refused = []
         try:
             return self.renderer.texts(conversations)
         except ValueError:  # a template may raise_exception() on some rows (e.g. roles not alternating)
             texts = []
-            for conv in conversations:
+            for i, conv in enumerate(conversations):
                 try:
                     texts.append(self.renderer.render_text(conv))
-                except ValueError as err:  # training skips these rows as malformed
-                    self.rejected.append(str(err))
-                    texts.append(self.fallback.render(conv))
+                except ValueError as err:  # training skips these rows
+                    self.refused.append((i, str(err)))
+                    texts.append("")
             return texts
 
     def count_conversations(self, conversations: Sequence[Conversation]) -> tuple[list[int], list[int]]:
@@ -517,20 +528,24 @@ def resolve_profile(model: ModelProfile | str | None) -> ModelProfile | str | No
         return model
 
 
-def load_tokenizer(model: ModelProfile | str | None) -> TokenCounter:
+def load_tokenizer(model: ModelProfile | str | None, *, chat_template: str | None = None) -> TokenCounter:
     """The best available token counter for a model (see the module docstring for the order).
 
-    Tokenizer files are loaded once per process; later calls for the same model are cheap.
+    ``chat_template`` (a .jinja path or the text, as a run config's ``chat_template:``) renders chats with the
+    model's own tokenizer in place of its template; with the model's own tokenizer and no template at all,
+    counting chats raises DatasetError, as training does. The offline approximations keep their family's
+    template (labelled approximate). Tokenizer files are loaded once per process.
     """
     model = resolve_profile(model)
     rule = match_family(model)
-    template = chat_template(rule.template)
+    template = _chat_template(rule.template)
     model_id = _model_id(model)
     if model_id is not None:
         source = _hf_tokenizer_source(model_id)
         tok = _hf_tokenizer(source) if source is not None else None
         if tok is not None:
-            return HFCounter(tok, template, name=f"{model_id} (transformers AutoTokenizer)")
+            return HFCounter(tok, name=f"{model_id} (transformers AutoTokenizer)", folder=source,
+                             chat_template=chat_template)
     spec = rule.tokenizer
     try:
         if spec.kind == "qwen":
@@ -543,3 +558,6 @@ def load_tokenizer(model: ModelProfile | str | None) -> TokenCounter:
                          "(pip install 'aegis-ml[data]' for exact counts)")
         return counter
     return _load_cl100k(rule, template, model)
+
+
+_chat_template = chat_template  # load_tokenizer's parameter of the same name shadows it there

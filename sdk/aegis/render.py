@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from aegis.errors import DatasetError, InvalidConfigError
 
-__all__ = ["ChatRenderer", "DataReport", "load_examples", "load_chat_template", "Item"]
+__all__ = ["ChatRenderer", "DataReport", "load_examples", "load_chat_template", "fit_to_seq_len", "Item"]
 
 Item = list[tuple[str, str]] | str
 """A row as (role, content) turns, or a raw text (``aegis.datasets.to_conversation``'s output)."""
@@ -88,13 +88,19 @@ class ChatRenderer:
     def has_template(self) -> bool:
         return bool(self.template)
 
-    def _need_template(self) -> str:
+    def require_template(self) -> str:
+        """The chat template chats render with: the given one, else the tokenizer's own; DatasetError
+        when there is neither. The one decision: planning (token counts) and training both ask here, so a
+        tokenizer without a template is never planned with another family's."""
         if not self.template:
             raise DatasetError(
-                f"the tokenizer in {self.name} has no chat template, and the data is chats: set `chat_template:` "
-                "in the run config (a .jinja file or the template text), or train on a text dataset"
+                f"the tokenizer in {self.name} has no chat template, and the data is chats: set `chat_template:` in "
+                f"the run config (a .jinja file or the template text; `chat_template=` to analyze_dataset), put the "
+                "template in the model folder as chat_template.jinja, or train on a text dataset"
             )
         return self.template
+
+    _need_template = require_template
 
     # ------------------------------------------------------------------ rendering
 
@@ -106,7 +112,7 @@ class ChatRenderer:
         """The conversation as the template renders it (``apply_chat_template(tokenize=False)``)."""
         try:
             return self.tokenizer.apply_chat_template(
-                self._messages(turns), chat_template=self._need_template(), tokenize=False,
+                self._messages(turns), chat_template=self.require_template(), tokenize=False,
                 add_generation_prompt=generation_prompt,
             )
         except DatasetError:
@@ -121,7 +127,7 @@ class ChatRenderer:
         return ids, [False] + [True] * (len(ids) - 1)
 
     def _encode_chat(self, turns: Sequence[tuple[str, str]]) -> tuple[list[int], list[bool]]:
-        template = self._need_template()
+        template = self.require_template()
         if self.generation_tags:
             try:
                 out = self.tokenizer.apply_chat_template(
@@ -193,46 +199,86 @@ class ChatRenderer:
 # --------------------------------------------------------------------------------------------- training
 
 
+def fit_to_seq_len(
+    ids: list[int], mask: list[bool] | None, seq_len: int | None, overlong: Literal["truncate", "drop"] = "truncate"
+) -> tuple[list[int] | None, list[bool] | None, list[str]]:
+    """A rendered row cut to ``seq_len`` as training takes it: (ids, mask, problems), ids None when the row is
+    dropped. Problems: ``truncated`` (longer than seq_len, cut), ``overlong`` (longer, dropped with
+    ``overlong="drop"``), ``no_targets`` (no assistant token left to learn; dropped). ``mask`` None: not known
+    (an approximate tokenizer), no ``no_targets`` check. The planner asks the same of the rows it tokenizes."""
+    problems: list[str] = []
+    if seq_len is not None and len(ids) > seq_len:
+        if overlong == "drop":
+            return None, None, ["overlong"]
+        ids, mask = ids[:seq_len], (None if mask is None else mask[:seq_len])
+        problems.append("truncated")
+    if len(ids) < 2 or (mask is not None and not any(mask[1:])):
+        return None, None, [*problems, "no_targets"]
+    return ids, mask, problems
+
+
 @dataclass
 class DataReport:
-    """What loading a dataset for training found (counted in the run's events)."""
+    """What loading a dataset for training found (the run's ``data_loaded`` event and its warnings).
+
+    ``rows``: rows that fit the format (what was tokenized); ``examples``: what trains; ``problems``:
+    every row skipped, dropped or truncated, with its line (the planner's :class:`aegis.datasets.RowProblem`)."""
 
     source: str
     format: str
     rows: int = 0
     examples: int = 0
     tokens: int = 0
-    bad_lines: tuple[int, ...] = ()
-    malformed: list[tuple[int, str]] = field(default_factory=list)  # (line of a JSONL file / row number, why)
-    truncated: int = 0
-    dropped_overlong: int = 0
-    no_targets: int = 0
+    problems: list[Any] = field(default_factory=list)  # aegis.datasets.RowProblem, in the order found
+    unit: str = "line"
+    records: int = 0  # rows parsed before the format check (corrupt lines not included)
     lengths: list[int] = field(default_factory=list)
 
+    def _lines(self, *kinds: str) -> list[Any]:
+        return sorted((p for p in self.problems if p.kind in kinds), key=lambda p: p.line)
+
+    @property
+    def bad_lines(self) -> tuple[int, ...]:
+        """Corrupt lines (not a JSON object, an unparseable CSV record)."""
+        return tuple(p.line for p in self._lines("corrupt"))
+
+    @property
+    def malformed(self) -> list[tuple[int, str]]:
+        """(line, why) of rows skipped for their content: no format fields, empty, no assistant turn, refused."""
+        return [(p.line, p.reason) for p in self._lines("no_format", "empty", "no_assistant", "refused")]
+
+    @property
+    def truncated(self) -> int:
+        return len(self._lines("truncated"))
+
+    @property
+    def dropped_overlong(self) -> int:
+        return len(self._lines("overlong"))
+
+    @property
+    def no_targets(self) -> int:
+        return len(self._lines("no_targets"))
+
     def summary(self) -> dict[str, Any]:
+        from aegis.datasets import problem_groups
+
         return {
             "source": self.source, "format": self.format, "rows": self.rows, "examples": self.examples,
-            "tokens": self.tokens, "bad_lines": list(self.bad_lines[:50]), "bad_line_count": len(self.bad_lines),
+            "tokens": self.tokens, "records": self.records, "unit": self.unit,
+            "bad_lines": list(self.bad_lines[:50]), "bad_line_count": len(self.bad_lines),
             "malformed_rows": [n for n, _ in self.malformed[:50]], "malformed_count": len(self.malformed),
             "truncated": self.truncated, "dropped_overlong": self.dropped_overlong, "no_targets": self.no_targets,
+            "problems": {kind: {"count": len(group), "lines": [p.line for p in group[:50]], "reason": group[0].reason}
+                         for kind, group in problem_groups(self.problems).items()},
         }
 
     def warnings(self) -> list[str]:
-        out = []
-        if self.bad_lines:
-            shown = ", ".join(map(str, self.bad_lines[:10])) + (" …" if len(self.bad_lines) > 10 else "")
-            out.append(f"{len(self.bad_lines)} corrupt lines skipped (lines {shown})")
-        if self.malformed:
-            n, why = self.malformed[0]
-            out.append(f"{len(self.malformed)} rows do not fit the {self.format} format and were skipped "
-                       f"(first: line/row {n}: {why})")
-        if self.truncated:
-            out.append(f"{self.truncated} rows longer than seq_len were truncated")
-        if self.dropped_overlong:
-            out.append(f"{self.dropped_overlong} rows longer than seq_len were dropped")
-        if self.no_targets:
-            out.append(f"{self.no_targets} rows have no assistant tokens within seq_len and were skipped")
-        return out
+        """One line per kind of problem: how many, what happened to them, the first lines, why."""
+        from aegis.datasets import describe_problem, problem_groups
+
+        return [describe_problem(kind, len(group), [p.line for p in group], unit=self.unit, reason=group[0].reason,
+                                 fmt=self.format)
+                for kind, group in problem_groups(self.problems).items()]
 
 
 def load_examples(
@@ -248,44 +294,40 @@ def load_examples(
 
     ``renderer`` is a :class:`ChatRenderer` (or the demo's ``ByteTokenizer``: anything with ``render(item)``).
 
-    Corrupt lines and rows that do not fit the format are skipped and counted; rows longer than
-    ``seq_len`` are truncated or dropped (``overlong``). Raises DatasetError when nothing is left.
+    Rows are read and checked by :func:`aegis.datasets.read_rows`, the planner's reader: corrupt lines and
+    rows without the format's fields, empty or without an assistant turn are skipped; rows the template
+    refuses are skipped; rows longer than ``seq_len`` are truncated or dropped (``overlong``); every one is
+    counted in the report with its line. Raises DatasetError when nothing is left.
     """
     import numpy as np
 
-    from aegis.datasets import detect_format, read_rows, to_conversation
+    from aegis.datasets import RowProblem, read_rows
     from aegis.train.data import Example, sample_id_of
 
     rows = read_rows(str(source), sample_rows=2**62)
-    fmt, column = detect_format(rows.columns, rows.sample)
-    report = DataReport(source=str(source), format=fmt, rows=rows.num_rows, bad_lines=rows.bad_lines)
+    report = DataReport(source=str(source), format=rows.format, rows=rows.num_rows, problems=list(rows.problems),
+                        unit=rows.unit, records=rows.records)
     examples: list[Any] = []
     seen: dict[str, int] = {}
     total = len(rows.sample)
-    if fmt != "text" and isinstance(renderer, ChatRenderer):
-        renderer._need_template()
-    for n, row in enumerate(rows.sample, start=1):
+    if isinstance(renderer, ChatRenderer) and any(not isinstance(it, str) for it in rows.items):
+        renderer.require_template()
+    for n, (row, item, line) in enumerate(zip(rows.sample, rows.items, rows.sample_lines), start=1):
         if on_progress is not None and (n % 256 == 0 or n == total):
             on_progress(n, total)
         try:
-            if fmt != "text" and isinstance(row.get("text"), str) and not row.get(column or "messages"):
-                item: Item = row["text"]  # a raw-text row in a mixed file
-            else:
-                item = to_conversation(row, fmt, column)
             ids, mask = renderer.render(item)
-        except ValueError as err:  # the row does not fit the format, or the template refuses it
-            where = rows.sample_lines[n - 1] if rows.sample_lines else n
-            report.malformed.append((where, str(err).splitlines()[0][:200] if str(err) else type(err).__name__))
+        except ValueError as err:  # the template refuses the row (raise_exception: roles not alternating, ...)
+            why = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+            report.problems.append(RowProblem(line, "refused", why))
             continue
         report.lengths.append(len(ids))
-        if seq_len is not None and len(ids) > seq_len:
-            if overlong == "drop":
-                report.dropped_overlong += 1
-                continue
-            ids, mask = ids[:seq_len], mask[:seq_len]
-            report.truncated += 1
-        if len(ids) < 2 or not any(mask[1:]):
-            report.no_targets += 1
+        ids, mask, problems = fit_to_seq_len(list(ids), list(mask), seq_len, overlong)
+        report.problems += [RowProblem(line, kind, f"{report.lengths[-1]:,} tokens, seq_len {seq_len:,}")
+                            for kind in problems if kind != "no_targets" or seq_len is not None]
+        report.problems += [RowProblem(line, kind, "no assistant token") for kind in problems
+                            if kind == "no_targets" and seq_len is None]
+        if ids is None:
             continue
         sid = sample_id_of(row)
         seen[sid] = seen.get(sid, 0) + 1

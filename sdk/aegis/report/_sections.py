@@ -70,7 +70,6 @@ _ATTENTION_REASONS = {
     "sdpa": "PyTorch SDPA keeps no seq^2 score matrix",
     "flash": "FlashAttention keeps no seq^2 score matrix",
 }
-_MAX_BAD_LINES_SHOWN = 10
 
 
 @dataclass(frozen=True)
@@ -224,17 +223,8 @@ def _dataset(ds: DatasetProfile) -> Section:
             "packing efficiency: share of real tokens when rows are packed into seq-len blocks",
         ),
     ]
-    if ds.bad_lines:
-        shown = ", ".join(str(n) for n in ds.bad_lines[:_MAX_BAD_LINES_SHOWN])
-        more = len(ds.bad_lines) - _MAX_BAD_LINES_SHOWN
-        items.append(
-            Line(
-                "Unparsed lines",
-                shown + (f" (+{more} more)" if more > 0 else ""),
-                "skipped; every other line was analysed",
-                "warn",
-            )
-        )
+    items += [Line("Data problem", text, "as the run counts them: the plan reads rows with the run's reader", "warn")
+              for text in _data_problems(ds)]
     items += [Line("Note", note) for note in ds.notes]
     return Section("dataset", "Dataset", f"{ds.source} ({format_int(ds.num_rows)} rows)", tuple(items))
 
@@ -284,11 +274,19 @@ def _dataset_brief(ds: DatasetProfile) -> Section:
             f"padding waste {format_share(ds.padding_waste)} | packing efficiency {format_share(ds.packing_efficiency)}",
         ),
     ]
-    if ds.bad_lines:
-        more = len(ds.bad_lines) - _MAX_BAD_LINES_SHOWN
-        shown = ", ".join(str(n) for n in ds.bad_lines[:_MAX_BAD_LINES_SHOWN]) + (f" (+{more} more)" if more > 0 else "")
-        items.append(Line("", f"Unparsed lines (skipped): {shown}", "", "warn"))
+    items += [Line("", text, "", "warn") for text in _data_problems(ds)]
     return Section("dataset", "Dataset", f"{ds.source} ({format_int(ds.num_rows)} rows)", tuple(items))
+
+
+def _data_problems(ds: DatasetProfile) -> list[str]:
+    """One line per kind of row a run skips, drops or truncates, with its first lines (a profile saved before
+    problems were recorded: its unparsed lines)."""
+    from aegis.datasets import describe_problem
+
+    if not ds.problems:
+        return [describe_problem("corrupt", len(ds.bad_lines), ds.bad_lines)] if ds.bad_lines else []
+    return [describe_problem(p.kind, p.count, p.lines, unit=p.unit, reason=p.reason, fmt=ds.format,
+                             of_sample=ds.sampled_rows if p.sampled else None) for p in ds.problems]
 
 
 def _rates(gpu: GPU, dense: str = "") -> str:

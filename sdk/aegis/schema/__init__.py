@@ -34,6 +34,7 @@ __all__ = [
     "MemoryComponent",
     "MemoryEstimate",
     "TokenStats",
+    "DataProblem",
     "DatasetProfile",
     "PlanRequest",
     "ModelSummary",
@@ -443,7 +444,7 @@ class MemoryEstimate(Frozen):
         raise KeyError(f"no component {key!r}; have {[c.key for c in self.components]}")
 
 
-_REPORT = frozenset({"TokenStats", "DatasetProfile", "PlanRequest", "ModelSummary", "Tier", "Risk", "Throughput", "Cost", "MultiGPU", "PlanReport"})
+_REPORT = frozenset({"TokenStats", "DataProblem", "DatasetProfile", "PlanRequest", "ModelSummary", "Tier", "Risk", "Throughput", "Cost", "MultiGPU", "PlanReport"})
 """What a plan reports (`aegis.schema.report`): built on first use, so `import aegis` and an estimate skip them."""
 
 

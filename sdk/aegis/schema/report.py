@@ -24,7 +24,7 @@ from aegis.schema import (
     TrainConfig,
 )
 
-__all__ = ["TokenStats", "DatasetProfile", "PlanRequest", "ModelSummary", "Tier", "Risk", "Throughput", "Cost", "MultiGPU", "PlanReport"]
+__all__ = ["TokenStats", "DataProblem", "DatasetProfile", "PlanRequest", "ModelSummary", "Tier", "Risk", "Throughput", "Cost", "MultiGPU", "PlanReport"]
 
 
 class TokenStats(Frozen):
@@ -36,6 +36,23 @@ class TokenStats(Frozen):
     p95: int
     p99: int
     max: int
+
+
+class DataProblem(Frozen):
+    """Rows of one kind that a run skips, drops or truncates, and where they are (planning and training
+    read rows through one reader, so a plan's problems are the run's)."""
+
+    kind: Literal["corrupt", "no_format", "empty", "no_assistant", "refused", "overlong", "truncated", "no_targets"] = Field(
+        description="corrupt: not a JSON object / an unparseable CSV record; no_format: lacks the detected format's "
+        "fields; empty; no_assistant: no assistant turn with text; refused: the chat template raised on it; "
+        "overlong: longer than seq_len with `overlong: drop`; truncated: longer than seq_len, cut to it; "
+        "no_targets: no assistant token left within seq_len.")
+    count: int = Field(description="How many (every row; only the tokenized sample when `sampled`).")
+    lines: tuple[int, ...] = Field(description="The first of them (up to 100), as 1-based lines or row numbers (`unit`).")
+    unit: Literal["line", "row"] = Field(description="line: file lines of JSON Lines / CSV; row: row numbers otherwise.")
+    action: Literal["skipped", "dropped", "truncated"] = Field(description="What training does with them.")
+    reason: str = Field(default="", description="Why the first of them is a problem.")
+    sampled: bool = Field(default=False, description="Counted in the tokenized sample only, not in every row.")
 
 
 class DatasetProfile(Frozen):
@@ -61,6 +78,10 @@ class DatasetProfile(Frozen):
         description="Tokens of each sampled row that fits the format, in file order (every row when the dataset "
         "has at most the sample size): with the model's own tokenizer, the lengths a run trains before truncation.",
     )
+    rows_read: int | None = Field(default=None, description="Records in the source, the corrupt ones included.")
+    problems: tuple[DataProblem, ...] = Field(
+        default=(), description="Rows a run skips, drops or truncates, by kind, with their lines; `num_rows` leaves "
+        "out the skipped and dropped ones.")
 
 
 class PlanRequest(Frozen):

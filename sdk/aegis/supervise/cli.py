@@ -105,6 +105,8 @@ def _describe(kind: str, step: int | None, data: dict[str, Any]) -> str | None:
         return f"[green]repair[/] {at}: {data.get('strategy')} — {data.get('reason')}"
     if kind == "rollback":
         return f"[cyan]rollback[/] to checkpoint {step}"
+    if kind == "data_warning":
+        return f"[yellow]data[/]: {data.get('message')}"
     if kind == "fault_injected":
         return f"[magenta]fault injected[/] {at}: {data.get('fault')}"
     if kind == "curriculum" and data.get("degraded"):
@@ -184,6 +186,21 @@ def _report(outcome: Any, console: Any) -> None:
         f"(lr {outcome.lr:.3g}, tier {outcome.fallback_tier}, blacklist: {', '.join(outcome.blacklist) or '-'})"
     )
     console.print(f"folder: {outcome.run_dir}")
+    for line in _data_summary(Path(outcome.run_dir)):
+        console.print(line, markup=False)
+
+
+def _data_summary(run_dir: Path) -> list[str]:
+    """What the run's data loading found (its last ``data_loaded`` event and the warnings after it)."""
+    from aegis.supervise.events import read_jsonl
+
+    events = read_jsonl(run_dir / "events.jsonl")
+    at = max((i for i, e in enumerate(events) if e.get("kind") == "data_loaded"), default=None)
+    if at is None:
+        return []
+    d = events[at].get("data", {})
+    out = [f"data: {d.get('examples', 0):,} examples trained from {d.get('rows', 0):,} rows of {d.get('source')}"]
+    return out + [f"  {e['data'].get('message')}" for e in events[at + 1:] if e.get("kind") == "data_warning"]
 
 
 def run(

@@ -166,21 +166,24 @@ def tokenize_rows(
 
 
 def load_jsonl(path: str | Path, tokenizer: Tokenizer, *, default_domain: str = "default") -> list[Example]:
-    """Read and tokenise a JSONL file of ``text`` / ``messages`` rows."""
+    """Read and tokenise a JSONL file of ``text`` / ``messages`` rows, strictly: read by the planner's
+    reader (:func:`aegis.datasets.read_rows`), any row it would skip is an error that cites its line.
+    (Runs on a model's own tokenizer load through :func:`aegis.render.load_examples`, which skips and
+    reports such rows instead.)"""
+    from aegis.datasets import describe_problem, problem_groups, read_rows
+
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"dataset file {path} does not exist; pass the path of a .jsonl file")
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise DatasetError(f"{path}:{n} is not valid JSON ({err.msg}); fix or remove the line") from err
-    if not rows:
-        raise DatasetError(f"{path} has no rows")
-    return tokenize_rows(rows, tokenizer, default_domain=default_domain)
+    rows = read_rows(str(path), sample_rows=2**62)
+    if rows.problems:
+        first = rows.problems[0]
+        groups = problem_groups(rows.problems)
+        all_of = "; ".join(describe_problem(kind, len(g), [p.line for p in g], unit=rows.unit, fmt=rows.format,
+                                            action=False)
+                           for kind, g in groups.items())
+        raise DatasetError(f"{path}:{first.line}: {first.reason} ({all_of}); fix or remove these lines")
+    return tokenize_rows(rows.sample, tokenizer, default_domain=default_domain)
 
 
 def split_examples(examples: Sequence[Example], eval_fraction: float, *, seed: int = 0) -> tuple[list, list]:
