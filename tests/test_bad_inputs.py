@@ -288,3 +288,37 @@ def test_bad_input_is_one_line_never_a_traceback(argv, code, says, one_line, fil
         for fragment in says:
             assert fragment in lines[0], lines[0]
         assert not (tmp_path / "logs").exists(), f"an expected error was logged as a crash: {err}"
+
+
+def test_a_validation_error_is_one_line_naming_the_field_the_value_and_the_range():
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+    from aegis._validation import check_range, validation_line
+
+    class Inner(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        rank: int = Field(default=8, ge=1, le=4096)
+        dropout: float = Field(default=0.0, ge=0, lt=1)
+
+    class Outer(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        name: str
+        inner: list[Inner] = []
+
+    def line(data, model=Outer):
+        with pytest.raises(ValidationError) as info:
+            model.model_validate(data)
+        return validation_line(info.value, where="x.yaml: ", model=model)
+
+    assert line({"nme": "a"}) == "x.yaml: unknown key 'nme'; did you mean 'name'?"  # the typo, not 'name' missing
+    assert line({"name": "a", "rank": 1}) == "x.yaml: unknown key 'rank'; valid keys: name, inner"
+    assert line({}) == "x.yaml: missing key 'name'"
+    assert line({"rank": 10**6}, Inner) == "x.yaml: rank 1000000 is out of range: accepted from 1 to 4096"
+    assert line({"dropout": 1.0}, Inner) == "x.yaml: dropout 1.0 is out of range: accepted in [0, 1)"
+    assert line({"name": "a", "inner": [{"rank": "many"}]}).startswith("x.yaml: inner[0].rank: Input should be a valid")
+    assert "(got 'many')" in line({"name": "a", "inner": [{"rank": "many"}]})
+    assert check_range("t", 7.5, 0, 1) == "t 7.5 is out of range: accepted from 0 to 1"
+    assert check_range("t", float("nan"), 0, 1) == "t nan is not a finite number: give a number from 0 to 1"
+    assert check_range("n", 2.5, 1, 8, integer=True) == "n 2.5 is not a whole number: give one from 1 to 8"
+    assert check_range("density", 0, 0, 1, low_open=True) == "density 0 is out of range: accepted in (0, 1]"
+    assert check_range("w", True) is not None and check_range("w", -3.0) is None

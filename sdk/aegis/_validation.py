@@ -4,7 +4,7 @@
         PlanRequest(lora_rank=0)
     except ValidationError as err:
         raise InvalidConfigError(validation_line(err, where="run.yaml: ")) from None
-    # run.yaml: lora_rank: 0 is out of range: accepted 1 or more
+    # run.yaml: lora_rank 0 is out of range: accepted 1 or more
 
 Every loader that validates user input with pydantic (plan fields, merge and evomerge YAML, the CLI's last line
 of defence) turns the error into this line, so no pydantic report of several lines reaches a user.
@@ -114,7 +114,7 @@ def validation_line(err: Any, where: str = "", model: Any = None, valid_keys: It
     accepted = _accepted(first, model)
     given = f" {_short(first['input'])}" if "input" in first and not isinstance(first["input"], (dict, list)) else ""
     if accepted is not None:
-        return f"{where}{name or 'value'}:{given} is out of range: accepted {accepted}"
+        return f"{where}{name or 'value'}{given} is out of range: accepted {accepted}"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     if kind.startswith("value_error") or kind == "assertion_error" or not given:  # a validator's sentence names it
         return f"{where}{name + ': ' if name else ''}{msg}{more}"
