@@ -256,7 +256,7 @@ def test_checkpointing_and_accumulation_move_the_right_way():
     remat = aegis.estimate_memory("llama-3.2-1b", gradient_checkpointing=True, **base)
     accum = aegis.estimate_memory("llama-3.2-1b", gradient_accumulation_steps=4, **base)
     assert remat.tensor_bytes < plain.tensor_bytes
-    adapters = plain.component("adapters").bytes // 2  # bf16 adapters: 2 B per param
+    adapters = plain.component("adapters").bytes // 4  # fp32 adapters: 4 B per param
     assert accum.component("gradients").bytes - plain.component("gradients").bytes == 4 * adapters  # fp32 accumulators
 
 

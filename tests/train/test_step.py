@@ -234,7 +234,7 @@ def test_precision_modes_map_to_dtypes():
 
     assert precision_dtypes("bf16_mixed").params == jnp.float32
     assert precision_dtypes("bf16_mixed").compute == jnp.bfloat16
-    assert precision_dtypes("bf16").lora == jnp.bfloat16
+    assert precision_dtypes("bf16").lora == jnp.float32  # PEFT keeps adapters fp32 under a bf16 base
     fp16 = precision_dtypes("fp16_mixed")
     assert (fp16.compute, fp16.params, fp16.lora, fp16.loss_scaling) == (jnp.float16, jnp.float32, jnp.float32, True)
     assert not any(precision_dtypes(p).loss_scaling for p in get_args(Precision) if p != "fp16_mixed")

@@ -198,7 +198,7 @@ def _widths(cfg: TrainConfig) -> tuple[int, int, int]:
     if cfg.precision == "fp32":
         return 4, 4, 4
     if cfg.precision == "bf16":
-        return 2, 2, 2
+        return 2, 2, 4  # bf16 base and compute, fp32 adapters (PEFT's autocast_adapter_dtype)
     return 2, 4, 4  # bf16_mixed / fp16_mixed: fp32 master params and adapters, 16-bit compute
 
 

@@ -2,9 +2,13 @@
 
 ``W x`` becomes ``W x + (alpha / r) * B A dropout(x)`` on each targeted linear, with ``A`` drawn
 kaiming-uniform(a=sqrt(5)) (uniform in ``±1/sqrt(in_features)``) and ``B`` zeros, so a fresh adapter
-leaves the model unchanged. Adapters are a :class:`LoRAWeights` pytree whose array leaves mirror
-the params tree (``lora_A``/``lora_B`` under each targeted module, stacked over layers) and whose
-rank/alpha/dropout/targets are static, so optax and ``jax.grad`` see only the matrices.
+leaves the model unchanged. Adapters are created, kept and updated in fp32 under any base dtype (PEFT's
+``autocast_adapter_dtype=True``; ``aegis.train.step.precision_dtypes``), and the update runs as PEFT's
+``Linear.forward`` does (``aegis.train.models.layers.linear``): over a bf16 base the input is cast to fp32
+and the sum back; under mixed precision (autocast) in the compute dtype. Adapters are a
+:class:`LoRAWeights` pytree whose array leaves mirror the params tree (``lora_A``/``lora_B`` under each
+targeted module, stacked over layers) and whose rank/alpha/dropout/targets are static, so optax and
+``jax.grad`` see only the matrices.
 
     lora = init_lora(model, params, rank=16, alpha=32, target_modules=("q_proj", "v_proj"), rng=key)
     logits = model.apply(params, ids, lora=lora)                 # no dropout

@@ -12,8 +12,9 @@ rate is ``peak_lr * schedule(step)`` (linear warmup, cosine decay to ``min_lr_ra
 ``peak_lr`` and the clip norm live in the state as scalars: the supervisor changes them
 between windows with ``dataclasses.replace`` and nothing recompiles.
 
-Precision modes (:func:`precision_dtypes`): ``fp32``, ``bf16`` (everything bf16, Adam's moments
-kept in fp32), ``bf16_mixed`` (fp32 master params, bf16 compute) and ``fp16_mixed`` (fp32 master
+Precision modes (:func:`precision_dtypes`): ``fp32``, ``bf16`` (bf16 weights and compute; LoRA/QLoRA
+adapters kept and updated in fp32 as PEFT keeps them, ``autocast_adapter_dtype=True``; Adam's moments
+in fp32), ``bf16_mixed`` (fp32 master params and adapters, bf16 compute) and ``fp16_mixed`` (fp32 master
 params, fp16 compute, dynamic loss scaling exactly as ``torch.amp.GradScaler``: the loss is
 multiplied by ``TrainState.loss_scale`` before the backward pass, the gradients divided by it
 after; a step whose gradients overflow is skipped and halves the scale, 2000 finite steps in a
@@ -122,7 +123,8 @@ class TrainState:
 @dataclasses.dataclass(frozen=True)
 class Dtypes:
     """Dtypes of one precision mode: model compute, base params, trainable adapters; and whether
-    the mode needs dynamic loss scaling (fp16 compute)."""
+    the mode needs dynamic loss scaling (fp16 compute). Adapters are fp32 in every mode (PEFT's
+    ``autocast_adapter_dtype=True``: 16-bit adapters lose updates smaller than their rounding step)."""
 
     compute: Any
     params: Any
@@ -132,7 +134,7 @@ class Dtypes:
 
 _PRECISIONS: dict[str, Dtypes] = {
     "fp32": Dtypes(jnp.float32, jnp.float32, jnp.float32),
-    "bf16": Dtypes(jnp.bfloat16, jnp.bfloat16, jnp.bfloat16),
+    "bf16": Dtypes(jnp.bfloat16, jnp.bfloat16, jnp.float32),
     "bf16_mixed": Dtypes(jnp.bfloat16, jnp.float32, jnp.float32),
     "fp16_mixed": Dtypes(jnp.float16, jnp.float32, jnp.float32, loss_scaling=True),
 }
@@ -141,8 +143,10 @@ _PRECISIONS: dict[str, Dtypes] = {
 def precision_dtypes(precision: Precision) -> Dtypes:
     """Map the planner's precision modes onto JAX dtypes.
 
-    ``fp32``: everything fp32. ``bf16``: params, adapters and compute in bf16 (the optimizers keep
-    their moments in fp32). ``bf16_mixed``: fp32 master params/adapters, bf16 compute.
+    ``fp32``: everything fp32. ``bf16``: params and compute in bf16, adapters fp32 (PEFT: a bf16 base
+    with fp32 adapters; the adapter math casts the input to fp32 and the sum back, see
+    ``aegis.train.models.layers.linear``); full fine-tuning trains the bf16 params themselves (the
+    optimizers keep their moments in fp32). ``bf16_mixed``: fp32 master params/adapters, bf16 compute.
     ``fp16_mixed``: fp32 master params/adapters, fp16 compute, ``loss_scaling`` on (pass
     :class:`LossScaleSettings` to :func:`init_state` and :func:`make_train_step`).
     """

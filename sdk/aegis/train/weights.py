@@ -509,7 +509,9 @@ def save_lora_adapter(
         "alpha_pattern": alpha_pattern,
     }
     (path / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
-    _write_safetensors(path / ADAPTER_FILE, tensors)
+    # the dtype the adapters were kept in (fp32 under a 16-bit base, as PEFT keeps them), said where loaders look
+    stored = ",".join(sorted({np.dtype(t.dtype).name for t in tensors.values()}))
+    _write_safetensors(path / ADAPTER_FILE, tensors, {"format": "pt", "dtype": stored})
     return path
 
 

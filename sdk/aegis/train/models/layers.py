@@ -156,15 +156,23 @@ def _matmul(x: jax.Array, w: Any, dtype: Any) -> jax.Array:
 
 
 def linear(p: dict[str, Any], x: jax.Array, ctx: Ctx, lora: dict[str, Any] | None = None, name: str = "") -> jax.Array:
-    """``x @ W.T + b`` with ``W`` in HF layout ``[out, in]`` (NF4 dequantised on the fly) plus a LoRA update."""
-    y = _matmul(x, p["weight"], ctx.dtype)
+    """``x @ W.T + b`` with ``W`` in HF layout ``[out, in]`` (NF4 dequantised on the fly) plus a LoRA update.
+
+    The LoRA update runs as PEFT's ``Linear.forward`` does. A base stored in the compute dtype (``bf16``: no
+    autocast) with adapters of another dtype (fp32): ``x`` is cast to ``lora_A``'s dtype, ``B A x`` computed
+    in it, added to the base output in it and the sum cast back to the base output's dtype. A base stored
+    above the compute dtype (mixed precision, autocast): the adapters are cast to the compute dtype at use."""
+    w = p["weight"]
+    y = _matmul(x, w, ctx.dtype)
     if "bias" in p:
         y = y + p["bias"].astype(ctx.dtype)
     if lora:
-        a = lora["lora_A"]["weight"].astype(ctx.dtype)  # [r, in]
-        b = lora["lora_B"]["weight"].astype(ctx.dtype)  # [out, r]
-        xin = dropout(x, ctx.lora_dropout, ctx.sub_rng(name))
-        y = y + _matmul(_matmul(xin, a, ctx.dtype), b, ctx.dtype) * jnp.asarray(ctx.lora_scale, ctx.dtype)
+        a, b = lora["lora_A"]["weight"], lora["lora_B"]["weight"]  # [r, in], [out, r]
+        autocast = jnp.dtype(getattr(w, "dtype", ctx.dtype)) != jnp.dtype(ctx.dtype)
+        dt = ctx.dtype if autocast else a.dtype
+        xin = dropout(x.astype(dt), ctx.lora_dropout, ctx.sub_rng(name))
+        delta = _matmul(_matmul(xin, a, dt), b, dt) * jnp.asarray(ctx.lora_scale, dt)
+        y = (y.astype(dt) + delta).astype(y.dtype)
     return y
 
 
