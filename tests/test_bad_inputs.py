@@ -180,6 +180,8 @@ CASES = [
     _case(["plan", "--model", "{nopositions_config_json}", "--gpu", "3090"], 2, "max_position_embeddings",
           id="flag-zero-positions"),
     _case(["plan", "--model", "{textsize_config_json}", "--gpu", "3090"], 2, ["hidden_size", "'64'"], id="flag-text-size"),
+    _case(["plan", "--model", "/tmp/" + "a" * 5000 + "/config.json", "--gpu", "3090"], 2, "File name too long",
+          id="flag-name-too-long"),
     _case(["plan", "--model", "qwen2.5-0.5b", "--gpu", ""], 2, id="flag-empty-gpu"),
     _case(["plan", "--model", "qwen2.5-0.5b", "--gpu", "3090", "--dataset", "{binary_jsonl}"], 2, id="flag-binary-data"),
     # ---- compare / models / gpus / benchmark --------------------------------------------------------------
@@ -254,6 +256,9 @@ CASES = [
     _case(["merge", "{slerp_t_yml}", "{root}/out5", "--max-shard-size", "abc"], 2, "abc", id="merge-shard-size"),
     _case(["merge", "{slerp_t_yml}", "{root}/out5", "--max-shard-size", "-5GB"], 2, "-5GB", id="merge-negative-shard"),
     _case(["merge", "{slerp_t_yml}", "{root}/out5", "--max-shard-size", "0"], 2, id="merge-zero-shard"),
+    _case(["merge", "/dev/zero", "{root}/out6"], 2, "not a regular file", id="merge-dev-zero"),  # not read: endless
+    _case(["evomerge", "/dev/zero", "{root}/evo2"], 2, "not a regular file", id="evomerge-dev-zero"),
+    _case(["evomerge", "{root}", "{root}/evo2"], 2, "is a folder", id="evomerge-folder-config"),
     _case(["evomerge", "/no/such/evo.yml", "{root}/evo1"], 2, "evo.yml", id="evomerge-missing"),
     _case(["evomerge", "{binary_yaml}", "{root}/evo1"], 2, "binary.yaml", id="evomerge-binary"),
     _case(["evomerge", "{evo_pop_yml}", "{root}/evo1"], 2, ["population", "3"], id="evomerge-population"),

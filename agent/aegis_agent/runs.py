@@ -7,13 +7,16 @@ commands as they arrive) and watches its status, telling listeners when it pause
 Commands go through ``Supervisor.command`` (the one grammar and validation); a ``resume`` for a
 run no process is running (after a restart) starts ``Supervisor.resume`` in a thread.
 
-What a run trains is the plan's: its model (a local folder as the user named it, made absolute, or the
-Hub id) with its weights loaded, on its dataset, with its recommended config and fallback chain. The
-template (``settings.run_template``, else the bundled demo's supervision sections) says only how it is
-supervised; its injected faults never reach a user's run. The weights must already be on this machine:
-`start` refuses with the download command otherwise, and a plan without a dataset asks for one. The demo
-(tiny-llama on toy data: random weights, byte tokens) runs only when asked for: ``start(None)`` (no plan),
-or a run template that itself names the demo model (``model: tiny-llama`` or an inline config).
+What a run trains is the plan's, through the one plan -> run translation that `aegis run --plan` uses
+(:func:`aegis.supervise.config.run_config_from_report`): its model (a local folder as the user named it,
+made absolute, or the Hub id) with its weights loaded, on its dataset, with its recommended config and
+fallback chain, for the plan's epochs, at the recipe's learning rate — the same RunConfig as the CLI's for
+the same plan. A template (``settings.run_template``) adds only what it says about supervision; its
+injected faults never reach a user's run; without one the recipe's defaults supervise. The weights must
+already be on this machine: `start` refuses with the download command otherwise, and a plan without a
+dataset asks for one. The demo (tiny-llama on toy data: random weights, byte tokens) runs only when asked
+for: ``start(None)`` (no plan), or a run template that itself names the demo model (``model: tiny-llama``
+or an inline config).
 
     runs = RunManager(AgentSettings(runs_dir="runs"))
     runs.add_listener(lambda notice: print(notice.kind, notice.run_id))
@@ -24,7 +27,6 @@ or a run template that itself names the demo model (``model: tiny-llama`` or an 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import secrets
 import threading
@@ -33,10 +35,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from aegis.access import looks_like_path
 from aegis.errors import AegisError, DatasetError, NothingFitsError, RunError
 from aegis.schema import Frozen, PlanReport
-from aegis.supervise import CommandReceipt, RunConfig, RunStatusReport, Supervisor, load_run_config, parse_run_config
+from aegis.supervise import CommandReceipt, RunConfig, RunStatusReport, Supervisor, parse_run_config
+from aegis.supervise.config import read_run_yaml, run_config_from_report
 from aegis.supervise.runs import list_runs, open_run
 from aegis.supervise.status import status_markdown
 from pydantic import Field
@@ -46,8 +48,6 @@ from aegis_agent.settings import AgentSettings
 __all__ = ["RunManager", "RunNotice", "status_markdown"]
 
 _POLL_S = 0.25
-_DEMO_ONLY = frozenset({"model", "data", "init", "train_config", "fallbacks", "training", "faults"})
-"""Sections of the bundled demo tuned for its random tiny llama: a real run takes none of them."""
 
 
 class RunNotice(Frozen):
@@ -107,28 +107,29 @@ class RunManager:
     # ------------------------------------------------------------------ starting
 
     def run_config(self, report: PlanReport | None, run_id: str) -> RunConfig:
-        """The run's config: the plan's model, data and tiers under the template's supervision (module docstring);
-        the demo for ``report=None`` or a template naming the demo model. DatasetError without a dataset,
-        NothingFitsError without a recommended config, PathNotAllowedError for a path the policy refuses."""
-        template, bundled = self._template()
-        if report is None or (not bundled and _names_demo_model(template)):
-            data = template.model_dump(mode="json", by_alias=True)
-            data["run_id"] = run_id
+        """The run's config: the plan's, translated as `aegis run --plan` does, with the template's supervision
+        (module docstring); the demo for ``report=None`` or a template naming the demo model. DatasetError without
+        a dataset, NothingFitsError without a recommended config, PathNotAllowedError for a path the policy
+        refuses."""
+        template = self._template()
+        if report is None or _names_demo_model(template):
+            if report is None and "model" not in template:
+                from aegis.supervise.demo import demo_config
+
+                return parse_run_config({**demo_config().model_dump(mode="json", by_alias=True), "run_id": run_id},
+                                        "the demo")
+            data = {**template, "run_id": run_id}
             if self.settings.tiers == "plan" and report is not None and report.recommended is not None:
                 data["train_config"] = report.recommended.config.model_dump(mode="json")
                 data["fallbacks"] = [t.config.model_dump(mode="json") for t in report.fallbacks]
             return parse_run_config(data, "the chat run template")
-        return self._planned_config(report, template, bundled, run_id)
+        return self._planned_config(report, template, run_id)
 
-    def _template(self) -> tuple[RunConfig, bool]:
-        """(template, whether it is the bundled demo)."""
-        if self.settings.run_template:
-            return load_run_config(self.settings.run_template), False
-        from aegis.supervise.demo import demo_config
+    def _template(self) -> dict:
+        """What ``settings.run_template`` says (relative paths resolved), or nothing."""
+        return read_run_yaml(self.settings.run_template) if self.settings.run_template else {}
 
-        return demo_config(), True
-
-    def _planned_config(self, report: PlanReport, template: RunConfig, bundled: bool, run_id: str) -> RunConfig:
+    def _planned_config(self, report: PlanReport, template: dict, run_id: str) -> RunConfig:
         request = report.request
         if report.recommended is None:
             raise NothingFitsError(f"nothing fits, so there is nothing to run: {report.nothing_fits}")
@@ -140,17 +141,12 @@ class RunManager:
                 f"(`{report.method} {request.model or report.model.model_id} on {gpu} with <data file>`), "
                 "then say `start the run`"
             )
-        drop = set(_DEMO_ONLY) if bundled else {"model", "data", "faults"}  # injected faults: drills and demo only
-        data = template.model_dump(mode="json", by_alias=True, exclude=drop)
-        data.update(run_id=run_id, model=_plan_model(report), data=_local_or_id(request.dataset))
-        if not (self.settings.run_template and self.settings.tiers == "template"):
-            data["train_config"] = report.recommended.config.model_dump(mode="json")
-            data["fallbacks"] = [t.config.model_dump(mode="json") for t in report.fallbacks]
-            steps_set = not bundled and "total_steps" in template.training.model_fields_set
-            if not steps_set and report.steps_per_epoch:  # the plan's epochs, unless the template fixes the length
-                training = data.setdefault("training", {})
-                training["total_steps"] = max(1, math.ceil(report.epochs * report.steps_per_epoch))
-        return parse_run_config(data, f"the run of the plan for {request.model}")
+        drop = {"model", "data", "faults"}  # the plan names what to train; injected faults: drills and demo only
+        if self.settings.tiers != "template":
+            drop |= {"train_config", "fallbacks"}
+        sections = {k: v for k, v in template.items() if k not in drop}
+        sections["run_id"] = run_id
+        return run_config_from_report(report, sections, source=f"of the plan for {request.model}")
 
     def check_weights(self, cfg: RunConfig) -> None:
         """Raise (WeightsNotFoundError: the `hf download …` command) unless ``cfg.model``'s weights are here."""
@@ -312,23 +308,6 @@ class RunManager:
             thread.join(timeout_s)
 
 
-def _names_demo_model(template: RunConfig) -> bool:
+def _names_demo_model(template: dict) -> bool:
     """A template that says which model to train, and names the demo's random one: settings asking for demo runs."""
-    return "model" in template.model_fields_set and (
-        template.model == "tiny-llama" or isinstance(template.model, dict)
-    )
-
-
-def _is_local(spec: str) -> bool:
-    return looks_like_path(spec) or Path(spec).expanduser().exists()
-
-
-def _local_or_id(spec: str) -> str:
-    """A local path made absolute (as the user named it, from the front end's working folder); an id as is."""
-    return str(Path(spec).expanduser().resolve()) if _is_local(spec) else spec
-
-
-def _plan_model(report: PlanReport) -> str:
-    """The planned model as a run's ``model``: the user's folder made absolute, else the canonical Hub id."""
-    spec = report.request.model or report.model.model_id
-    return _local_or_id(spec) if _is_local(spec) else report.model.model_id
+    return template.get("model") == "tiny-llama" or isinstance(template.get("model"), dict)

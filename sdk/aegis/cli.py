@@ -452,9 +452,14 @@ def main(argv: list[str] | None = None) -> None:
         typer.secho(f"error: a file read as text is not UTF-8 text (byte {err.object[err.start:err.start + 1]!r} at "
                     f"offset {err.start}): pass a YAML, JSON or JSONL text file", err=True, fg="red")
         raise SystemExit(2) from None
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as err:
-        what = f"{err.strerror or type(err).__name__}: {err.filename}" if err.filename else _one_line(err)
-        typer.secho(f"error: {what}: check the path", err=True, fg="red")
+    except OSError as err:  # a path the user gave that the system refuses (missing, a folder, too long, no access)
+        if not err.filename:
+            path = _write_crash_log(args)
+            where = f"details in {path}" if path is not None else "no log could be written"
+            typer.secho(f"error: {type(err).__name__}: {_one_line(err)} ({where})", err=True, fg="red")
+            raise SystemExit(1) from None
+        name = _one_line(err.filename, 120)
+        typer.secho(f"error: {err.strerror or type(err).__name__}: {name}: check the path", err=True, fg="red")
         raise SystemExit(2) from None
     except Exception as err:  # noqa: BLE001 - the last line of defence: one line and a log, never a traceback
         path = _write_crash_log(args)

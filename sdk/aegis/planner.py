@@ -22,6 +22,7 @@ from aegis.errors import InvalidConfigError, RequestParseError, UnknownModelErro
 from aegis.hub import match_model, resolve_model
 from aegis.memory.estimate import estimate
 from aegis.memory.stack import profile_for_stack
+from aegis.recipe import recipe
 from aegis.stack import check_model_in_stack, resolve_stack
 from aegis.sanity import risks_and_notes
 from aegis.schema import (
@@ -49,7 +50,7 @@ DEFAULT_SEQ_LEN = 1024
 """Sequence length without a dataset (TRL's SFT default)."""
 DEFAULT_EFFECTIVE_BATCH = 16
 DEFAULT_EPOCHS = 3.0
-DEFAULT_LORA_RANK = 16
+DEFAULT_LORA_RANK = recipe().lora.rank
 _DDP_EFFICIENCY = (0.85, 0.95)
 _FSDP_EFFICIENCY = (0.70, 0.90)
 _PADDING_OVERHEAD = 1.25
@@ -204,8 +205,8 @@ def plan_request(
         notes.append(f"seq {seq_len:,} exceeds the model's {profile.max_position_embeddings:,} positions")
     rank = req.lora_rank or DEFAULT_LORA_RANK
     targets = req.lora_targets or default_lora_targets(profile.linear_modules)
-    lora = LoRAConfig(rank=rank, alpha=2.0 * rank, target_modules=targets, dropout=req.lora_dropout or 0.0) \
-        if method != "full" else None
+    lora = LoRAConfig(rank=rank, alpha=recipe().lora.alpha(rank), target_modules=targets,
+                      dropout=req.lora_dropout or recipe().lora.dropout) if method != "full" else None
     eff = req.effective_batch_size or max(DEFAULT_EFFECTIVE_BATCH, (req.micro_batch_size or 1) * gpu_count)
     epochs = req.epochs or DEFAULT_EPOCHS
     eval_seq = dataset.tokens.max if dataset is not None else seq_len

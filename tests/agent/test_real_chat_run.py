@@ -144,9 +144,9 @@ def test_the_run_config_takes_the_plan_and_leaves_the_template_faults(
     assert cfg.monitoring.warmup_steps == TOTAL_STEPS  # the template's supervision
 
     bundled = RunManager(AgentSettings(runs_dir=str(tmp_path / "runs2")), compile_cache=False)
-    cfg = bundled.run_config(report, "r2")  # no template: the demo's supervision, not its tiny model, faults or LR
+    cfg = bundled.run_config(report, "r2")  # no template: the recipe's supervision, nothing of the demo's
     assert cfg.model == str((tmp_path / "m").resolve()) and cfg.faults.lr_spike_at_steps == ()
-    assert cfg.train_config.method == "lora" and cfg.training.lr != 3e-3
+    assert cfg.train_config.method == "lora" and cfg.training.lr == 2e-4  # the recipe's LoRA rate
     assert cfg.training.total_steps == math.ceil(report.epochs * report.steps_per_epoch)  # the plan's epochs
-    assert cfg.monitoring == demo_config().monitoring
+    assert cfg.monitoring != demo_config().monitoring and cfg.checkpoints != demo_config().checkpoints
     assert bundled.run_config(None, "demo").model == "tiny-llama"  # no plan: the demo, as asked

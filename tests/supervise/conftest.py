@@ -48,7 +48,8 @@ def write_arith_dataset(path: Path, n_clean: int, n_toxic: int, seed: int = 0) -
 BASE = {
     "model": "tiny-llama",
     "train_config": {"method": "full", "micro_batch_size": 8, "seq_len": 64, "precision": "fp32"},
-    "training": {"steps_per_window": 20, "total_steps": 60, "lr": 3e-3, "grad_clip": 1.0, "min_lr_ratio": 1.0},
+    "training": {"steps_per_window": 20, "total_steps": 60, "lr": 3e-3, "grad_clip": 1.0, "min_lr_ratio": 1.0,
+                 "warmup_steps": 0, "seed": 0},
     "monitoring": {"history_size": 50, "min_history": 10, "warmup_steps": 30, "spike_sigma": 5.0},
     "checkpoints": {"interval": 20, "keep_last_n": 3},
     "curriculum": {"eval_interval": 100000},

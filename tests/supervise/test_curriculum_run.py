@@ -24,9 +24,11 @@ def test_degraded_domain_gets_more_weight_and_recovers(tmp_path):
     cfg = parse_run_config(
         {
             "run_id": "cur",
+            "model": "tiny-llama",
             "data": str(tmp_path / "two.jsonl"),
             "train_config": {"method": "full", "micro_batch_size": 8, "seq_len": 64, "precision": "fp32"},
-            "training": {"steps_per_window": 10, "total_steps": 60, "lr": 3e-3, "min_lr_ratio": 1.0},
+            "training": {"steps_per_window": 10, "total_steps": 60, "lr": 3e-3, "min_lr_ratio": 1.0, "warmup_steps": 0,
+                         "seed": 0},
             "monitoring": {"warmup_steps": 1000},
             "curriculum": {"eval_interval": 10, "eval_batches": 2, "weights": {"numbers": 1.0, "words": 0.02},
                            "drop_threshold": 0.05, "boost": 3.0},

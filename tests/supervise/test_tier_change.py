@@ -23,7 +23,7 @@ TIER1 = {**TIER0, "precision": "fp16_mixed", "optimizer": "paged_adamw_8bit"}
 
 @pytest.mark.slow
 def test_an_adamw_checkpoint_restores_into_an_8bit_fp16_tier(tmp_path):
-    cfg = RunConfig(train_config=TrainConfig(**TIER0), fallbacks=[TrainConfig(**TIER1)])
+    cfg = RunConfig(model="tiny-llama", data="toy", train_config=TrainConfig(**TIER0), fallbacks=[TrainConfig(**TIER1)])
     examples, model_config = load_examples(cfg)[0], resolve_model_config("tiny-llama")
     store = CheckpointStore(tmp_path / "checkpoints", interval=10, keep_last_n=3, async_save=False)
     run = RunState(run_id="t", lr=1e-3, grad_clip=1.0)

@@ -340,6 +340,20 @@ def _check_parameters(params: Mapping[str, Any] | None, where: str) -> None:
                 _check_value(name, v, at)
 
 
+MAX_CONFIG_BYTES = 16 * 2**20
+"""A merge or evomerge YAML is a few kilobytes; a larger file (or /dev/zero) is not one and is not read."""
+
+
+def _check_config_file(path: Path, what: str) -> None:
+    """A regular file of at most MAX_CONFIG_BYTES: /dev/zero, a FIFO or a 5 GB file are refused before reading."""
+    if path.exists() and not path.is_file():
+        kind = "a folder" if path.is_dir() else "not a regular file"
+        raise InvalidConfigError(f"{what} {path} is {kind}: pass the YAML file")
+    if path.is_file() and path.stat().st_size > MAX_CONFIG_BYTES:
+        raise InvalidConfigError(f"{what} {path} is {path.stat().st_size:,} bytes: a YAML config is at most "
+                                 f"{MAX_CONFIG_BYTES // 2**20} MiB; pass the YAML file")
+
+
 def load_merge_config(source: str | Path | Mapping[str, Any]) -> MergeConfig:
     """Parse a merge YAML file (a path), YAML text, or an already-loaded mapping."""
     import yaml
@@ -352,6 +366,7 @@ def load_merge_config(source: str | Path | Mapping[str, Any]) -> MergeConfig:
         path = Path(source) if isinstance(source, Path) or "\n" not in text else None
         if path is not None and (isinstance(source, Path) or path.suffix in (".yml", ".yaml") or path.exists()):
             try:
+                _check_config_file(path, "merge config")
                 text = path.read_text(encoding="utf-8")
             except OSError as err:
                 raise InvalidConfigError(f"cannot read merge config {path} ({err.strerror or err}); check the path") from err

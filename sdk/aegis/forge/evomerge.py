@@ -115,6 +115,9 @@ def load_evomerge_config(source: str | Path | Mapping[str, Any]) -> EvoMergeConf
         path = Path(source)
         where = f"{path.name}: "
         try:
+            from aegis.forge.config import _check_config_file
+
+            _check_config_file(path, "evomerge config")
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except OSError as err:
             raise InvalidConfigError(f"cannot read {path} ({err.strerror or err}); check the path") from None

@@ -1,8 +1,9 @@
 """Trainer configs for a plan's recommended tier: an axolotl YAML, a Hugging Face script, an Unsloth script.
 
 The templates live in ``aegis/report/templates/*.j2`` (jinja2, imported only here and only when
-called); hyper-parameters a plan does not decide (learning rate, scheduler, warm-up, optimizer
-names per trainer) come from ``templates/defaults.json``. What the plan decided — micro batch,
+called); hyper-parameters a plan does not decide (learning rate, scheduler, warm-up, grad clip, seed)
+are the one recipe's (:mod:`aegis.recipe`, which runs read too), and each trainer's names for optimizers and
+attention come from ``templates/defaults.json``. What the plan decided — micro batch,
 grad accumulation, seq len, checkpointing, optimizer, LoRA settings, precision, attention —
 is written as the plan says, with the plan's predicted memory in the header comment.
 
@@ -21,6 +22,7 @@ from pathlib import PurePosixPath
 from typing import Any, Literal, get_args
 
 from aegis.errors import InvalidConfigError, NothingFitsError
+from aegis.recipe import recipe
 from aegis.report._sections import stack_text
 from aegis.report.format import config_diff, format_bytes, format_bytes_range, format_int
 from aegis.schema import PlanReport
@@ -36,7 +38,8 @@ _DS_TYPES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parq
 
 @lru_cache(maxsize=1)
 def emit_defaults() -> dict[str, Any]:
-    """The hyper-parameter defaults the emitters use (``templates/defaults.json``)."""
+    """The emitters' own settings (``templates/defaults.json``: logging, output folder, optimizer and attention
+    names); training hyper-parameters are :func:`aegis.recipe.recipe`'s."""
     text = resources.files("aegis.report").joinpath("templates", "defaults.json").read_text(encoding="utf-8")
     return json.loads(text)
 
@@ -120,7 +123,7 @@ def _context(report: PlanReport) -> dict[str, Any]:
             + (report.nothing_fits or "Try QLoRA, a shorter seq len, a larger GPU or more GPUs.")
         )
     cfg, mem = tier.config, tier.memory
-    defaults = emit_defaults()
+    defaults, training = emit_defaults(), recipe()
     lora = cfg.lora_config if cfg.method != "full" else None
     packing, packing_reason = _packing(report)
     model_name = report.model.model_id.rstrip("/").split("/")[-1]
@@ -141,12 +144,12 @@ def _context(report: PlanReport) -> dict[str, Any]:
         "target_modules": ("all-linear" if "all-linear" in lora.target_modules else list(lora.target_modules)) if lora else [],
         "dataset": _dataset_context(report),
         "epochs": report.epochs,
-        "learning_rate": defaults["learning_rate"][cfg.method],
-        "lr_scheduler": defaults["lr_scheduler"],
-        "warmup_ratio": defaults["warmup_ratio"],
-        "max_grad_norm": defaults["max_grad_norm"],
+        "learning_rate": training.lr(cfg.method),
+        "lr_scheduler": training.lr_scheduler,
+        "warmup_ratio": training.warmup_ratio,
+        "max_grad_norm": training.max_grad_norm,
         "logging_steps": defaults["logging_steps"],
-        "seed": defaults["seed"],
+        "seed": training.seed,
         "optimizer_name": defaults["optimizer_names"][cfg.optimizer],
         "attn_implementation": defaults["attn_implementation"][cfg.attention],
         "output_dir": f"{defaults['output_root']}/{model_name}-{cfg.method}",

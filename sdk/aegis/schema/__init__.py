@@ -15,6 +15,8 @@ from importlib import import_module
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from aegis.recipe import recipe as _recipe
+
 __all__ = [
     "Method",
     "Precision",
@@ -196,12 +198,25 @@ class ModelProfile(Frozen):
 
 
 class LoRAConfig(Frozen):
-    """Low-rank adapter settings, as PEFT's LoraConfig takes them."""
+    """Low-rank adapter settings, as PEFT's LoraConfig takes them; what is not given is the recipe's
+    (:mod:`aegis.recipe`: rank 16, alpha 2 x rank, dropout 0)."""
 
-    rank: int = Field(default=16, ge=1, le=4096, description="Adapter rank r.")
-    alpha: float = Field(default=32.0, gt=0, description="Scaling numerator: adapters are scaled by alpha / r.")
-    dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout on the adapter input.")
+    rank: int = Field(default=_recipe().lora.rank, ge=1, le=4096, description="Adapter rank r.")
+    alpha: float = Field(
+        default=_recipe().lora.alpha(_recipe().lora.rank), gt=0,
+        description="Scaling numerator: adapters are scaled by alpha / r (not given: the recipe's alpha_per_rank x rank).",
+    )
+    dropout: float = Field(default=_recipe().lora.dropout, ge=0, lt=1, description="Dropout on the adapter input.")
     target_modules: tuple[str, ...] = Field(default=ALL_LINEAR_TARGETS, description="Module names to wrap.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _alpha_from_rank(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("alpha") is None:
+            rank = data.get("rank")
+            lora = _recipe().lora
+            data = {**data, "alpha": lora.alpha(rank if isinstance(rank, int) and rank >= 1 else lora.rank)}
+        return data
 
     @field_validator("target_modules")
     @classmethod

@@ -213,26 +213,8 @@ def run(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or event lines."),
 ) -> None:
     """Train under the self-healing supervisor."""
-    from aegis.supervise.config import load_run_config, parse_run_config, run_config_from_plan
-
     try:
-        if demo:
-            from aegis.supervise.demo import demo_config
-
-            cfg = demo_config()
-            run_id = run_id or time.strftime("demo-%Y%m%d-%H%M%S")
-        elif plan is not None:
-            # only what the YAML says: its defaults (model, data) must not replace the plan's model and data
-            overrides = load_run_config(config).model_dump(mode="json", by_alias=True, exclude_unset=True) if config else {}
-            overrides.pop("train_config", None)
-            overrides.pop("fallbacks", None)
-            cfg = run_config_from_plan(plan, overrides)
-        elif config is not None:
-            cfg = load_run_config(config)
-        else:
-            raise typer.BadParameter("pass --config run.yaml, --plan plan.json or --demo")
-        if run_id is not None:
-            cfg = parse_run_config({**cfg.model_dump(mode="json", by_alias=True), "run_id": run_id})
+        cfg = run_config(config, plan, demo, run_id)
         from aegis.supervise.runner import Supervisor
 
         _enable_compile_cache()
@@ -242,6 +224,30 @@ def run(
     except AegisError as err:
         _fail(err)
     _report(outcome, live.console)
+
+
+def run_config(config: Path | None, plan: Path | None, demo: bool = False, run_id: str | None = None) -> Any:
+    """The RunConfig `aegis run` trains: the demo (explicitly), a plan through the one plan -> run translation
+    (``--config`` adds supervision sections and overrides; the plan's tiers stay), or a YAML run config."""
+    from aegis.supervise.config import load_run_config, parse_run_config, read_run_yaml, run_config_from_plan
+
+    if demo:
+        from aegis.supervise.demo import demo_config
+
+        cfg = demo_config()
+        run_id = run_id or time.strftime("demo-%Y%m%d-%H%M%S")
+    elif plan is not None:
+        overrides = read_run_yaml(config) if config else {}  # only what the YAML says
+        overrides.pop("train_config", None)
+        overrides.pop("fallbacks", None)
+        cfg = run_config_from_plan(plan, overrides)
+    elif config is not None:
+        cfg = load_run_config(config)
+    else:
+        raise typer.BadParameter("pass --config run.yaml, --plan plan.json or --demo")
+    if run_id is not None:
+        cfg = parse_run_config({**cfg.model_dump(mode="json", by_alias=True), "run_id": run_id}, "--run-id")
+    return cfg
 
 
 def resume(

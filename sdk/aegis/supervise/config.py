@@ -1,21 +1,23 @@
 """Run configuration of a supervised training run: the YAML keys of spec §10.3, validated by pydantic.
 
-A run config says what to train (model config, data, the plan's train config and its fallback
-chain) and how to supervise it (window size, anomaly thresholds, outlier rules, retries,
-checkpoints, curriculum, notifications). Unknown keys are rejected with an error naming the key
-and the valid ones.
+A run config says what to train (model, data, the plan's train config and its fallback chain)
+and how to supervise it (window size, anomaly thresholds, outlier rules, retries, checkpoints,
+curriculum, notifications). ``model`` and ``data`` are required: the demo is its own explicit
+config (:func:`aegis.supervise.demo.demo_config`, ``aegis run --demo``), never a default. What a
+config leaves out of the training hyper-parameters (learning rate per method, warm-up, cosine floor,
+clip, seed, cadence) is the one recipe's (:mod:`aegis.recipe`), the same numbers the emitted
+trainer scripts use. Every error is one line naming the key, the value and what is accepted.
 
-    from aegis.supervise.config import load_run_config
+    from aegis.supervise.config import load_run_config, run_config_from_report
     cfg = load_run_config("run.yaml")          # RunConfig; InvalidConfigError on bad input
-    cfg.training.steps_per_window               # 100
+    cfg = run_config_from_report(report)       # the one plan -> run translation (CLI, chat and Slack)
 
 A minimal YAML::
 
-    model: tiny-llama            # bundled tiny llama, a path to a config.json, or an inline mapping
-    data: toy                    # bundled toy JSONL, or a path to a JSONL file
-    train_config: {method: full, micro_batch_size: 8, seq_len: 64}
-    fallbacks: [{method: full, micro_batch_size: 4, seq_len: 64}]
-    training: {steps_per_window: 50, total_steps: 200, lr: 1.0e-3, grad_clip: 1.0}
+    model: ./my-model            # a model folder, its config.json, a cached Hub id, or an inline mapping
+    data: ./train.jsonl          # a JSONL/JSON/CSV/Parquet file or a `datasets` id
+    train_config: {method: lora, micro_batch_size: 4, seq_len: 1024}
+    training: {total_steps: 200}  # lr, warm-up, seed...: the recipe's for the method
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from aegis.errors import InvalidConfigError
-from aegis.schema import Frozen, TrainConfig
+from aegis.errors import DatasetError, InvalidConfigError, NothingFitsError
+from aegis.recipe import recipe, steps_for_epochs
+from aegis.schema import Frozen, PlanReport, TrainConfig
 
 __all__ = [
     "TrainingSection",
@@ -45,31 +48,44 @@ __all__ = [
     "RunConfig",
     "load_run_config",
     "parse_run_config",
+    "read_run_yaml",
     "run_config_from_plan",
+    "run_config_from_report",
 ]
+
+_RECIPE = recipe()
 
 
 class TrainingSection(Frozen):
     """How the run trains: windows, length, optimiser knobs."""
 
-    steps_per_window: int = Field(default=100, ge=1, description="Optimizer steps per Train window (K).")
+    steps_per_window: int = Field(
+        default=_RECIPE.cadence.steps_per_window, ge=1, description="Optimizer steps per Train window (K)."
+    )
     total_steps: int = Field(default=1000, ge=1, description="Optimizer steps of the whole run.")
     batch_size: int | None = Field(
         default=None, ge=1, description="Micro batch size; overrides train_config.micro_batch_size when set."
     )
-    lr: float = Field(default=1e-4, gt=0, description="Peak learning rate.")
-    grad_clip: float = Field(default=1.0, gt=0, description="Global gradient-norm clipping threshold.")
-    seed: int = Field(default=0, description="Seed of weight initialisation and data order.")
-    warmup_steps: int = Field(default=0, ge=0, description="Linear LR warmup steps.")
+    lr: float | None = Field(
+        default=None, gt=0, description="Peak learning rate (not given: the recipe's for train_config's method)."
+    )
+    grad_clip: float = Field(
+        default=_RECIPE.max_grad_norm, gt=0, description="Global gradient-norm clipping threshold."
+    )
+    seed: int = Field(default=_RECIPE.seed, description="Seed of weight initialisation and data order.")
+    warmup_steps: int | None = Field(
+        default=None, ge=0, description="Linear LR warmup steps (not given: the recipe's share of total_steps)."
+    )
     min_lr_ratio: float = Field(
-        default=0.1, ge=0, le=1, description="Cosine decay ends at this share of the LR (1.0: constant LR)."
+        default=_RECIPE.min_lr_ratio, ge=0, le=1,
+        description="Cosine decay ends at this share of the LR (1.0: constant LR).",
     )
 
     @field_validator("lr", "grad_clip")
     @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError("must be a finite number")
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError(f"must be a finite number, got {v}")
         return v
 
 
@@ -118,15 +134,21 @@ class CheckpointsSection(Frozen):
 
     model_config = Frozen.model_config | {"populate_by_name": True}
 
-    interval: int = Field(default=100, ge=1, description="Save every this many steps (and at each window end).")
-    keep_last_n: int = Field(default=3, ge=2, description="Checkpoints kept; at least 2 so a corrupt one has a fallback.")
+    interval: int = Field(
+        default=_RECIPE.cadence.checkpoint_interval, ge=1, description="Save every this many steps (and at each window end)."
+    )
+    keep_last_n: int = Field(
+        default=_RECIPE.cadence.keep_last_n, ge=2, description="Checkpoints kept; at least 2 so a corrupt one has a fallback."
+    )
     async_save: bool = Field(default=True, alias="async", description="Write checkpoints in the background.")
 
 
 class CurriculumSection(Frozen):
     """Per-domain evaluation and mixing-weight adjustment."""
 
-    eval_interval: int = Field(default=1000, ge=1, description="Evaluate every domain every this many steps.")
+    eval_interval: int = Field(
+        default=_RECIPE.cadence.eval_interval, ge=1, description="Evaluate every domain every this many steps."
+    )
     domains: tuple[str, ...] | None = Field(default=None, description="Domains to evaluate (None: all in the data).")
     weights: dict[str, float] = Field(default_factory=dict, description="Initial mixing weights (missing: equal).")
     drop_threshold: float = Field(
@@ -197,15 +219,13 @@ class RunConfig(Frozen):
 
     run_id: str | None = Field(default=None, description="Run folder name (None: generated).")
     model: str | dict[str, Any] = Field(
-        default="tiny-llama",
-        description="The model to fine-tune: a Hugging Face model folder (config.json, safetensors, tokenizer), a "
-        "config.json inside one, a Hub id in the local cache, or a bundled alias; 'tiny-llama' or an inline "
-        "config dict for the demo and tests (random weights, byte tokens).",
+        description="The model to fine-tune (required): a Hugging Face model folder (config.json, safetensors, "
+        "tokenizer), a config.json inside one, a Hub id in the local cache, or a bundled alias; 'tiny-llama' or an "
+        "inline config dict for the demo and tests (random weights, byte tokens).",
     )
     data: str = Field(
-        default="toy",
-        description="The dataset: a JSONL/JSON/CSV/Parquet file or a `datasets` id, in any format the planner "
-        "detects (Alpaca, ShareGPT, messages, prompt/completion, text); 'toy' for the bundled demo data.",
+        description="The dataset (required): a JSONL/JSON/CSV/Parquet file or a `datasets` id, in any format the "
+        "planner detects (Alpaca, ShareGPT, messages, prompt/completion, text); 'toy' for the bundled demo data.",
     )
     init: Literal["pretrained", "random"] = Field(
         default="pretrained",
@@ -239,6 +259,31 @@ class RunConfig(Frozen):
         default=None, description="Quantisation-aware training: `bitnet_b158` or a mapping (QuantizeSection)."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _recipe_defaults(cls, data: Any) -> Any:
+        """The recipe's learning rate (for tier 0's method) and warm-up (its share of total_steps) where the
+        config gives none; written into the config, so a stored run keeps them whatever the recipe becomes."""
+        if not isinstance(data, dict):
+            return data
+        training = data.get("training")
+        if isinstance(training, TrainingSection):
+            training = training.model_dump(by_alias=True, exclude_unset=True)
+        if training is None:
+            training = {}
+        if not isinstance(training, dict):
+            return data
+        training = dict(training)
+        if training.get("lr") is None:
+            training["lr"] = _RECIPE.lr(_tier0_method(data.get("train_config")))
+        if training.get("warmup_steps") is None:
+            total = training.get("total_steps", TrainingSection.model_fields["total_steps"].default)
+            if isinstance(total, int) and not isinstance(total, bool) and total >= 1:
+                training["warmup_steps"] = _RECIPE.warmup_steps(total)
+            else:
+                training.pop("warmup_steps", None)  # total_steps' own error names the problem
+        return {**data, "training": training}
+
     @field_validator("quantize", mode="before")
     @classmethod
     def _quantize(cls, v: Any) -> Any:
@@ -266,17 +311,98 @@ class RunConfig(Frozen):
         return (first, *self.fallbacks)
 
 
+def _tier0_method(train_config: Any) -> str:
+    """The method of a (raw) train_config: RunConfig's default tier is full fine-tuning, TrainConfig's is LoRA."""
+    if train_config is None:
+        return "full"
+    method = train_config.method if isinstance(train_config, TrainConfig) else (
+        train_config.get("method", TrainConfig.model_fields["method"].default) if isinstance(train_config, dict) else None
+    )
+    return method if method in _RECIPE.learning_rate else "full"  # a bad method: TrainConfig's error names it
+
+
+_NEEDED = {
+    "model": "`model:` (a model folder, its config.json, a cached Hub id or an alias)",
+    "data": "`data:` (a JSONL/JSON/CSV/Parquet file or a `datasets` id)",
+}
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "tuple", "none", "function-after", "function-before"}
+
+
 def _format_error(err: ValidationError, source: str) -> str:
-    parts = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+    """One line: the keys a run needs, or each bad key with the value given and what is accepted."""
+    errors = err.errors()
+    needed = [e for e in errors if e["type"] == "missing" and tuple(e["loc"]) in (("model",), ("data",))]
+    keys = " and ".join(_NEEDED[str(e["loc"][0])] for e in needed)
+    if needed and len(needed) == len(errors):
+        return (f"run config {source} needs {keys}; `aegis run --demo` runs the bundled demo, "
+                "`aegis run --plan plan.json` a plan's model and data")
+    parts: list[str] = []
+    seen: set[tuple[Any, ...]] = set()
+    for e in (e for e in errors if e not in needed):
+        loc = tuple(x for x in e["loc"] if not _is_type_tag(x))
+        if loc in seen:  # one line per key, not one per member of a union
+            continue
+        seen.add(loc)
+        name = _loc_text(loc) or "(top level)"
         if e["type"] == "extra_forbidden":
-            section = _section_model(e["loc"][:-1])
+            section = _section_model(loc[:-1])
             valid = ", ".join(_field_names(section)) if section else ""
-            parts.append(f"unknown key '{loc}'" + (f" (valid here: {valid})" if valid else ""))
+            parts.append(f"unknown key '{name}'" + (f" (valid here: {valid})" if valid else ""))
+            continue
+        msg = " ".join(str(e["msg"]).removeprefix("Value error, ").split())
+        given = e.get("input")
+        shown = "" if isinstance(given, (dict, list)) or e["type"] == "missing" else f" {_short(given)}"
+        accepted = _accepted(loc, e.get("ctx") or {})
+        if accepted:
+            parts.append(f"{name}{shown} is out of range: accepted {accepted}")
+        elif e["type"] == "missing":
+            parts.append(f"{name} is missing")
+        elif loc == ("model",):
+            parts.append(f"model{shown or ' ' + _short(given)}: give a model folder, its config.json, a Hub id or "
+                         "alias, or an inline config mapping")
+        elif e["type"].startswith("value_error"):  # a validator's own sentence names the value
+            parts.append(f"{name}: {msg}")
         else:
-            parts.append(f"{loc}: {e['msg']}")
-    return f"invalid run config {source}: " + "; ".join(parts)
+            parts.append(f"{name}{shown}: {msg[:1].lower() + msg[1:]}")
+    return f"invalid run config {source}: " + "; ".join(parts) + (f"; it also needs {keys}" if needed else "")
+
+
+def _is_type_tag(part: Any) -> bool:
+    """A union member's tag in a pydantic error location (``model``'s 'str', 'dict[str,any]'), not a key."""
+    return isinstance(part, str) and (part in _TYPE_TAGS or "[" in part)
+
+
+def _loc_text(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _accepted(loc: tuple[Any, ...], ctx: dict[str, Any]) -> str:
+    """'above 0', 'from 0 to 1', '2 or more' for a numeric bound error: the field's whole range ('' if none)."""
+    bounds = {k: v for k, v in ctx.items() if k in ("ge", "gt", "le", "lt")}
+    if not bounds:
+        return ""
+    section = _section_model(loc[:-1]) if loc and isinstance(loc[-1], str) else None
+    field = section.model_fields.get(str(loc[-1])) if section is not None else None
+    for meta in field.metadata if field is not None else ():
+        for k in ("ge", "gt", "le", "lt"):
+            if getattr(meta, k, None) is not None:
+                bounds.setdefault(k, getattr(meta, k))
+    low, high = bounds.get("ge", bounds.get("gt")), bounds.get("le", bounds.get("lt"))
+    if low is not None and high is not None:
+        if "gt" not in bounds and "lt" not in bounds:
+            return f"from {low:g} to {high:g}"
+        return f"in {'(' if 'gt' in bounds else '['}{low:g}, {high:g}{')' if 'lt' in bounds else ']'}"
+    if low is not None:
+        return f"above {low:g}" if "gt" in bounds else f"{low:g} or more"
+    return f"below {high:g}" if "lt" in bounds else f"{high:g} or less"
 
 
 def _field_names(model: type[Frozen]) -> list[str]:
@@ -309,24 +435,47 @@ def parse_run_config(data: dict[str, Any], source: str = "(dict)") -> RunConfig:
         raise InvalidConfigError(_format_error(err, source)) from err
 
 
-def load_run_config(path: str | Path) -> RunConfig:
-    """Read a YAML (or JSON) run config; relative model/data paths resolve against its folder."""
+def read_run_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping a YAML (or JSON) run config file holds, relative model/data paths resolved against its folder,
+    not yet validated (a template or an override file may name neither model nor data). InvalidConfigError, one
+    line, for a missing, unreadable, binary or malformed file, or one that is not a mapping."""
     p = Path(path)
     if not p.is_file():
         raise InvalidConfigError(f"run config {p} does not exist: pass the path of a YAML file (see `aegis run --help`)")
     try:
-        data = yaml.safe_load(p.read_text())
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InvalidConfigError(
+            f"run config {p} is not a text file (byte {err.start} is not UTF-8): pass a YAML file of run settings"
+        ) from None
+    except OSError as err:
+        raise InvalidConfigError(f"cannot read run config {p}: {err.strerror or err}") from None
+    if "\x00" in text:
+        raise InvalidConfigError(f"run config {p} is not a text file (it holds NUL bytes): pass a YAML file of run settings")
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise InvalidConfigError(f"run config {p} is not valid YAML: {err}".splitlines()[0]) from err
-    data = data or {}
-    if isinstance(data, dict):
-        for key in ("model", "data"):
-            value = data.get(key)
-            if isinstance(value, str) and value not in ("tiny-llama", "toy") and not Path(value).is_absolute():
-                local = p.parent / Path(value).expanduser()
-                if local.exists() or value.startswith((".", "~")):  # a Hub id or a `datasets` id stays as written
-                    data[key] = str(local.resolve())
-    return parse_run_config(data, str(p))
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise InvalidConfigError(f"run config {p} is not valid YAML: {problem}{where}") from None
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise InvalidConfigError(
+            f"run config {p} must be a mapping of sections (model:, data:, training: ...), got {type(data).__name__}"
+        )
+    for key in ("model", "data"):
+        value = data.get(key)
+        if isinstance(value, str) and value not in ("tiny-llama", "toy") and not Path(value).is_absolute():
+            local = p.parent / Path(value).expanduser()
+            if local.exists() or value.startswith((".", "~")):  # a Hub id or a `datasets` id stays as written
+                data[key] = str(local.resolve())
+    return data
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """Read and validate a YAML (or JSON) run config; relative model/data paths resolve against its folder."""
+    return parse_run_config(read_run_yaml(path), str(path))
 
 
 def _with_model_lora_targets(data: Any) -> Any:
@@ -358,35 +507,107 @@ def _untargeted_tiers(data: dict[str, Any]) -> list[dict[str, Any]]:
             and not (isinstance(t.get("lora"), dict) and "target_modules" in t["lora"])]
 
 
-def run_config_from_plan(plan_path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """A RunConfig whose train config and fallback chain come from a plan JSON (`aegis plan --json`).
+def run_config_from_report(
+    report: PlanReport, sections: dict[str, Any] | None = None, *, source: str | None = None
+) -> RunConfig:
+    """The one plan -> run translation, used by ``aegis run --plan``, chat and Slack alike.
 
-    The plan must hold ``recommended`` (a TrainConfig, or a tier with a ``config`` TrainConfig)
-    and optionally ``fallbacks`` (a list of the same); ``overrides`` supplies the other sections.
-    Without ``model``/``data`` overrides, the plan request's model (a local folder, made absolute, or its
-    Hub id: its weights are loaded when the run starts) and dataset are used.
-    """
+    From the plan: its model (a local folder made absolute, else the canonical Hub id; weights are loaded when the
+    run starts), its dataset, its recommended config (method, precision, seq len, LoRA rank and targets) and
+    fallback chain, and ``total_steps`` = the plan's epochs over its dataset rows at the global batch (micro batch
+    x accumulation x the plan's GPUs), as transformers' Trainer counts them for the emitted script. The learning
+    rate, warm-up, cosine floor, clip and seed are the recipe's for the method (:mod:`aegis.recipe`), the values
+    the emitted scripts use. ``sections`` (a run YAML's or a chat template's mapping) wins over all of this:
+    supervision sections, a ``training`` key given there, or its ``model``/``data``/``train_config``.
+
+    NothingFitsError when the plan has no recommended config; DatasetError when neither the plan nor
+    ``sections`` names a dataset; InvalidConfigError (one line) for a bad section."""
+    where = source or f"of the plan for {report.request.model or report.model.model_id}"
+    if report.recommended is None:
+        why = " ".join((report.nothing_fits or "").split()).rstrip(".")
+        raise NothingFitsError(
+            "the plan has no configuration that fits, so there is nothing to run"
+            + (f" ({why})" if why else "") + "; re-plan with QLoRA, a shorter seq len, a larger GPU or more GPUs"
+        )
+    data = copy.deepcopy(dict(sections or {}))
+    data.setdefault("model", plan_model(report))
+    if "data" not in data:
+        if not report.request.dataset:
+            raise DatasetError(
+                f"the plan for {report.request.model or report.model.model_id} names no dataset, so there is nothing "
+                "to train on: plan it with one ('... with ./train.jsonl'), or give `data:` in the run config"
+            )
+        data["data"] = local_or_id(report.request.dataset)
+    data.setdefault("train_config", report.recommended.config.model_dump(mode="json"))
+    data.setdefault("fallbacks", [t.config.model_dump(mode="json") for t in report.fallbacks])
+    training = data.get("training")
+    training = dict(training) if isinstance(training, dict) else training
+    if isinstance(training, dict) or training is None:
+        training = training or {}
+        tier0 = data["train_config"]
+        if "total_steps" not in training and report.num_rows and isinstance(tier0, (dict, TrainConfig)):
+            tier0 = tier0 if isinstance(tier0, TrainConfig) else _tier_or_none(tier0)
+            if tier0 is not None:
+                micro = training.get("batch_size") or tier0.micro_batch_size
+                if isinstance(micro, int) and micro >= 1:
+                    training["total_steps"] = steps_for_epochs(
+                        report.num_rows, report.epochs, micro, tier0.gradient_accumulation_steps, report.gpu_count
+                    )
+        data["training"] = training
+    return parse_run_config(data, where)
+
+
+def _tier_or_none(entry: dict[str, Any]) -> TrainConfig | None:
+    try:
+        return TrainConfig.model_validate(entry)
+    except ValidationError:
+        return None  # RunConfig's validation names the bad key
+
+
+def run_config_from_plan(plan_path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """``aegis run --plan``: the plan JSON (`aegis plan --json`) read as a PlanReport and translated by
+    :func:`run_config_from_report`; ``overrides`` (the sections of ``--config``) win as they do there."""
     p = Path(plan_path)
     try:
-        plan = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise InvalidConfigError(f"cannot read plan {p}: {err}; write one with `aegis plan ... --json > plan.json`") from err
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InvalidConfigError(f"plan {p} does not exist; write one with `aegis plan ... --json > plan.json`") from None
+    except (OSError, UnicodeDecodeError) as err:
+        why = "it is not a text file" if isinstance(err, UnicodeDecodeError) else (err.strerror or str(err))
+        raise InvalidConfigError(f"cannot read plan {p}: {why}; write one with `aegis plan ... --json > plan.json`") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InvalidConfigError(
+            f"plan {p} is not JSON ({err.msg} at line {err.lineno}); write one with `aegis plan ... --json > plan.json`"
+        ) from None
+    if not isinstance(raw, dict) or "recommended" not in raw:
+        raise InvalidConfigError(f"plan {p} has no 'recommended' configuration; write it with `aegis plan ... --json`")
+    if raw["recommended"] is None:
+        raise NothingFitsError(f"plan {p} has no configuration that fits (nothing_fits); re-plan with a larger GPU")
+    try:
+        report = PlanReport.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise InvalidConfigError(
+            f"plan {p} is not a plan Aegis wrote ({_loc_text(tuple(first['loc'])) or 'top level'}: "
+            f"{' '.join(str(first['msg']).split())}); write it again with `aegis plan ... --json > {p.name}`"
+        ) from None
+    return run_config_from_report(report, overrides, source=str(p))
 
-    def as_config(entry: Any) -> Any:
-        return entry.get("config", entry) if isinstance(entry, dict) and "config" in entry else entry
 
-    if not isinstance(plan, dict) or "recommended" not in plan:
-        raise InvalidConfigError(f"plan {p} has no 'recommended' configuration; write it with `aegis plan --json`")
-    if plan["recommended"] is None:
-        raise InvalidConfigError(f"plan {p} has no configuration that fits (nothing_fits); re-plan with a larger GPU")
-    data = dict(overrides or {})
-    request = plan.get("request") or {}
-    if "model" not in data and request.get("model"):
-        model = str(request["model"])
-        data["model"] = str(Path(model).expanduser().resolve()) if Path(model).expanduser().exists() else model
-    if "data" not in data and request.get("dataset"):
-        dataset = str(request["dataset"])
-        data["data"] = str(Path(dataset).expanduser().resolve()) if Path(dataset).expanduser().exists() else dataset
-    data["train_config"] = as_config(plan["recommended"])
-    data["fallbacks"] = [as_config(f) for f in plan.get("fallbacks", [])]
-    return parse_run_config(data, str(p))
+def local_or_id(spec: str) -> str:
+    """A local path made absolute (from the working folder); a Hub or `datasets` id as written."""
+    from aegis.access import looks_like_path
+
+    p = Path(spec).expanduser()
+    return str(p.resolve()) if looks_like_path(spec) or p.exists() else spec
+
+
+def plan_model(report: PlanReport) -> str:
+    """The planned model as a run's ``model``: the user's folder made absolute, else the canonical Hub id."""
+    from aegis.access import looks_like_path
+
+    spec = report.request.model or report.model.model_id
+    local = looks_like_path(spec) or Path(spec).expanduser().exists()
+    return local_or_id(spec) if local else report.model.model_id

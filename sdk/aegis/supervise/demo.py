@@ -5,6 +5,11 @@ the toxic row ``toxic-0001``, 62 random printable characters) and ``demo.yaml`` 
 commented). ``aegis run --demo`` trains it in about a minute and shows the detection, the
 diagnosis and both repairs (blacklist, then stabilise).
 
+The demo is this explicit config, never a default: ``RunConfig`` requires ``model`` and ``data``,
+and ``demo.yaml`` states every training number it is tuned for (LR, no warm-up, constant LR, seed 0)
+instead of taking the recipe's (:mod:`aegis.recipe`), so the demo's story does not move when the
+recipe does.
+
     cfg = demo_config()                    # RunConfig with absolute data path
     Supervisor("runs").start(cfg)
 """
@@ -28,5 +33,6 @@ def demo_dir() -> Path:
 
 
 def demo_config() -> RunConfig:
-    """The demo's RunConfig (data path resolved inside the installed package)."""
+    """The demo's RunConfig (data path resolved inside the installed package): the bundled random tiny llama
+    (``model: tiny-llama``) on ``demo.jsonl``, with its own training numbers and injected LR spike."""
     return load_run_config(demo_dir() / "demo.yaml")

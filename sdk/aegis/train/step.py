@@ -49,6 +49,7 @@ import optax
 from pydantic import Field
 
 from aegis.errors import InvalidConfigError
+from aegis.recipe import recipe
 from aegis.schema import Frozen, Precision, TrainConfig
 
 __all__ = [
@@ -75,7 +76,7 @@ Batch = dict[str, jax.Array]
 class OptimizerSettings(Frozen):
     """Optimizer and schedule settings that ``TrainConfig`` (what the planner sizes) does not hold."""
 
-    learning_rate: float = Field(default=2e-4, gt=0, description="Peak learning rate.")
+    learning_rate: float = Field(default=recipe().lr("lora"), gt=0, description="Peak learning rate (the recipe's LoRA rate).")
     warmup_steps: int = Field(default=0, ge=0, description="Linear warmup from 0 to the peak.")
     total_steps: int = Field(default=1000, ge=1, description="Steps over which the cosine decays.")
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="Final LR as a share of the peak.")
