@@ -169,6 +169,26 @@ def test_packed_logits_equal_dequantised_ternary_model(llama, tmp_path, per_chan
     assert result.size_category == "tiny" and result.per_channel is per_channel
 
 
+def test_transformers_refuses_the_packed_folder_and_aegis_loads_it(llama, tmp_path):
+    """Before, transformers loaded the folder as the plain llama of config.json, its decoder weights random."""
+    transformers = pytest.importorskip("transformers")
+    compress_model(llama, tmp_path / "p")
+    for load in (transformers.AutoModelForCausalLM.from_pretrained, transformers.AutoConfig.from_pretrained):
+        with pytest.raises(ValueError, match="model type `aegis-bitnet-b1.58`"):
+            load(tmp_path / "p")
+    assert "load_packed" in (tmp_path / "p" / "README.md").read_text()
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "p")("reset the password")["input_ids"]
+    got = np.asarray(load_packed(tmp_path / "p", activations="none").apply(IDS))
+    np.testing.assert_allclose(got, _reference_logits(llama, IDS), atol=1e-5, rtol=0)
+
+
+def test_a_packed_folder_of_the_earlier_layout_still_loads(llama, tmp_path):
+    compress_model(llama, tmp_path / "p")
+    (tmp_path / "p" / "model_config.json").replace(tmp_path / "p" / "config.json")
+    got = np.asarray(load_packed(tmp_path / "p", activations="none").apply(IDS))
+    np.testing.assert_allclose(got, _reference_logits(llama, IDS), atol=1e-5, rtol=0)
+
+
 def test_packed_file_round_trips_against_the_original(llama, tmp_path):
     result = compress_model(llama, tmp_path / "p")
     orig, out = read_folder(llama), read_folder(tmp_path / "p")
@@ -191,8 +211,10 @@ def test_packed_file_round_trips_against_the_original(llama, tmp_path):
     assert 15.9 < result.linear_compression <= 16.0
     assert result.total_bytes_packed == sum(a.nbytes for a in out.values())
     assert result.total_compression > 1.0
-    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+    for f in ("tokenizer.json", "tokenizer_config.json"):
         assert (tmp_path / "p" / f).read_bytes() == (llama / f).read_bytes()
+    assert (tmp_path / "p" / "model_config.json").read_bytes() == (llama / "config.json").read_bytes()
+    assert json.loads((tmp_path / "p" / "config.json").read_text())["model_type"] == "aegis-bitnet-b1.58"
 
 
 def test_keep_last_layer_and_bf16_scales(llama, tmp_path):

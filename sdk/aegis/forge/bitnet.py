@@ -16,11 +16,17 @@ The size category (:data:`SIZE_CATEGORIES`, from the Agent Forge phase-4 plan) i
 parameter count that :func:`aegis.profiles.profile_from_config` computes from config.json; it sets the target
 compression the result is compared against (reported, never enforced).
 
-The output folder holds ``config.json`` and the tokenizer files unchanged, ``model.safetensors`` (sharded with
+The output folder holds the model's ``config.json`` renamed :data:`MODEL_CONFIG`, in its place a ``config.json``
+whose ``model_type`` is the format's name (``aegis-bitnet-b1.58``), the tokenizer files unchanged, a ``README.md``
+saying how to load it, ``model.safetensors`` (sharded with
 an index above ``max_shard_bytes``) with the preserved tensors under their own names and, for each
 ternary tensor ``NAME``, ``NAME.ternary`` (uint8, last axis packed) and ``NAME.scale`` (``gamma``, with the
 weight's leading dims: all ones per tensor, ``shape[:-1]`` per channel), and ``bitnet_config.json`` saying
-what is packed and how. transformers cannot load that folder; :func:`load_packed` can.
+what is packed and how. transformers cannot run that format (its own BitNet format packs another axis, keeps
+one scale per tensor and needs its quantizer), so ``AutoModelForCausalLM.from_pretrained`` refuses the folder
+("model type `aegis-bitnet-b1.58` ... does not recognize this architecture") instead of loading a model whose
+decoder weights are missing and randomly initialised, while ``AutoTokenizer`` still reads the tokenizer;
+:func:`load_packed` loads it (and folders of the earlier layout, with the model's own ``config.json``).
 
 Activations: each ternary linear of the packed model quantises its input per token to int8
 (:func:`~aegis.forge._bitnet_pack.absmax_int8`, the paper's W1.58 A8) and multiplies int8 by ternary codes in
@@ -47,6 +53,7 @@ from aegis.schema import Frozen
 
 __all__ = [
     "BITNET_CONFIG",
+    "MODEL_CONFIG",
     "SIZE_CATEGORIES",
     "SizeCategory",
     "CompressionResult",
@@ -60,6 +67,8 @@ __all__ = [
 ]
 
 BITNET_CONFIG = "bitnet_config.json"
+MODEL_CONFIG = "model_config.json"
+"""The source model's config.json, renamed so that no loader takes the packed folder for a plain model."""
 FORMAT = "aegis-bitnet-b1.58"
 PACKED_SUFFIX = ".ternary"
 SCALE_SUFFIX = ".scale"
@@ -261,9 +270,17 @@ def _pack_model(
         shards = writer.finish()
     weights.close()
 
-    for f in ("config.json", "generation_config.json", *TOKENIZER_FILES):
+    shutil.copy2(source.folder / "config.json", out / MODEL_CONFIG)
+    stub = {
+        "model_type": FORMAT,
+        "architectures": ["AegisBitNetForCausalLM"],
+        "aegis": {"model_config": MODEL_CONFIG, "format": BITNET_CONFIG, "load_with": "aegis.forge.bitnet.load_packed"},
+    }
+    (out / "config.json").write_text(json.dumps(stub, indent=2) + "\n", encoding="utf-8")
+    for f in ("generation_config.json", *TOKENIZER_FILES):
         if (source.folder / f).exists():
             shutil.copy2(source.folder / f, out / f)
+    (out / "README.md").write_text(_README.format(src=Path(str(src)).name, model_config=MODEL_CONFIG), encoding="utf-8")
     result = CompressionResult(
         out=out,
         size_category=category.name,
@@ -284,6 +301,7 @@ def _pack_model(
     meta = {
         "format": FORMAT,
         "version": 1,
+        "model_config": MODEL_CONFIG,
         "weights": {
             "method": "absmean",
             "formula": "W_q = RoundClip(W / (gamma + eps), -1, 1), gamma = mean(|W|); W ~ W_q * gamma",
@@ -317,6 +335,25 @@ def _pack_model(
     }
     (out / BITNET_CONFIG).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return result
+
+
+_README = """# {src}, BitNet b1.58 ternary (aegis compress)
+
+The decoder's linear weights are stored packed, 2 bits per weight (`*.ternary`) with their scales (`*.scale`);
+`bitnet_config.json` describes the format. This is not a plain Hugging Face model folder: the model's config is
+`{model_config}`, and `config.json` names the format as its model type, so that transformers refuses the folder
+rather than load it with randomly initialised decoder weights. The tokenizer files are the model's own.
+
+Load it with Aegis:
+
+```python
+from aegis.forge.bitnet import load_packed
+
+packed = load_packed("this-folder")      # JAX model, packed ternary leaves
+logits = packed.apply(input_ids)
+params = packed.dense_params()           # dequantised weights (W_q * gamma)
+```
+"""
 
 
 # ----- load and run ----------------------------------------------------------------------------------------
@@ -458,7 +495,8 @@ def load_packed(
     meta = json.loads(meta_file.read_text(encoding="utf-8"))
     if meta.get("format") != FORMAT:
         raise InvalidConfigError(f"{meta_file} is not an {FORMAT} description (format {meta.get('format')!r}).")
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config_file = folder / MODEL_CONFIG if (folder / MODEL_CONFIG).is_file() else folder / "config.json"  # earlier layout
+    config = json.loads(config_file.read_text(encoding="utf-8"))
     dtype = jnp.dtype(dtype or jnp.float32)
     model = build_model(config, dtype=dtype, param_dtype=dtype)
     handles = [safe_open(str(folder / f), framework="numpy") for f in meta["shards"]]
