@@ -179,3 +179,18 @@ def test_the_recipe_fills_what_a_config_does_not_say():
     assert parse_run_config(full.model_dump(mode="json", by_alias=True)) == full
     r = recipe()
     assert (r.lr("full"), r.lr("lora"), r.lr("qlora"), r.seed, r.warmup_ratio) == (1e-5, 2e-4, 2e-4, 42, 0.03)
+
+
+def test_aegis_run_with_an_empty_config_trains_nothing(tmp_path):
+    """`aegis run --config empty.yaml` used to train the demo's random model on toy data for 1,000 steps."""
+    from typer.testing import CliRunner
+
+    from aegis.supervise.cli import app
+
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "typo.yaml").write_text("model: tiny-llama\ndata: toy\ntraining: {stepz: 3}\n")
+    runs = tmp_path / "runs"
+    for name, fragment in (("empty.yaml", "needs `model:`"), ("typo.yaml", "unknown key 'training.stepz'")):
+        result = CliRunner().invoke(app, ["run", "--config", str(tmp_path / name), "--runs-dir", str(runs)])
+        assert result.exit_code == 2 and fragment in result.output and result.output.strip().count("\n") == 0
+    assert not runs.exists()

@@ -240,7 +240,7 @@ def run_config(config: Path | None, plan: Path | None, demo: bool = False, run_i
         overrides = read_run_yaml(config) if config else {}  # only what the YAML says
         overrides.pop("train_config", None)
         overrides.pop("fallbacks", None)
-        cfg = run_config_from_plan(plan, overrides)
+        cfg = run_config_from_plan(plan, overrides, source=f"{config} with plan {plan}" if config else None)
     elif config is not None:
         cfg = load_run_config(config)
     else:

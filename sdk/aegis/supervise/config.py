@@ -441,7 +441,8 @@ def read_run_yaml(path: str | Path) -> dict[str, Any]:
     line, for a missing, unreadable, binary or malformed file, or one that is not a mapping."""
     p = Path(path)
     if not p.is_file():
-        raise InvalidConfigError(f"run config {p} does not exist: pass the path of a YAML file (see `aegis run --help`)")
+        what = "is not a file" if p.exists() else "does not exist"
+        raise InvalidConfigError(f"run config {p} {what}: pass the path of a YAML file (see `aegis run --help`)")
     try:
         text = p.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
@@ -564,9 +565,12 @@ def _tier_or_none(entry: dict[str, Any]) -> TrainConfig | None:
         return None  # RunConfig's validation names the bad key
 
 
-def run_config_from_plan(plan_path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+def run_config_from_plan(
+    plan_path: str | Path, overrides: dict[str, Any] | None = None, *, source: str | None = None
+) -> RunConfig:
     """``aegis run --plan``: the plan JSON (`aegis plan --json`) read as a PlanReport and translated by
-    :func:`run_config_from_report`; ``overrides`` (the sections of ``--config``) win as they do there."""
+    :func:`run_config_from_report`; ``overrides`` (the sections of ``--config``) win as they do there. ``source``
+    names the config in errors (default: the plan's path)."""
     p = Path(plan_path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -593,7 +597,7 @@ def run_config_from_plan(plan_path: str | Path, overrides: dict[str, Any] | None
             f"plan {p} is not a plan Aegis wrote ({_loc_text(tuple(first['loc'])) or 'top level'}: "
             f"{' '.join(str(first['msg']).split())}); write it again with `aegis plan ... --json > {p.name}`"
         ) from None
-    return run_config_from_report(report, overrides, source=str(p))
+    return run_config_from_report(report, overrides, source=source or str(p))
 
 
 def local_or_id(spec: str) -> str:
