@@ -198,6 +198,9 @@ CASES = [
     _case(["benchmark", "qwen2.5-0.5b", "--batch", "0"], 2, "--batch", id="benchmark-zero-batch"),
     _case(["benchmark", "qwen2.5-0.5b", "--seq", "1"], 2, "--seq", id="benchmark-seq-1"),
     _case(["benchmark", "qwen2.5-0.5b", "--steps", "-3"], 2, "--steps", id="benchmark-negative-steps"),
+    _case(["benchmark", "qwen2.5-0.5b", "--gpu", "nope"], 2, "unknown GPU 'nope'", id="benchmark-unknown-gpu"),
+    _case(["benchmark", "qwen2.5-0.5b", "--method", "foo"], 2, ["method", "'foo'"], id="benchmark-unknown-method"),
+    _case(["benchmark", "nope-model"], 2, "unknown model", id="benchmark-unknown-model"),
     # ---- run / resume / status / interrupt / command / export ---------------------------------------------
     _case(["run"], 2, "--config", id="run-nothing"),
     _case(["run", "--config", "/no/such/run.yaml"], 2, "run.yaml", id="run-missing-config"),

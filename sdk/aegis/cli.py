@@ -263,6 +263,15 @@ def benchmark(
     json_: JsonOpt = False,
 ) -> None:
     """Run real training steps on this machine and store tokens/s and peak memory for `aegis plan`."""
+    if method not in ("full", "lora", "qlora"):  # checked before JAX is imported
+        raise typer.BadParameter(f"--method {method!r}: use full, lora or qlora")
+    from aegis.hub import resolve_model
+
+    resolve_model(model)  # an unknown model is one line before JAX is imported
+    if gpu is not None:  # a catalog id, checked before minutes of training steps (not filed under a typo)
+        from aegis.hardware import find_gpu
+
+        gpu = find_gpu(gpu).id
     from aegis.train.benchmark import run_benchmark
 
     result = run_benchmark(model, method=method, micro_batch_size=batch, seq_len=seq, steps=steps, gpu_id=gpu)
