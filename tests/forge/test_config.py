@@ -102,7 +102,6 @@ def test_settings_evaluate_as_in_mergekit(kind, t):
          "slices[0].sources[0].layer_range: Value error, layer_range [3, 1] must be"),
         ("merge_method: linear\nmodels: [{model: a}]\ndtype: float8", "dtype: Input should be"),
         ("merge_method: linear\nmodules: {}\nmodels: [{model: a}]", "modules: multi-module `modules:` configs are not supported"),
-        ("merge_method: linear\nmodels: [{model: a}]\ntokenizer_source: union", "'union' (merged vocabularies) is not supported"),
         ("merge_method: linear\nmodels: [{model: a, parameters: {weight: {value: [1, {x: 2}]}}}]", "models[0].parameters: weight: expected a number"),
         ("merge_method: linear\nmodels: [{model: a, parameters: {weight: {filtr: x, value: 1}}}]",
          "models[0].parameters: weight: unknown key 'filtr' in a {filter, value} entry; did you mean 'filter'?"),

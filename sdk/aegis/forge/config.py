@@ -43,7 +43,7 @@ Scalar = bool | int | float | str
 DType = Literal["bfloat16", "float16", "float32", "float64"]
 _UNSUPPORTED_KEYS = {
     "modules": "multi-module `modules:` configs are not supported yet; use `models:` or `slices:`",
-    "tokenizer": "`tokenizer:` (vocabulary surgery) is not supported yet; use `tokenizer_source: base` or a model",
+    "tokenizer": "`tokenizer:` (vocabulary surgery) is not supported yet; use `tokenizer_source: base`, `union` or a model",
     "chat_template": "`chat_template:` is not supported yet; set the template in the tokenizer_source model's tokenizer",
 }
 
@@ -175,7 +175,8 @@ class MergeConfig(Frozen):
     dtype: DType | None = Field(default=None, description="dtype the inputs are read in (and the output stored in).")
     out_dtype: DType | None = Field(default=None, description="dtype the output is stored in (default: dtype).")
     tokenizer_source: str | None = Field(
-        default=None, description="'base' or a model whose tokenizer the output gets (default: the base, else the first model)."
+        default=None, description="'base', 'union' or a model: the output's tokenizer, embedding and head rows remapped by token "
+        "as mergekit does (unset: the base's, else the first model's, rows merged by index)."
     )
     dfs: DFSParameters | None = Field(
         default=None, description="merge_method dfs: layer path (repeats, indicator) and scaling (aegis.forge.dfs)."
@@ -220,10 +221,6 @@ class MergeConfig(Frozen):
             raise ValueError("give exactly one of `models:` and `slices:` (a non-empty list)")
         if (self.dfs is None) != (self.merge_method != "dfs"):
             raise ValueError("a `dfs:` block goes with merge_method: dfs (and dfs needs one)")
-        if self.tokenizer_source == "union":
-            raise ValueError(
-                "tokenizer_source: 'union' (merged vocabularies) is not supported yet; use 'base' or a model"
-            )
         return self
 
     @model_validator(mode="after")
@@ -246,7 +243,7 @@ class MergeConfig(Frozen):
             names.extend(src.model for src in s.sources)
             if s.base_model:
                 names.append(s.base_model)
-        if self.tokenizer_source and self.tokenizer_source != "base":
+        if self.tokenizer_source and self.tokenizer_source not in ("base", "union"):
             names.append(self.tokenizer_source)
         return list(dict.fromkeys(names))
 

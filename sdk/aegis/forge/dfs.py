@@ -190,7 +190,7 @@ def compile_dfs(cfg: Any, root: Path | None = None) -> tuple[Any, list[str]]:
         located = {
             key: str(planner.sources[planner.locate(value, key)].folder)
             for key in ("base_model", "tokenizer_source")
-            if (value := getattr(cfg, key)) is not None and value != "base"
+            if (value := getattr(cfg, key)) is not None and value not in ("base", "union")
         }
     finally:
         planner.close()

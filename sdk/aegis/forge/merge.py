@@ -18,8 +18,12 @@ How mergekit lays a merge out, reproduced here (``mergekit/plan.py``):
   stack use ``t = 0``: embeddings are merged from the first slice's sources, the final norm and the head
   from the last slice's.
 * The output's config is the base model's (else the first model's) with the new depth, ``dtype``, and
-  per-layer lists such as ``layer_types`` rebuilt from the layers taken; the tokenizer is copied from
-  ``tokenizer_source`` (else the base, else the first model).
+  per-layer lists such as ``layer_types`` rebuilt from the layers taken; without ``tokenizer_source`` the
+  tokenizer is copied from the base (else the first model) and rows are merged by index.
+* With ``tokenizer_source`` (``base``, ``union`` or a model) the output tokenizer is built as mergekit builds
+  it and the embedding and head rows are merged by token: each model gives, for each output token, its own row
+  for that token, or mergekit's default row where it lacks it (``aegis.forge._vocab``); ``vocab_size`` becomes
+  the output tokenizer's length.
 
 Layers are found from the tensor names (``<prefix>.<index>.<rest>``, the way mergekit infers an
 architecture); a tensor outside the stack is an embedding (merged with the first slice) when its name
@@ -51,6 +55,8 @@ MAX_SHARD_BYTES = 5 * 2**30
 _LAYER = re.compile(r"\.(\d+)\.")
 _EMBEDDING = re.compile(r"(^|\.)(embed_tokens|embed_in|wte|wpe|word_embeddings|position_embeddings|tok_embeddings)(\.|$)")
 _INPUT_EMBEDDING = re.compile(r"(^|\.)(embed_tokens|embed_in|wte|word_embeddings|tok_embeddings)\.weight$")
+_HEAD = re.compile(r"(^|\.)(lm_head|embed_out)\.")
+_VOCAB_TENSOR = re.compile(r"((^|\.)(embed_tokens|embed_in|wte|word_embeddings|tok_embeddings|lm_head|embed_out)\.weight$)")
 _DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 _PER_LAYER_KEYS = ("layer_types",)
 _DTYPE_CODES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16"}
@@ -105,6 +111,8 @@ class _Job:
     out_code: str
     shape: tuple[int, ...]
     floating: bool
+    remap: bool = False
+    vocab_base: str | None = None
 
 
 @dataclass
@@ -148,6 +156,8 @@ class _Planner:
         self.weights: dict[str, Any] = {}  # key -> ModelWeights
         self.layouts: dict[str, _Layout] = {}
         self._adapters: dict[Any, Any] = {}
+        self.vocab: Any = None  # aegis.forge._vocab.OutputVocab when tokenizer_source is set
+        self.vocab_sizes: dict[str, int] = {}
 
     # -- models
 
@@ -322,6 +332,9 @@ class _Planner:
         cfg, m = self.cfg, self.method
         inputs = tuple((s.key, self._input_name(s.key, n, s.where)) for s, n in zip(sl.sources, names, strict=True))
         shapes = [self.weights[k].shape(n) for k, n in inputs]
+        remap = self._remapped(out_name, inputs, shapes)
+        if remap:
+            shapes = [(self.vocab.size, *sh[1:]) for sh in shapes]
         if len(set(shapes)) > 1:
             listed = ", ".join(f"{self.label[k]}: {list(sh)}" for (k, _), sh in zip(inputs, shapes, strict=True))
             vocab = _EMBEDDING.search(out_name) or "lm_head" in out_name
@@ -333,6 +346,8 @@ class _Planner:
         if not floating:
             if len(set(codes)) > 1:
                 raise InvalidConfigError(f"tensor {out_name}: non-floating tensor stored as {', '.join(codes)} across models")
+            if remap:
+                raise InvalidConfigError(f"tensor {out_name}: a non-floating tensor cannot be remapped to tokenizer_source's vocabulary")
             return _Job(out_name, inputs, None, {}, tuple({} for _ in inputs), None, codes[0], shapes[0], False)
         eff = {read_code} if read_code else set(codes)
         promoted = eff.pop() if len(eff) == 1 else ("F64" if "F64" in eff else "F32")
@@ -355,13 +370,67 @@ class _Planner:
                     required=p.required, validate=self._validator(p.kind), who=f"{self.label[key]} ({s.where}), tensor {in_name}",
                 )
             per_input.append(values)
-        return _Job(out_name, inputs, base_index, shared, tuple(per_input), read_code, out_code, shapes[0], True)
+        return _Job(out_name, inputs, base_index, shared, tuple(per_input), read_code, out_code, shapes[0], True,
+                    remap=remap, vocab_base=sl.base)
+
+    # -- vocabulary (tokenizer_source)
+
+    def _vocab_size(self, key: str) -> int:
+        conf = self.weights[key].config
+        text = conf.get("text_config") if isinstance(conf.get("text_config"), dict) else {}
+        size = conf.get("vocab_size", text.get("vocab_size"))
+        if isinstance(size, int) and size > 0:
+            return size
+        emb = next((n for n in self.layouts[key].loose if _INPUT_EMBEDDING.search(n)), None)
+        if emb is None:
+            raise InvalidConfigError(f"tokenizer_source: {self.label[key]} has no vocab_size in its config.json and no embedding tensor")
+        return self.weights[key].shape(emb)[0]
+
+    def build_vocab(self) -> None:
+        from aegis.forge._vocab import build_vocab
+
+        cfg = self.cfg
+        keys = list(self.weights)
+        self.vocab_sizes = {k: self._vocab_size(k) for k in keys}
+        source = cfg.tokenizer_source
+        source_key = None
+        if source not in ("base", "union"):
+            source_key = self.locate(source, "tokenizer_source")
+        base_key = self.key_of[cfg.base_model] if cfg.base_model else None
+        folders = {k: self.sources[k].folder for k in self.sources}
+        self.vocab, warnings = build_vocab(
+            source, base_key, keys, folders, self.vocab_sizes, self.label, source_key=source_key
+        )
+        self.warnings += warnings
+
+    def _remapped(self, out_name: str, inputs: tuple[tuple[str, str], ...], shapes: list[tuple[int, ...]]) -> bool:
+        if self.vocab is None or self.vocab.identity:
+            return False
+        indexed = [bool(sh) and sh[0] == self.vocab_sizes[k] for (k, _), sh in zip(inputs, shapes, strict=True)]
+        if _VOCAB_TENSOR.search(out_name):
+            if not all(sh and sh[0] >= self.vocab_sizes[k] for (k, _), sh in zip(inputs, shapes, strict=True)):
+                listed = ", ".join(
+                    f"{self.label[k]}: {sh[0] if sh else 0} rows, vocab_size {self.vocab_sizes[k]}"
+                    for (k, _), sh in zip(inputs, shapes, strict=True)
+                )
+                raise InvalidConfigError(
+                    f"tensor {out_name} has fewer rows than vocab_size ({listed}); fix vocab_size in config.json"
+                )
+            return True  # rows past vocab_size (padding) are dropped, as mergekit does
+        if (_EMBEDDING.search(out_name) or _HEAD.search(out_name)) and any(indexed):
+            raise InvalidConfigError(
+                f"tensor {out_name} is indexed by token and aegis remaps only embeddings and head weights to "
+                "tokenizer_source's vocabulary; drop tokenizer_source or merge models that share one vocabulary"
+            )
+        return False
 
     # -- the plan
 
     def plan(self) -> tuple[list[_Slice], list[_Job]]:
         slices = self.slices()
         self.check_parameter_names()
+        if self.cfg.tokenizer_source:
+            self.build_vocab()
         first, last = slices[0], slices[-1]
         self.ref = self.key_of[self.cfg.base_model] if self.cfg.base_model else first.sources[0].key
         prefix = self.layouts[self.ref].prefix
@@ -408,6 +477,10 @@ def _run_job(job: _Job, planner: _Planner, rng: Any) -> Any:
         target = np.dtype(np.float64) if any(a.dtype == np.float64 for a in arrays) else np.dtype(np.float32)
     if target is not None:
         arrays = [a.astype(target, copy=False) for a in arrays]
+    if job.remap:
+        from aegis.forge._vocab import remap_rows
+
+        arrays = remap_rows(arrays, [k for k, _ in job.inputs], planner.vocab.rows, job.vocab_base)
     out = planner.method.kernel(arrays, job.base_index, job.shared, job.per_input, rng)
     return np.asarray(out).astype(DTYPES[job.out_code], copy=False)
 
@@ -435,6 +508,9 @@ def _out_config(planner: _Planner, slices: list[_Slice]) -> dict[str, Any]:
                     rebuilt += values[sl.sources[0].start : sl.sources[0].end]
                 if rebuilt is not None:
                     holder[key] = rebuilt
+    if planner.vocab is not None:  # mergekit's _update_config_vocab
+        vocab_holder = conf if "vocab_size" in conf or text is None else text
+        vocab_holder["vocab_size"] = planner.vocab.size
     dtype = cfg.out_dtype or cfg.dtype
     if dtype:
         conf["dtype"] = dtype
@@ -492,11 +568,8 @@ def merge_models(
         resolved_out = out.resolve()
         if any(resolved_out == Path(k) for k in planner.sources):
             raise InvalidConfigError(f"output folder {out} is one of the input models; choose another folder")
-        tok_key = planner.ref
-        if cfg.tokenizer_source and cfg.tokenizer_source != "base":
-            tok_key = planner.locate(cfg.tokenizer_source, "tokenizer_source")
-        elif cfg.tokenizer_source == "base" and cfg.base_model:
-            tok_key = planner.key_of[cfg.base_model]
+        if planner.vocab is None:
+            planner.warnings += _vocabulary_warning(planner)
 
         rng = np.random.default_rng(seed)
         with output_dir(out, overwrite=overwrite, writer="aegis merge") as tmp:
@@ -509,10 +582,12 @@ def merge_models(
             conf = _out_config(planner, slices)
             (tmp / "config.json").write_text(json.dumps(conf, indent=2) + "\n", encoding="utf-8")
             donor = planner.sources[planner.ref].folder
-            tok_folder = planner.sources[tok_key].folder
-            for name in TOKENIZER_FILES:
-                if (tok_folder / name).is_file():
-                    shutil.copy2(tok_folder / name, tmp / name)
+            if planner.vocab is not None:  # as mergekit: the built tokenizer, saved by transformers
+                planner.vocab.tokenizer.save_pretrained(str(tmp))
+            else:
+                for name in TOKENIZER_FILES:
+                    if (donor / name).is_file():
+                        shutil.copy2(donor / name, tmp / name)
             if (donor / "generation_config.json").is_file():
                 shutil.copy2(donor / "generation_config.json", tmp / "generation_config.json")
             (tmp / "mergekit_config.yml").write_text(source_text or _to_yaml(cfg), encoding="utf-8")
@@ -522,6 +597,26 @@ def merge_models(
         )
     finally:
         planner.close()
+
+
+def _vocabulary_warning(planner: _Planner) -> list[str]:
+    """One line when the models' tokenizer.json vocabularies differ and rows are merged by index (as mergekit does)."""
+    seen: dict[Any, str] = {}
+    for key in planner.weights:
+        path = planner.sources[key].folder / "tokenizer.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            vocab = dict((data.get("model") or {}).get("vocab") or {})
+            vocab.update({t["content"]: t["id"] for t in data.get("added_tokens") or []})
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            continue  # no tokenizer.json (or not a mapping vocabulary): nothing to compare
+        seen.setdefault(frozenset(vocab.items()), planner.label[key])
+    if len(seen) < 2:
+        return []
+    return [
+        f"the models' vocabularies differ ({', '.join(seen.values())}) and no tokenizer_source is set: embedding and "
+        "head rows are merged by index, as mergekit does; set tokenizer_source (base, union or a model) to merge them by token"
+    ]
 
 
 def _to_yaml(cfg: MergeConfig) -> str:
