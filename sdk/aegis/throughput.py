@@ -9,14 +9,18 @@ activations and logits, and the utilisation range applies to whichever roof bind
 
     from aegis.throughput import flops_per_token, tokens_per_s_range
     low, high, basis, source = tokens_per_s_range(profile, cfg, gpu)
+    token_flops(profile, "lora", 2048).forward    # the one FLOPs count: planner, benchmark MFU, forge fitness
 """
 
 from __future__ import annotations
 
-from aegis.calibration import CalibrationStore
-from aegis.schema import GPU, Cost, MemoryEstimate, ModelProfile, TrainConfig
+from typing import NamedTuple
 
-__all__ = ["MFU_RANGE", "flops_per_token", "bytes_per_token", "tokens_per_s_range", "costs"]
+from aegis.calibration import CalibrationStore
+from aegis.schema import GPU, Cost, MemoryEstimate, Method, ModelProfile, TrainConfig
+
+__all__ = ["MFU_RANGE", "TokenFlops", "bytes_per_token", "costs", "flops_per_token", "model_flops_utilisation",
+           "token_flops", "tokens_per_s_range"]
 
 MFU_RANGE = {"full": (0.30, 0.45), "lora": (0.28, 0.42), "qlora": (0.18, 0.30)}
 """Model-FLOPs utilisation assumed per method (QLoRA dequantises every weight on the fly)."""
@@ -24,21 +28,65 @@ MEASURED_SPREAD = 0.10
 """A stored measurement is shown as +/- this share."""
 
 
-def flops_per_token(profile: ModelProfile, cfg: TrainConfig) -> tuple[float, str]:
-    """Training FLOPs per token: matmul params x (6 full | 4 LoRA) + causal attention; +1 forward with checkpointing."""
-    matmul = profile.active_params_per_token - profile.embedding_params
+class TokenFlops(NamedTuple):
+    """FLOPs per token of one model at one sequence length: the one count the planner's time, the benchmark's MFU
+    and forge's speed fitness all use."""
+
+    training: float
+    """One training step's FLOPs per token: forward + backward (+ the recomputed forward with checkpointing)."""
+    forward: float
+    """One forward pass's FLOPs per token (evaluation, generation)."""
+    formula: str
+    """How ``training`` was counted, in words."""
+
+
+def token_flops(profile: ModelProfile, method: Method, seq_len: int, *, recompute: bool = False) -> TokenFlops:
+    """FLOPs per token, PaLM-style with causal attention.
+
+    Matmul parameters: the parameters a token passes through (routed experts only, `active_params_per_token`),
+    without the lookups (token and learned position embeddings), the norms' weights and the linears' biases, but with
+    the head (a tied head still multiplies). Forward: 2 FLOPs per matmul
+    parameter, plus causal attention's QK^T and AV, ``2 x layers x heads x head_dim x seq_len`` (each query sees
+    seq_len/2 keys on average). Backward: input gradients (one forward's worth) plus weight gradients (another) for
+    full fine-tuning; frozen weights (LoRA, QLoRA) need no weight gradients; attention always has both halves.
+    ``recompute`` (gradient checkpointing) adds one forward."""
+    matmul = (profile.active_params_per_token - profile.embedding_params - profile.position_embedding_params
+              - profile.norm_params - _active_bias_params(profile))
     if profile.tie_word_embeddings:
         matmul += profile.embedding_params  # the tied head still multiplies
-    attn_fwd = 2 * profile.num_layers * profile.num_attention_heads * profile.head_dim * cfg.seq_len
+    attn_fwd = 2 * profile.num_layers * profile.num_attention_heads * profile.head_dim * seq_len
     fwd = 2 * matmul + attn_fwd
-    passes = 3.0 if cfg.method == "full" else 2.0  # frozen weights need no weight gradients
+    passes = 3.0 if method == "full" else 2.0  # frozen weights need no weight gradients
     total = passes * 2 * matmul + 3 * attn_fwd
     params = f"{matmul / 1e9:.2f}B" if matmul >= 1e7 else f"{matmul / 1e6:.2f}M"
-    text = f"{'6' if cfg.method == 'full' else '4'} x {params} matmul params + causal attention"
-    if cfg.gradient_checkpointing:
+    text = f"{'6' if method == 'full' else '4'} x {params} matmul params + causal attention"
+    if recompute:
         total += fwd
         text += " + recomputed forward"
-    return total, text
+    return TokenFlops(training=float(total), forward=float(fwd), formula=text)
+
+
+def _active_bias_params(profile: ModelProfile) -> int:
+    """Bias parameters a token touches (an expert's bias only for the top-k routed experts)."""
+    total = 0.0
+    for m in profile.linear_modules:
+        if m.bias:
+            share = profile.num_experts_per_tok / profile.num_experts if "expert" in m.name and profile.num_experts else 1
+            total += m.out_features * m.count * share
+    return int(total)
+
+
+def flops_per_token(profile: ModelProfile, cfg: TrainConfig) -> tuple[float, str]:
+    """Training FLOPs per token of ``cfg`` (`token_flops` at its method, length and checkpointing) and the formula."""
+    f = token_flops(profile, cfg.method, cfg.seq_len, recompute=cfg.gradient_checkpointing)
+    return f.training, f.formula
+
+
+def model_flops_utilisation(tokens_per_s: float, profile: ModelProfile, cfg: TrainConfig, gpu: GPU) -> float:
+    """The MFU a measured rate means: ``tokens_per_s`` x `flops_per_token` over the GPU's peak in ``cfg``'s
+    precision. The planner's predicted rate is this function's inverse at its MFU range, so the two agree by
+    construction."""
+    return tokens_per_s * flops_per_token(profile, cfg)[0] / (gpu.tflops(cfg.precision) * 1e12)
 
 
 def bytes_per_token(profile: ModelProfile, cfg: TrainConfig, gpu: GPU, memory: MemoryEstimate | None = None) -> float:

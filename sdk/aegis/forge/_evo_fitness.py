@@ -88,14 +88,11 @@ def _config(folder: Path) -> dict[str, Any]:
 
 
 def flops_per_token(config: dict[str, Any], seq_len: int) -> float:
-    """Forward FLOPs per token: 2 per weight of the layers and the head, plus causal attention
-    (QK^T and AV, ``2 * seq_len * heads * head_dim`` per layer on average over positions)."""
+    """Forward FLOPs per token at ``seq_len``: the planner's count (`aegis.throughput.token_flops`) of the config."""
     from aegis.profiles import profile_from_config
+    from aegis.throughput import token_flops
 
-    p = profile_from_config(config, model_id="candidate", source="path")
-    head = p.lm_head_params or p.embedding_params
-    attention = 2 * p.num_layers * seq_len * p.num_attention_heads * p.head_dim
-    return float(2 * (sum(p.layer_params) + head) + attention)
+    return token_flops(profile_from_config(config, model_id="candidate", source="path"), "full", seq_len).forward
 
 
 def _device_budget_bytes() -> int:

@@ -49,7 +49,6 @@ __all__ = [
     "detect_gpu_id",
     "resolve_config",
     "synthetic_batch",
-    "model_flops_per_token",
 ]
 
 
@@ -179,34 +178,12 @@ def jax_step_memory(
     return out
 
 
-def model_flops_per_token(config: Mapping[str, Any], method: Method, seq_len: int) -> float:
-    """Training FLOPs per token, PaLM-style: 6 x matmul params (4 x for LoRA: no base weight grads)
-    + 12 x layers x heads x head_dim x seq for attention. MoE counts the routed top-k experts."""
-    from aegis.train.models import build_model
-
-    model = build_model(dict(config))
-    spec = model.spec
-    shapes = jax.tree_util.tree_flatten_with_path(model.param_shapes(), is_leaf=lambda x: isinstance(x, tuple))[0]
-    matmul = 0
-    for path, shape in shapes:
-        names = [str(getattr(k, "key", k)) for k in path]
-        if len(shape) < 2 or "embed_tokens" in names or any(n.endswith("norm") for n in names):
-            continue
-        n = int(np.prod(shape))
-        if spec.moe is not None and "experts" in names:
-            n = n * spec.moe.top_k // spec.moe.num_experts
-        matmul += n
-    if spec.tie_embeddings:
-        matmul += spec.vocab_size * spec.hidden_size
-    factor = 6 if method == "full" else 4
-    return factor * matmul + 12 * spec.num_layers * spec.num_heads * spec.head_dim * seq_len
-
-
-def _peak_flops(gpu_id: str) -> float | None:
+def _gpu(gpu_id: str) -> Any:
+    """The catalog GPU ``gpu_id`` names (None for XLA:CPU or a device the catalog does not hold)."""
     try:
         from aegis.hardware import find_gpu
 
-        return find_gpu(gpu_id).bf16_tflops * 1e12
+        return find_gpu(gpu_id)
     except (ImportError, LookupError):
         return None
 
@@ -298,10 +275,14 @@ def run_benchmark(
         peak, source = int(stats["peak_bytes_in_use"]), "device"
     else:
         peak, source = compiled_memory["peak_bytes"], "compiled"
-    peak_flops = _peak_flops(gpu_id)
+    gpu = _gpu(gpu_id)
     mfu = None
-    if peak_flops:
-        mfu = model_flops_per_token(config, method, seq_len) * tokens_per_s / peak_flops
+    if gpu is not None:  # the planner's own FLOPs count and peak: a measured MFU reads on the planner's scale
+        from aegis.profiles import profile_from_config
+        from aegis.throughput import model_flops_utilisation
+
+        profile = profile_from_config(dict(config), model_id=model_id, source="path")
+        mfu = model_flops_utilisation(tokens_per_s, profile, tc, gpu)
     rec = CalibrationRecord(
         gpu_id=gpu_id,
         model_id=model_id,
