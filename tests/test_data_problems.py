@@ -211,3 +211,36 @@ def test_the_planner_refuses_a_folder_without_a_template_in_one_line(tmp_path, b
     text = tmp_path / "text.jsonl"  # raw text needs no template: planned
     text.write_text(json.dumps({"text": "the refund is on the card"}) + "\n")
     assert analyze_dataset(str(text), model=str(bare)).format == "text"
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+
+@pytest.mark.slow
+def test_the_run_says_what_the_plan_said_live_in_its_events_and_in_its_summary(tmp_path, chatml, capsys):
+    """`aegis run` on the messy file (the demo's tiny llama, byte tokens: the reader's problems do not depend on
+    the tokenizer): one live line per kind of problem, the same in events.jsonl and after the outcome."""
+    import yaml
+
+    from aegis.cli import main
+
+    path = tmp_path / "messy.jsonl"
+    expected = _write_jsonl(path)
+    plan = analyze_dataset(str(path), model=str(chatml), seq_len=SEQ)
+    cfg = {"model": "tiny-llama", "data": str(path), "export": False,
+           "train_config": {"method": "full", "micro_batch_size": 1, "seq_len": 256, "precision": "fp32"},
+           "training": {"total_steps": 1, "steps_per_window": 1}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    main(["run", "--config", str(tmp_path / "run.yaml"), "--runs-dir", str(tmp_path / "runs"), "--run-id", "messy"])
+    out = capsys.readouterr().out.replace("\n", " ")
+    events = [json.loads(line) for line in (tmp_path / "runs" / "messy" / "events.jsonl").read_text().splitlines()]
+    loaded = next(e["data"] for e in events if e["kind"] == "data_loaded")
+    warnings = [e["data"]["message"] for e in events if e["kind"] == "data_warning"]
+    read_kinds = ("corrupt", "no_format", "empty", "no_assistant")
+    assert {k: v["lines"] for k, v in loaded["problems"].items() if k in read_kinds} == {k: expected[k] for k in read_kinds}
+    planned = [describe_problem(p.kind, p.count, p.lines, unit=p.unit, reason=p.reason, fmt=plan.format)
+               for p in plan.problems if p.kind in read_kinds]
+    assert warnings[:len(planned)] == planned
+    assert loaded["rows"] == 2 * 6 + 2 and loaded["problems"]["truncated"]["lines"] == expected["truncated"]
+    assert out.count("2 corrupt lines skipped: lines 7, 8") == 2  # live, and in the summary after the outcome
+    assert f"data: {loaded['examples']} examples trained from 14 rows" in out

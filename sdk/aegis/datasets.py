@@ -124,23 +124,24 @@ def describe_problem(kind: str, count: int, lines: Sequence[int], *, unit: str =
                      fmt: str | None = None, of_sample: int | None = None, action: bool = True) -> str:
     """One line about rows of one problem kind: how many, what happens to them (``action``), where (the
     first ``SHOWN_LINES``, then "and K more"), and why the first one is a problem."""
-    rows = "lines" if kind == "corrupt" and unit == "line" else "rows"
+    one = count == 1
+    row = "row" if one else "rows"
     label = {
-        "corrupt": f"corrupt {rows}",
-        "no_format": f"rows without the {fmt or 'detected'} format's fields ({FORMATS.get(fmt or '', 'see FORMATS')})",
-        "empty": "empty rows",
-        "no_assistant": "rows without an assistant turn",
-        "refused": "rows the chat template refused",
-        "overlong": "rows longer than seq_len (overlong: drop)",
-        "truncated": "rows longer than seq_len",
-        "no_targets": "rows with no assistant token within seq_len",
+        "corrupt": f"corrupt {('line' if one else 'lines') if unit == 'line' else row}",
+        "no_format": f"{row} without the {fmt or 'detected'} format's fields ({FORMATS.get(fmt or '', 'see FORMATS')})",
+        "empty": f"empty {row}",
+        "no_assistant": f"{row} without an assistant turn",
+        "refused": f"{row} the chat template refused",
+        "overlong": f"{row} longer than seq_len (overlong: drop)",
+        "truncated": f"{row} longer than seq_len",
+        "no_targets": f"{row} with no assistant token within seq_len",
     }[kind]
     shown = ", ".join(str(n) for n in lines[:SHOWN_LINES])
     more = count - min(len(lines), SHOWN_LINES)
-    where = f"{unit}{'s' if count > 1 else ''} {shown}" + (f" and {more:,} more" if more > 0 else "")
-    sample = f" in the {of_sample:,} tokenized rows" if of_sample is not None else ""
+    where = f"{unit}{'' if one else 's'} {shown}" + (f" and {more:,} more" if more > 0 else "")
+    sample = f" (in {of_sample:,} tokenized rows)" if of_sample is not None else ""
     why = f" (first: {reason})" if reason else ""
-    return f"{count:,} {label}{sample}{' ' + PROBLEM_ACTIONS[kind] if action else ''}: {where}{why}"
+    return f"{count:,} {label}{' ' + PROBLEM_ACTIONS[kind] if action else ''}{sample}: {where}{why}"
 
 
 def problem_groups(problems: Iterable[RowProblem]) -> dict[str, list[RowProblem]]:
@@ -804,12 +805,12 @@ def analyze_dataset(
     max_positions = profile.max_position_embeddings if isinstance(profile, ModelProfile) else None
     chosen, reason = choose_seq_len(stats, full, given=seq_len, max_positions=max_positions)
     renderer = getattr(counter, "renderer", None)  # the run's own renderer: which truncated rows keep a target
-    from aegis.render import fit_to_seq_len
+    from aegis.render import fit_to_seq_len, overlong_reason
 
     for n, i in zip(full, kept):
         if n > chosen:
             ids, mask = renderer.render(items[i]) if renderer is not None else (list(range(n)), None)
-            found += [RowProblem(lines[i], kind, f"{n:,} tokens, seq_len {chosen:,}")
+            found += [RowProblem(lines[i], kind, overlong_reason(kind, n, chosen))
                       for kind in fit_to_seq_len(ids, mask, chosen, overlong)[2]]
     sampled = len(items) < rows.num_rows
     dropped = {p.line for p in found if PROBLEM_ACTIONS[p.kind] != "truncated"}

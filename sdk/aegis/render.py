@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from aegis.errors import DatasetError, InvalidConfigError
 
-__all__ = ["ChatRenderer", "DataReport", "load_examples", "load_chat_template", "fit_to_seq_len", "Item"]
+__all__ = ["ChatRenderer", "DataReport", "load_examples", "load_chat_template", "fit_to_seq_len", "overlong_reason", "Item"]
 
 Item = list[tuple[str, str]] | str
 """A row as (role, content) turns, or a raw text (``aegis.datasets.to_conversation``'s output)."""
@@ -217,6 +217,13 @@ def fit_to_seq_len(
     return ids, mask, problems
 
 
+def overlong_reason(kind: str, tokens: int, seq_len: int | None) -> str:
+    """Why :func:`fit_to_seq_len` cut or dropped a row of ``tokens`` tokens (the plan's and the run's words)."""
+    if kind == "no_targets":
+        return f"no assistant token in its first {seq_len:,}" if seq_len is not None else "no assistant token"
+    return f"{tokens:,} tokens, seq_len {seq_len:,}"
+
+
 @dataclass
 class DataReport:
     """What loading a dataset for training found (the run's ``data_loaded`` event and its warnings).
@@ -323,10 +330,8 @@ def load_examples(
             continue
         report.lengths.append(len(ids))
         ids, mask, problems = fit_to_seq_len(list(ids), list(mask), seq_len, overlong)
-        report.problems += [RowProblem(line, kind, f"{report.lengths[-1]:,} tokens, seq_len {seq_len:,}")
-                            for kind in problems if kind != "no_targets" or seq_len is not None]
-        report.problems += [RowProblem(line, kind, "no assistant token") for kind in problems
-                            if kind == "no_targets" and seq_len is None]
+        report.problems += [RowProblem(line, kind, overlong_reason(kind, report.lengths[-1], seq_len))
+                            for kind in problems]
         if ids is None:
             continue
         sid = sample_id_of(row)
