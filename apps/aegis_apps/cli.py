@@ -1,4 +1,5 @@
-"""`aegis chat` and `aegis slack`: typer commands the main CLI mounts (``app.command("chat")(chat)``).
+"""`aegis chat` and `aegis slack`: typer commands plugged into the main CLI as ``aegis.commands`` entry points
+(pyproject.toml); ``python -m aegis_apps.cli`` runs them without it.
 
 Both read the agent's settings from ``AEGIS_*`` variables (see `aegis_agent.settings`); options win.
 Gradio and slack-bolt are imported only when a command runs.
@@ -119,3 +120,7 @@ def slack(
 app = typer.Typer(help="Aegis front ends.", no_args_is_help=True, add_completion=False)
 app.command("chat")(chat)
 app.command("slack")(slack)
+
+
+if __name__ == "__main__":
+    app()

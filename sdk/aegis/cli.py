@@ -303,7 +303,7 @@ def _mount_missing(names: tuple[str, ...], err: ImportError) -> None:
     from aegis.errors import MissingExtraError
 
     for name in names:
-        extra = COMMAND_EXTRAS[name]
+        extra = COMMAND_EXTRAS.get(name, "apps")  # a plug-in command (aegis.commands) not in the table: a front end
 
         def stub(ctx: typer.Context, _name: str = name, _extra: str = extra) -> None:
             raise MissingExtraError(
@@ -317,22 +317,39 @@ def _mount_missing(names: tuple[str, ...], err: ImportError) -> None:
         )(stub)
 
 
+COMMANDS_GROUP = "aegis.commands"
+"""Entry-point group of the commands front ends plug into `aegis` (``chat``/``slack`` from ``aegis_apps.cli``,
+declared in pyproject.toml): the SDK names no app, it mounts what the installed distributions declare."""
+
+
 def _mount_run_commands() -> None:
     """The supervisor's commands (run, resume, status, interrupt, command, export) live in aegis.supervise.cli;
-    `chat` and `slack` in aegis_apps.cli. Without their extra, stand-ins name the extra to install."""
+    the front ends' (`chat`, `slack`) are the ``aegis.commands`` entry points. Without their extra, stand-ins name
+    the extra to install."""
     try:
         from aegis.supervise.cli import register
     except ImportError as err:  # the supervisor's CLI module is optional in a planner-only install
         _mount_missing(("run", "resume", "status", "interrupt", "command", "export", "chat", "slack"), err)
         return
     register(app)
-    try:
-        from aegis_apps.cli import chat, slack
-    except ImportError as err:  # the chat and Slack front ends are installed with the `apps` extra
-        _mount_missing(("chat", "slack"), err)
-        return
-    app.command("chat")(chat)
-    app.command("slack")(slack)
+    from importlib.metadata import entry_points
+
+    from aegis._extras import COMMAND_EXTRAS
+
+    mounted = set()
+    for ep in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        if ep.name in mounted or ep.name in {c.name for c in app.registered_commands}:
+            continue  # two distributions declaring one name: the first wins, never a command mounted twice
+        try:
+            command = ep.load()
+        except ImportError as err:  # the front end's package or its extra is not installed
+            _mount_missing((ep.name,), err)
+        else:
+            app.command(ep.name)(command)
+        mounted.add(ep.name)
+    apps = tuple(n for n, extra in COMMAND_EXTRAS.items() if extra == "apps" and n not in mounted)
+    if apps:  # no installed distribution declares them: the apps are not installed
+        _mount_missing(apps, ModuleNotFoundError("no module named 'aegis_apps'", name="aegis_apps"))
 
 
 _PLANNER_COMMANDS = frozenset({"plan", "compare", "models", "gpus", "benchmark"})

@@ -8,7 +8,7 @@ on the original params vs from the packed form with int8 activations (A8) and wi
 
     python tools/bench/bench_bitnet.py [--steps 150] [--ste-steps 100] [--rounds 5] [--batch 8] [--seq 64]
 
-Models: transformers llama with a BPE tokenizer trained on a small word corpus (tests/hf_folders.py), trained
+Models: transformers llama with a BPE tokenizer trained on a small word corpus (tools/hf_folders.py), trained
 with torch AdamW for ``--steps`` steps so the NLL is that of a model that learnt something.
 """
 
@@ -33,7 +33,7 @@ def _train(folder: Path, steps: int, seq: int) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tests.hf_folders import corpus
+    from tools.hf_folders import corpus
 
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -53,7 +53,7 @@ def _train(folder: Path, steps: int, seq: int) -> None:
 def _heldout(folder: Path, batch: int, seq: int) -> np.ndarray:
     from transformers import AutoTokenizer
 
-    from tests.hf_folders import corpus
+    from tools.hf_folders import corpus
 
     tok = AutoTokenizer.from_pretrained(folder)
     ids = [i for t in corpus(400, seed=1) for i in tok(t)["input_ids"] + [tok.eos_token_id]]
@@ -97,7 +97,7 @@ def bench(size: str, args: argparse.Namespace, root: Path) -> dict[str, float | 
     from aegis.forge.bitnet_pipeline import FinetuneSettings, compress_calibrated
     from aegis.train.models import build_model
     from aegis.train.weights import load_checkpoint
-    from tests.hf_folders import corpus, make_model_folder
+    from tools.hf_folders import corpus, make_model_folder
 
     src = make_model_folder(root / size, **SIZES[size])
     _train(src, args.steps, args.seq)

@@ -216,13 +216,27 @@ def load_examples(
     )
 
 
+QUANTIZERS_GROUP = "aegis.quantizers"
+"""Entry-point group of the ``quantize`` sections' model wrappers, by method (``bitnet_b158`` ->
+``aegis.forge.bitnet_train:bitnet_wrapper``, declared in pyproject.toml): forge runs the supervisor, so the
+supervisor names no forge module; it finds the wrapper the installed distribution declares."""
+
+
 def _quantize_wrapper(cfg: RunConfig) -> Callable[[Any], Any] | None:
     """The model wrapper of the run's ``quantize`` section (None: plain training)."""
     if cfg.quantize is None:
         return None
-    from aegis.forge.bitnet_train import bitnet_wrapper
+    from importlib.metadata import entry_points
 
-    return bitnet_wrapper(cfg.quantize)
+    from aegis.errors import MissingExtraError
+
+    found = entry_points(group=QUANTIZERS_GROUP, name=cfg.quantize.method)
+    if not found:
+        raise MissingExtraError(
+            f"quantize: {cfg.quantize.method} has no installed implementation (no {QUANTIZERS_GROUP!r} entry point): "
+            "reinstall aegis-ml (pip install -e '.[forge]' in a checkout) so its entry points are registered"
+        )
+    return next(iter(found)).load()(cfg.quantize)
 
 
 class Engine:
