@@ -297,7 +297,7 @@ def test_corrupt_lines_are_counted_by_line_and_the_rest_trains(tmp_path, folder,
     # 8 rows render; cut at 32 tokens, those whose answer falls past the cut have nothing to learn and are counted
     assert len(report.lengths) == 8 and report.truncated == sum(1 for n in report.lengths if n > 32)
     assert len(examples) + report.no_targets == 8 and all(ex.loss_mask[1:].any() for ex in examples)
-    assert any("corrupt lines" in w for w in report.warnings())
+    assert any("1 corrupt line skipped: line 4" in w for w in report.warnings())
 
 
 @pytest.mark.slow
