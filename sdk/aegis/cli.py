@@ -5,7 +5,9 @@
     aegis compare "lora qwen2.5-7b, seq 2048"
 
 Start-up stays light: no JAX, torch, transformers or gradio unless a command needs them. Every
-`AegisError` is printed as one line (exit 2); no traceback reaches a user for bad input.
+`AegisError`, usage error, pydantic ValidationError or refused path is printed as one line (exit 2); any other
+exception as one line naming its type and a log file holding the traceback (exit 1): ``$AEGIS_LOG_DIR``, else
+``$XDG_STATE_HOME/aegis/logs`` (``~/.local/state/aegis/logs``), else the temporary folder. Ctrl-C exits 130.
 """
 
 from __future__ import annotations
