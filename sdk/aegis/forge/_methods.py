@@ -88,7 +88,10 @@ def _linear(inputs, base_index, shared, per_input, rng) -> np.ndarray:
     weights = np.asarray([p["weight"] for p in per_input], dtype=work)
     result = np.zeros(inputs[0].shape, dtype=work)
     for tensor, w in zip(inputs, weights, strict=True):
-        result += tensor.astype(work, copy=False) * w
+        if work == np.float32:  # mergekit's addcmul_ is a fused multiply-add: one rounding, emulated in float64
+            result = (result.astype(np.float64) + tensor.astype(np.float64) * np.float64(w)).astype(np.float32)
+        else:
+            result += tensor.astype(work, copy=False) * w
     if shared["normalize"]:
         result /= weights.sum(dtype=work)
     return result.astype(inputs[0].dtype, copy=False)
