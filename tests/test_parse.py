@@ -453,6 +453,8 @@ def test_a_leading_word_is_not_part_of_an_unknown_model_name() -> None:
         ("lora llama-3.1-8b on 3090 epochs 1e999", "epochs", ["'1e999'", "out of range"]),
         ("lora llama-3.1-8b on 3090 dropout -0.1", "request", ["LoRA dropout -0.1", "0 to 0.99"]),
         ("lora llama-3.1-8b on 3090 transformers 99", "request", ["'99'", "4.x or 5.x"]),
+        ("lora llama-3.1-8b on a100 100gb", "gpu", ["'a100 100gb'", "a100-40gb (40 GB)", "a100-80gb (80 GB)"]),
+        ("lora llama-3.1-8b on 3090 12gb", "gpu", ["'3090 12gb'", "rtx-3090 (24 GB)"]),
     ],
 )
 def test_signs_fractions_units_and_huge_numbers_are_refused_naming_value_and_range(text, part, says):
@@ -475,6 +477,8 @@ def test_signs_fractions_units_and_huge_numbers_are_refused_naming_value_and_ran
         ("lora llama-3.1-8b on 3090 seq 512", {"gpu": "rtx-3090", "seq_len": 512}),
         ("lora llama-3.1-8b on 4096x h100", {"gpu_count": 4096}),
         ("lora llama-3.1-8b on h100 transformers 4.48.1", {"transformers_version": "4.48.1"}),
+        ("lora llama-3.1-8b on a100 40gb", {"gpu": "a100-40gb"}),
+        ("lora llama-3.1-8b on 3090 24gb, bs 2", {"gpu": "rtx-3090", "micro_batch_size": 2}),
     ],
 )
 def test_numbers_in_range_are_read_as_typed(text, fields):

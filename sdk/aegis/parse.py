@@ -575,6 +575,17 @@ def _read_gpus(r: _Reader) -> None:
         said_start = before.start() if before else start
         said_end = after.end() if after else end
         said = r.text[said_start:said_end]
+        size = _GPU_MEMORY_AFTER.match(r.work, said_end)
+        if size is not None and _MASK not in size.group() and len(ids) == 1:  # 'a100 100gb': no such A100
+            problem = _memory_mismatch(next(iter(ids)), int(size.group(1)), r.text[start:size.end()].strip())
+            said_end = size.end()
+            if problem is not None:
+                r.issues.append(problem)
+                r.consume(said_start, said_end)
+                i += n
+                while i < len(toks) and toks[i][1] < said_end:
+                    i += 1
+                continue
         if len(ids) == 1:
             r.put("gpu", next(iter(ids)), said)
         else:
@@ -592,6 +603,24 @@ def _read_gpus(r: _Reader) -> None:
             if _MASK not in m.group():
                 r.put("gpu_count", _count(m.group(1)), r.text[m.start():m.end()])
                 r.consume(m.start(), m.end())
+
+
+_GPU_MEMORY_AFTER = _rx(r"[\s,]*(\d{1,5})\s*(?:gb|gib|g)(?![a-z0-9])")
+"""A memory size said after a GPU name ('a100 100gb'): it must be the named card's."""
+
+
+def _memory_mismatch(gpu_id: str, gb: int, said: str) -> ParseIssue | None:
+    """None when the catalog GPU ``gpu_id`` has ``gb`` GB of memory (GiB or GB), else the issue naming the cards."""
+    from aegis.hardware import find_gpu, list_gpus
+
+    gpu = find_gpu(gpu_id)
+    if gb in (round(gpu.memory_bytes / 2**30), round(gpu.memory_bytes / 1e9)):
+        return None
+    family = _key(gpu.id)[:2]
+    close = [g.id for g in list_gpus() if _key(g.id)[:2] == family] or [gpu.id]
+    sizes = ", ".join(f"{g} ({round(find_gpu(g).memory_bytes / 2**30)} GB)" for g in close)
+    return ParseIssue(part="gpu", text=said, suggestions=tuple(close),
+                      message=f"GPU {said!r}: the catalog has no such card ({sizes}); name one, `aegis gpus` lists all")
 
 
 def _read_dataset_words(r: _Reader) -> None:
