@@ -208,11 +208,12 @@ def loss_frame(losses: tuple[float, ...] | list[float], last_step: int) -> Any:
 
 
 def command_buttons(suggested: tuple[str, ...], suspects: tuple[str, ...]) -> list[str]:
-    """The commands the run panel offers for a pending interrupt, in order, at most MAX_COMMAND_BUTTONS."""
-    out = list(dict.fromkeys(suggested))
-    if suspects and not any(c.startswith("blacklist_samples") for c in out):
-        out.insert(1, "blacklist_samples " + " ".join(suspects))
-    return out[:MAX_COMMAND_BUTTONS]
+    """The commands the run panel offers for a pending interrupt, in order, at most MAX_COMMAND_BUTTONS: the
+    paused-run panel's actions (:func:`aegis.supervise.status.paused_actions`, as `aegis status` and Slack offer).
+    A button shows its command, which a press sends as chat text."""
+    from aegis.supervise.status import paused_actions
+
+    return [a.command for a in paused_actions(suggested, suspects)][:MAX_COMMAND_BUTTONS]
 
 
 def build_ui(agent: ChatAgent, *, refresh_s: float = 1.0) -> Any:

@@ -4,7 +4,8 @@
   (one conversation per channel and user, so follow-ups work); a plan is answered with the SDK's
   Block Kit rendering (summary, memory table, tiers) and its "Start run" button.
 - A run that pauses for a human is posted to the run's channel with the anomaly, the diagnosis
-  and buttons (resume / stop / lower LR / blacklist the suspects). Replies in that message's
+  and one button per action of the paused-run panel (the supervisor's suggestions: blacklist the suspects,
+  set the LR it proposes, resume, stop). Replies in that message's
   thread (``set_lr 1e-5``, ``blacklist_samples 12 40``, ``resume``) go to the supervisor and are
   acknowledged in the thread.
 - Only allow-listed users in allow-listed channels may start or steer runs (empty lists: nobody);
@@ -35,6 +36,7 @@ from typing import Any
 
 from aegis.errors import AegisError
 from aegis.schema import Frozen, PlanRequest
+from aegis.supervise.status import paused_actions
 from aegis_agent import ChatAgent, RunNotice, understand
 from pydantic import Field
 
@@ -92,15 +94,12 @@ def _button(label: str, run_id: str, command: str, key: str, style: str | None =
     return button
 
 
-def _lower_lr(notice: RunNotice) -> str | None:
-    for action in notice.suggested_actions:
-        if action.startswith("set_lr "):
-            return action
-    return f"set_lr {notice.lr / 10:g}" if notice.lr else None
+_STYLES = {"resume": "primary", "stop": "danger"}
 
 
 def interrupt_blocks(notice: RunNotice) -> list[dict[str, Any]]:
-    """Block Kit for a run waiting for a human: why, the diagnosis, and one button per useful command."""
+    """Block Kit for a run waiting for a human: why, the diagnosis, and one button per action of the paused-run
+    panel (:func:`aegis.supervise.status.paused_actions`, the same as `aegis status` and the chat offer)."""
     lines = [
         f":double_vertical_bar: *Run `{notice.run_id}` paused at step {notice.step}*: {notice.reason or 'needs you'}"
     ]
@@ -108,14 +107,11 @@ def interrupt_blocks(notice: RunNotice) -> list[dict[str, Any]]:
         lines.append(f"*Anomaly:* {notice.anomaly}")
     if notice.diagnosis:
         lines.append(f"*Diagnosis:* {notice.diagnosis}")
-    buttons = [_button("Resume", notice.run_id, "resume", "resume", "primary")]
-    lower = _lower_lr(notice)
-    if lower:
-        buttons.append(_button(f"Lower LR ({lower.split()[1]})", notice.run_id, lower, "set_lr"))
-    if notice.suspected_samples:
-        ids = " ".join(notice.suspected_samples)
-        buttons.append(_button(f"Blacklist {ids}", notice.run_id, f"blacklist_samples {ids}", "blacklist"))
-    buttons.append(_button("Stop", notice.run_id, "stop", "stop", "danger"))
+    buttons, keys = [], set()
+    for action in paused_actions(notice.suggested_actions, notice.suspected_samples):
+        key = action.kind if action.kind not in keys else f"{action.kind}_{len(buttons)}"  # action ids are unique
+        keys.add(key)
+        buttons.append(_button(action.label, notice.run_id, action.command, key, _STYLES.get(action.kind)))
     return [
         {"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)[:3000]}},
         {"type": "actions", "elements": buttons},

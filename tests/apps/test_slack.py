@@ -190,7 +190,8 @@ def test_interrupt_thread_commands_reach_the_run(bot_env, jax_compile_cache: Pat
     blocks = _texts(notice["blocks"])
     assert "interrupt requested by an operator" in blocks
     buttons = [el for b in notice["blocks"] if b["type"] == "actions" for el in b["elements"]]
-    assert [json.loads(b["value"])["command"].split()[0] for b in buttons] == ["resume", "set_lr", "stop"]
+    # the supervisor's suggestions in its order (aegis.supervise.repair.suggested_actions), as status and chat show
+    assert [json.loads(b["value"])["command"].split()[0] for b in buttons] == ["set_lr", "resume", "stop"]
     thread = notice["_ts"]
     inbox = open_run(bot.runs.settings.runs_dir, run_id).inbox
 
@@ -265,17 +266,92 @@ def test_interrupt_blocks_offer_the_diagnosis_and_its_repairs() -> None:
     blocks = interrupt_blocks(notice)
     text = blocks[0]["text"]["text"]
     assert "step 57" in text and "loss 9.1" in text and "suspects toxic-0001" in text
-    commands = [json.loads(b["value"]) for b in blocks[1]["elements"]]
-    assert [c["command"] for c in commands] == [
-        "resume",
+    buttons = blocks[1]["elements"]
+    commands = [json.loads(b["value"]) for b in buttons]
+    assert [c["command"] for c in commands] == [  # the supervisor's order, the suspects' blacklist second
         "set_lr 0.0003",
         "blacklist_samples toxic-0001 toxic-0002",
+        "resume",
         "stop",
     ]
+    assert [b["text"]["text"] for b in buttons] == ["Set LR 0.0003", "Blacklist toxic-0001 toxic-0002", "Resume", "Stop"]
+    assert [b.get("style") for b in buttons] == [None, None, "primary", "danger"]
+    assert len({b["action_id"] for b in buttons}) == len(buttons)  # Slack refuses a block with two equal ids
     assert {c["run_id"] for c in commands} == {"r1"}
     no_hint = notice.model_copy(update={"suggested_actions": (), "suspected_samples": ()})
     assert [json.loads(b["value"])["command"] for b in interrupt_blocks(no_hint)[1]["elements"]] == [
         "resume",
-        "set_lr 0.0003",
         "stop",
-    ]  # lower LR defaults to a tenth of the current LR
+    ]  # no LR the supervisor did not propose
+
+
+def _paused_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, anomaly: Any, diagnosis: Any = None) -> Path:
+    """A run folder whose state is what the supervisor writes when it escalates ``anomaly`` to a human (its real
+    repair path: plan_repair -> apply_repair), read by status, the agent's RunManager and so the three front ends."""
+    from aegis.supervise.config import RunConfig
+    from aegis.supervise.repair import apply_repair, plan_repair
+    from aegis.supervise.runs import RunPaths
+    from aegis.supervise.state import RunState
+
+    cfg = RunConfig(run_id="r1", model="tiny-llama", data="toy", training={"total_steps": 100})
+    state = RunState.new("r1", lr=1e-3, grad_clip=1.0, weights={}).update(
+        step=40, anomaly=anomaly, diagnosis=diagnosis, repair_attempts=cfg.recovery.max_retries, last_checkpoint_step=40
+    )
+    state = apply_repair(state, plan_repair(state, cfg, num_tiers=1)).update(status="paused")
+    assert state.human.pending
+    paths = RunPaths(tmp_path / "runs" / "r1")
+    paths.root.mkdir(parents=True)
+    paths.config.write_text(cfg.model_dump_json(by_alias=True))
+    raw = state.model_dump(mode="json")
+    monkeypatch.setattr("aegis.supervise.status.read_state", lambda p: raw)
+    monkeypatch.setattr("aegis.supervise.runner.read_state", lambda p: raw)
+    return paths.root.parent
+
+
+def _loss_spike_with_suspects() -> tuple[Any, Any]:
+    from aegis.supervise.state import Anomaly, DiagnosisReport, OutlierStats
+
+    anomaly = Anomaly(type="loss_spike", step=40, value=9.1, threshold=4.2, detail="loss 9.1 > 4.2",
+                      batch_sample_ids=("s-0007", "toxic-0001", "toxic-0002"))
+    stats = OutlierStats(median_grad_norm=1.0, max_grad_norm=40.0, mad_grad_norm=0.2, median_loss=2.0, max_loss=9.0,
+                         num_samples=24)
+    diagnosis = DiagnosisReport(batch_id="step-40", checkpoint_step=30, verdict="outliers", outlier_indices=(1, 2),
+                                outlier_stats=stats, suspected_samples=("toxic-0001", "toxic-0002"), report_path="x.json")
+    return anomaly, diagnosis
+
+
+@pytest.mark.parametrize("kind", ["loss_spike", "oom"])
+def test_status_chat_and_slack_offer_the_same_actions_for_a_paused_run(tmp_path, monkeypatch, kind) -> None:
+    """One paused-run panel (aegis.supervise.status.paused_actions): `aegis status`, the Gradio run panel's buttons
+    and the Slack notice's buttons offer the supervisor's suggestions, in its order; an out-of-memory pause offers
+    no LR change in any of them."""
+    from aegis.supervise.cli import app as supervise_app
+    from aegis.supervise.state import Anomaly
+    from aegis.supervise.status import paused_actions
+    from aegis_apps.gradio_app import command_buttons
+    from aegis_apps.slack import interrupt_blocks
+    from typer.testing import CliRunner
+
+    if kind == "oom":
+        runs = _paused_run(tmp_path, monkeypatch, Anomaly(type="oom", step=40, detail="RESOURCE_EXHAUSTED"))
+        expected = ["resume", "stop"]
+    else:
+        runs = _paused_run(tmp_path, monkeypatch, *_loss_spike_with_suspects())
+        expected = ["blacklist_samples toxic-0001 toxic-0002", "skip_batch", "set_lr 0.0001", "resume", "stop"]
+
+    res = CliRunner().invoke(supervise_app, ["status", "--run-id", "r1", "--runs-dir", str(runs)], env={"COLUMNS": "300"})
+    assert res.exit_code == 0, res.output
+    try_row = next(line for line in res.output.splitlines() if line.strip(" │").startswith("try"))
+    cli = [c.strip() for c in try_row.strip(" │").removeprefix("try").strip(" │").split(" | ")]
+
+    manager = RunManager(AgentSettings(runs_dir=str(runs)), compile_cache=False)
+    try:
+        st = manager.status("r1")
+        notice = manager.notice("r1", "paused")
+    finally:
+        manager.shutdown()
+    gradio = command_buttons(st.suggested_actions, notice.suspected_samples)  # as the Gradio run panel calls it
+    slack = [json.loads(b["value"])["command"] for b in interrupt_blocks(notice)[1]["elements"]]
+
+    assert cli == gradio == slack == expected
+    assert [a.command for a in paused_actions(st.suggested_actions, st.suspected_samples)] == expected

@@ -8,6 +8,7 @@ What the run trains comes from ``<run>/source.json`` (written when the model is 
     report = build_status(paths)            # RunStatusReport
     console.print(render_status(report))    # table + loss sparkline
     status_markdown(report)                 # chat / Slack bullets
+    paused_actions(report.suggested_actions, report.suspected_samples)  # the paused run's buttons, in order
 
 A run whose state says it is training but whose process is gone (``kill -9``, a crash, a closed
 laptop) shows as ``crashed``, with who ran it and the command that continues it; the sparkline says
@@ -18,7 +19,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -30,7 +32,10 @@ from aegis.supervise.runs import RunPaths, liveness
 from aegis.supervise.state import RunState
 
 __all__ = [
+    "MAX_PAUSED_ACTIONS",
+    "PausedAction",
     "RunStatusReport",
+    "paused_actions",
     "build_status",
     "sparkline",
     "sparkline_window",
@@ -72,6 +77,9 @@ class RunStatusReport(Frozen):
     domain_weights: dict[str, float] = Field(default_factory=dict)
     pending_reason: str | None = None
     suggested_actions: tuple[str, ...] = ()
+    suspected_samples: tuple[str, ...] = Field(
+        default=(), description="While waiting for a human: the sample ids the diagnosis blames (else empty)."
+    )
     last_anomaly: str | None = None
     losses: tuple[float, ...] = Field(default=(), description="Loss of the last logged steps, oldest first.")
     loss_steps: tuple[int, ...] = Field(default=(), description="The steps of ``losses`` (same order).")
@@ -227,9 +235,49 @@ def build_status(paths: RunPaths, loss_points: int = 200) -> RunStatusReport:
         domain_weights=state.domain_weights,
         pending_reason=state.human.reason if state.human.pending else None,
         suggested_actions=state.human.suggested_actions if state.human.pending else (),
+        suspected_samples=state.diagnosis.suspected_samples
+        if state.human.pending and state.diagnosis is not None else (),
         last_anomaly=state.anomaly.detail if state.anomaly is not None else None,
         **common,
     )
+
+
+MAX_PAUSED_ACTIONS = 5
+"""Commands a paused run's panel offers at most (the Gradio panel has this many buttons)."""
+
+
+class PausedAction(Frozen):
+    """One command offered for a run waiting for a human: a button in the chat and Slack, a line in `aegis status`."""
+
+    command: str = Field(description="The command text sent to the run, as `aegis command RUN '<command>'` takes it.")
+    label: str = Field(description="What a button says: 'Resume', 'Set LR 0.0003', 'Blacklist toxic-0001'.")
+    kind: Literal["resume", "stop", "set_lr", "blacklist", "skip_batch", "command"] = Field(
+        description="The command's verb (Slack's action id and button style)."
+    )
+
+
+_LABELS = {"resume": "Resume", "stop": "Stop", "set_lr": "Set LR", "blacklist_samples": "Blacklist",
+           "skip_batch": "Skip batch"}
+
+
+def paused_actions(suggested: Sequence[str], suspects: Sequence[str] = ()) -> tuple[PausedAction, ...]:
+    """The actions a paused run's panel offers, in order, for CLI, chat and Slack alike: the supervisor's suggested
+    commands (:func:`aegis.supervise.repair.suggested_actions`: most likely first), with a blacklist of the
+    diagnosis's ``suspects`` second when the supervisor suggested none; ``resume``/``stop`` when it suggested
+    nothing. Nothing is invented (no LR the supervisor did not propose); at most :data:`MAX_PAUSED_ACTIONS`."""
+    commands = list(dict.fromkeys(" ".join(c.split()) for c in suggested if c.strip())) or ["resume", "stop"]
+    if suspects and not any(c.split()[0] == "blacklist_samples" for c in commands):
+        commands.insert(1, "blacklist_samples " + " ".join(suspects))
+    out = []
+    for command in commands[:MAX_PAUSED_ACTIONS]:
+        verb, _, rest = command.partition(" ")
+        kind = {"blacklist_samples": "blacklist"}.get(verb, verb)
+        out.append(PausedAction(
+            command=command,
+            label=f"{_LABELS[verb]} {rest}".strip() if verb in _LABELS else command,
+            kind=kind if kind in ("resume", "stop", "set_lr", "blacklist", "skip_batch") else "command",
+        ))
+    return tuple(out)
 
 
 def render_status(report: RunStatusReport) -> Any:
@@ -263,7 +311,8 @@ def render_status(report: RunStatusReport) -> Any:
         t.add_row("last anomaly", report.last_anomaly)
     if report.pending_reason:
         t.add_row("waiting for", report.pending_reason)
-        t.add_row("try", " | ".join(report.suggested_actions))
+        actions = paused_actions(report.suggested_actions, report.suspected_samples)
+        t.add_row("try", " | ".join(a.command for a in actions))
     t.add_row("recent events", " ".join(report.recent_events) or "-")
     if report.export_path:
         t.add_row("export", f"{report.export_path} ({report.export_kind})")
@@ -309,5 +358,6 @@ def status_markdown(report: RunStatusReport) -> str:
         lines.append(f"- Export ({st.export_kind}): `{st.export_path}`")
     if st.pending_reason:
         lines.append(f"- **Waiting for you**: {st.pending_reason}")
-        lines.append("- Try: " + " | ".join(f"`{a}`" for a in st.suggested_actions))
+        actions = paused_actions(st.suggested_actions, st.suspected_samples)
+        lines.append("- Try: " + " | ".join(f"`{a.command}`" for a in actions))
     return "\n".join(lines)
