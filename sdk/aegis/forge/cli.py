@@ -39,7 +39,8 @@ def merge(
         metavar="CONFIG.yml", help="mergekit YAML: merge_method, base_model, models or slices, parameters.")],
     out: Annotated[Path, typer.Argument(
         metavar="OUT", help="Folder to write the merged model to (config, safetensors, tokenizer).")],
-    seed: Annotated[Optional[int], typer.Option(help="Seed of DARE's random drop masks (reproducible merges).")] = None,
+    seed: Annotated[Optional[int], typer.Option(
+        min=0, max=2**63 - 1, help="Seed of DARE's random drop masks (reproducible merges).")] = None,
     max_shard_size: Annotated[str, typer.Option(help="Largest safetensors shard, e.g. 5GB, 2GiB, 500MB.")] = "5GiB",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Write into OUT even if it holds files.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
@@ -105,19 +106,19 @@ def compress(
     per_channel: Annotated[bool, typer.Option("--per-channel", help="One absmean scale per output channel.")] = False,
     scale_dtype: Annotated[str, typer.Option(help="How the scales are stored: float32 or bfloat16.")] = "float32",
     keep_layer: Annotated[Optional[list[int]], typer.Option(
-        "--keep-layer", help="Decoder layer kept in full precision (repeatable; without --data).")] = None,
+        "--keep-layer", min=0, max=9_999, help="Decoder layer kept in full precision (repeatable; without --data).")] = None,
     data: Annotated[Optional[str], typer.Option(
         help="Calibration data (any format `aegis plan` reads): eval before/after, layer-wise revert, report.")] = None,
-    samples: Annotated[Optional[int], typer.Option(help="Calibration rows (default: the size category's).")] = None,
-    seq_len: Annotated[int, typer.Option(help="Tokens per calibration / fine-tuning sequence.")] = 256,
+    samples: Annotated[Optional[int], typer.Option(min=1, max=10_000_000, help="Calibration rows (default: the size category's).")] = None,
+    seq_len: Annotated[int, typer.Option(min=2, max=2**24, help="Tokens per calibration / fine-tuning sequence.")] = 256,
     finetune_steps: Annotated[int, typer.Option(
-        help="Straight-through (STE) fine-tuning steps, a supervised run; 0: none.")] = 0,
+        min=0, max=10_000_000, help="Straight-through (STE) fine-tuning steps, a supervised run; 0: none.")] = 0,
     finetune_data: Annotated[Optional[str], typer.Option(help="Fine-tuning data (default: --data).")] = None,
-    lr: Annotated[float, typer.Option(help="Peak learning rate of the STE run.")] = 1e-3,
-    batch_size: Annotated[Optional[int], typer.Option(help="Micro batch size of the STE run (default: the largest up to 8 the planner fits).")] = None,
-    lambda_warmup: Annotated[int, typer.Option(help="STE steps over which quantisation ramps in (0: none).")] = 0,
+    lr: Annotated[float, typer.Option(min=1e-12, max=10.0, help="Peak learning rate of the STE run.")] = 1e-3,
+    batch_size: Annotated[Optional[int], typer.Option(min=1, max=65536, help="Micro batch size of the STE run (default: the largest up to 8 the planner fits).")] = None,
+    lambda_warmup: Annotated[int, typer.Option(min=0, max=10_000_000, help="STE steps over which quantisation ramps in (0: none).")] = 0,
     max_drop: Annotated[Optional[float], typer.Option(
-        help="Revert a layer when the relative eval drop exceeds this (default 0.10, the plan's bar).")] = None,
+        min=0.0, max=1.0, help="Revert a layer when the relative eval drop exceeds this (default 0.10, the plan's bar).")] = None,
     metric: Annotated[str, typer.Option(help="Drop measured on: accuracy or perplexity.")] = "accuracy",
     revert: Annotated[bool, typer.Option("--revert/--no-revert", help="Layer-wise revert.")] = True,
     runs_dir: Annotated[Path, typer.Option(help="Where the STE run's folder goes.")] = Path("runs"),
