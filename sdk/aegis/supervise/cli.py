@@ -209,7 +209,8 @@ def run(
     demo: bool = typer.Option(False, "--demo", help="Tiny model on bundled data with a toxic sample and a spike."),
     run_id: str = typer.Option(None, "--run-id", help="Name of the run folder (default: generated)."),
     runs_dir: str = _RunsDir,
-    wait: float = typer.Option(None, "--wait", help="When paused, wait this many seconds for commands."),
+    wait: float = typer.Option(None, "--wait", min=0, max=7 * 24 * 3600,
+                               help="When paused, wait this many seconds for commands (at most a week)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or event lines."),
 ) -> None:
     """Train under the self-healing supervisor."""
@@ -253,7 +254,8 @@ def run_config(config: Path | None, plan: Path | None, demo: bool = False, run_i
 def resume(
     run_id: str = _RunId,
     runs_dir: str = _RunsDir,
-    wait: float = typer.Option(None, "--wait", help="When paused, wait this many seconds for commands."),
+    wait: float = typer.Option(None, "--wait", min=0, max=7 * 24 * 3600,
+                               help="When paused, wait this many seconds for commands (at most a week)."),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
 ) -> None:
     """Continue a run from its last checkpoint (after a crash, or after a human review)."""
