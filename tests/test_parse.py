@@ -506,3 +506,10 @@ def test_transformers_versions_are_4x_or_5x():
         assert transformers_version_problem(ok) is None, ok
     for bad in ("99", "3.36", "6", "latest", "", "4.48.1.2", "-4"):
         assert "4.x or 5.x" in transformers_version_problem(bad), bad
+
+
+@pytest.mark.parametrize("text", ["rank 64 / an a100", "qlora llama-3.1-8b on 3090 \\ bs 2", "lora qwen2.5-7b . on h100",
+                                  "lora qwen2.5-7b .. ~ on h100"])
+def test_a_lone_separator_is_not_a_path(text: str) -> None:
+    """'/' exists on every machine, but a slash between two requests' words names no dataset."""
+    assert parse_request_lenient(text).request.dataset is None

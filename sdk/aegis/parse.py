@@ -333,6 +333,8 @@ def _read_items(r: _Reader) -> None:
 
 
 def _item_kind(item: str) -> str | None:
+    if not item.strip("/\\.~"):
+        return None  # a lone separator ('rank 64 / an a100') names no path, even though '/' exists
     low = item.lower()
     if "://" in item:
         return "url" if low.startswith(("http://", "https://")) else "path"
