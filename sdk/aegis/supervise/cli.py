@@ -107,6 +107,12 @@ def _describe(kind: str, step: int | None, data: dict[str, Any]) -> str | None:
         return f"[cyan]rollback[/] to checkpoint {step}"
     if kind == "data_warning":
         return f"[yellow]data[/]: {data.get('message')}"
+    if kind == "mesh":
+        return (
+            f"[bold]mesh[/] data {data['data']} x fsdp {data['fsdp']} x tensor {data['tensor']}: global batch "
+            f"{data['global_batch_size']} (micro {data['micro_batch_size']} x {data['data'] * data['fsdp']} ranks "
+            f"x {data['accumulation']} accumulation)"
+        )
     if kind == "fault_injected":
         return f"[magenta]fault injected[/] {at}: {data.get('fault')}"
     if kind == "curriculum" and data.get("degraded"):

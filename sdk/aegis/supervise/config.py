@@ -34,6 +34,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from aegis.errors import DatasetError, InvalidConfigError, NothingFitsError
 from aegis.recipe import recipe, steps_for_epochs
 from aegis.schema import Frozen, PlanReport, TrainConfig
+from aegis.train.parallel import ParallelConfig
 
 __all__ = [
     "TrainingSection",
@@ -257,6 +258,11 @@ class RunConfig(Frozen):
     faults: FaultsSection = Field(default_factory=FaultsSection)
     quantize: QuantizeSection | None = Field(
         default=None, description="Quantisation-aware training: `bitnet_b158` or a mapping (QuantizeSection)."
+    )
+    parallel: ParallelConfig | None = Field(
+        default=None,
+        description="Device mesh {data, fsdp, tensor} (missing axes 1, product = device count; none: every local "
+        "device a data rank). micro_batch_size is per data x fsdp rank (aegis.train.parallel).",
     )
 
     @model_validator(mode="before")

@@ -213,6 +213,7 @@ class RunContext:
                 except Exception:
                     self._engine = None
                     raise
+            self.event("mesh", self._engine.step, tier=self._engine.tier, **self._engine.trainer.mesh_summary())
             self._check_memory(self._engine)
         return self._engine
 

@@ -295,6 +295,7 @@ class Engine:
             seed=cfg.training.seed,
             packing=False,
             wrap_model=_quantize_wrapper(cfg),
+            parallel=cfg.parallel,
         )
         engine = cls(trainer, tier, cfg.tiers)
         engine.model_input = model
@@ -350,7 +351,7 @@ class Engine:
         from aegis.train.step import abstract_state
 
         shape = abstract_state(t.state.trainable, self.tiers[other], t.settings)
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=t._replicated), shape)
+        return t.rules.abstract(shape)
 
     def restore(
         self,
@@ -372,12 +373,10 @@ class Engine:
         if other is None:
             t.state = restored.state
         else:
-            import jax
-
             from aegis.train.step import convert_state
 
             converted = convert_state(restored.state, self.tiers[other], t.train_config, t.tx)
-            t.state = jax.device_put(converted, t._replicated)
+            t.state = t.place_state(converted)
         t.sampler.load_state_dict(restored.meta["sampler"])
         self.sync(state)
         self.dirty = False

@@ -15,9 +15,11 @@ restores (orbax: train state + sampler state), and asks for per-sample forensics
     trainer.set_lr(1e-4); trainer.set_blacklist(trainer.analyze().outliers())
     trainer.save("/tmp/run/ckpt-50")
 
-Data parallel: the batch is sharded over a 1-D ``data`` mesh of all local devices (or the
-``devices`` given), params and optimizer state are replicated; XLA all-reduces the gradients.
-``TrainConfig.micro_batch_size`` is per device.
+Devices: a ``(data, fsdp, tensor)`` mesh over all local devices (or the ``devices`` given), laid out by
+``parallel`` (:class:`aegis.train.parallel.ParallelConfig`; None: every device a ``data`` rank). The batch is
+split over ``data x fsdp``; params, adapters, NF4 blocks and optimizer state are sharded by the rules of
+:mod:`aegis.train.sharding` (replicated on a data-only mesh) and XLA's SPMD partitioner inserts the collectives.
+``TrainConfig.micro_batch_size`` is per ``data x fsdp`` rank: ``global_batch_size`` = micro x data x fsdp x accumulation.
 """
 
 from __future__ import annotations
@@ -33,8 +35,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from pydantic import Field
 
@@ -42,6 +43,8 @@ from aegis.errors import CheckpointError, DatasetError, InvalidConfigError
 from aegis.schema import Frozen, TrainConfig
 from aegis.train.data import Batch, BatchSampler, Example, iter_batches
 from aegis.train.forensics import BatchForensics, analyze_batch
+from aegis.train.parallel import ParallelConfig
+from aegis.train.sharding import ShardingRules, batch_sharding, make_mesh
 from aegis.train.step import (
     LossScaleSettings,
     OptimizerSettings,
@@ -145,6 +148,7 @@ class Trainer:
         blacklist: Sequence[str] = (),
         devices: Sequence[jax.Device] | None = None,
         wrap_model: Callable[[Any], Any] | None = None,
+        parallel: ParallelConfig | None = None,
     ) -> None:
         """``wrap_model``: the built model -> the model the steps run (same params tree), e.g. the BitNet
         b1.58 straight-through forward of :mod:`aegis.forge.bitnet_train`; params and checkpoints are unchanged."""
@@ -170,12 +174,14 @@ class Trainer:
             )
 
         self.devices = list(devices or jax.devices())
-        self.mesh = Mesh(np.array(self.devices), ("data",))
+        self.mesh, self.parallel = make_mesh(parallel, self.devices)
+        self.rules = ShardingRules.for_model(self.model, self.mesh)
         self._replicated = NamedSharding(self.mesh, P())
-        self._batch_sharding = NamedSharding(self.mesh, P(None, "data"))
-        self._eval_sharding = NamedSharding(self.mesh, P("data"))
-        self.global_micro_batch = train_config.micro_batch_size * len(self.devices)
+        self._batch_sharding = batch_sharding(self.mesh, 1, 3)
+        self._eval_sharding = batch_sharding(self.mesh, 0, 2)
+        self.global_micro_batch = train_config.micro_batch_size * self.parallel.batch_ranks
         accum = train_config.gradient_accumulation_steps
+        self.global_batch_size = self.global_micro_batch * accum
         self.sampler = BatchSampler(
             examples,
             self.global_micro_batch * accum,
@@ -210,8 +216,9 @@ class Trainer:
         self.tx = make_optimizer(train_config, self.settings)
         self.loss_scaler = LossScaleSettings() if dtypes.loss_scaling else None
         state = init_state(trainable, self.tx, self.settings, state_rng, loss_scale=self.loss_scaler)
-        self.state: TrainState = jax.device_put(state, self._replicated)
-        self.frozen = jax.device_put(frozen, self._replicated) if frozen is not None else None
+        self._state_shardings = self.rules.shardings(state)
+        self.state: TrainState = jax.device_put(state, self._state_shardings)
+        self.frozen = self.rules.place(frozen) if frozen is not None else None
 
         step = make_train_step(
             self.model,
@@ -219,8 +226,9 @@ class Trainer:
             self.settings,
             chunked_cross_entropy=train_config.chunked_cross_entropy,
             loss_scale=self.loss_scaler,
+            grad_shardings=None if self.parallel.devices == self.parallel.data else self._state_shardings.trainable,
         )
-        self._step = jax.jit(step, donate_argnums=0, out_shardings=(self._replicated, self._replicated))
+        self._step = jax.jit(step, donate_argnums=0, out_shardings=(self._state_shardings, self._replicated))
         self._eval = jax.jit(
             make_eval_step(
                 self.model,
@@ -231,6 +239,20 @@ class Trainer:
         self._hooks: list[tuple[Callable[[StepInfo], Any], int]] = []
         self._prefetched: tuple[dict, Batch] | None = None
         self.last_batch: Batch | None = None
+
+    def mesh_summary(self) -> dict[str, int]:
+        """The mesh and batch of this run, for its events: axes, devices, micro and global batch."""
+        return {
+            **self.parallel.model_dump(),
+            "devices": self.parallel.devices,
+            "micro_batch_size": self.train_config.micro_batch_size,
+            "accumulation": self.train_config.gradient_accumulation_steps,
+            "global_batch_size": self.global_batch_size,
+        }
+
+    def place_state(self, state: TrainState) -> TrainState:
+        """``state`` (e.g. converted from another tier's checkpoint) on this run's mesh, sharded by its rules."""
+        return self.rules.place(state)
 
     # ----------------------------------------------------------------- hooks and settings
 

@@ -462,6 +462,10 @@ def _all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
+def _constrain(tree: Any, shardings: Any) -> Any:
+    return tree if shardings is None else jax.lax.with_sharding_constraint(tree, shardings)
+
+
 def make_train_step(
     model: Any,
     tx: optax.GradientTransformation,
@@ -469,8 +473,12 @@ def make_train_step(
     *,
     chunked_cross_entropy: bool = False,
     loss_scale: LossScaleSettings | None = None,
+    grad_shardings: Any = None,
 ) -> Callable[[TrainState, Any, Batch], tuple[TrainState, dict[str, jax.Array]]]:
     """The (unjitted) train step ``(state, frozen, batch) -> (state, metrics)``.
+
+    ``grad_shardings`` (shardings shaped like the trainable tree, :mod:`aegis.train.sharding`): the gradient
+    accumulator and the gradients are constrained to them, so a sharded run keeps its gradients sharded as its params.
 
     ``batch`` arrays are ``[accum, micro_batch, seq]``; gradients are summed over the micro
     batches with ``lax.scan`` (in float32) and divided by the step's total target tokens.
@@ -523,7 +531,7 @@ def make_train_step(
                 g_acc = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_acc, g)
                 return (g_acc, t_acc + t, c_acc + c), None
 
-            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.trainable)
+            zeros = _constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.trainable), grad_shardings)
             init = (zeros, jnp.zeros(()), jnp.zeros(()))
             (grads, total, count), _ = jax.lax.scan(body, init, (batch, jnp.arange(accum)))
         denom = jnp.maximum(count, 1.0)
@@ -532,6 +540,7 @@ def make_train_step(
             grads = jax.tree.map(lambda g, p: (g.astype(jnp.float32) / scale).astype(p.dtype), grads, state.trainable)
         else:
             grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state.trainable)
+        grads = _constrain(grads, grad_shardings)
         grad_norm = optax.global_norm(grads)
         clip = state.clip_norm
         clip_scale = jnp.where((clip > 0) & (grad_norm > clip), clip / jnp.maximum(grad_norm, 1e-12), 1.0)
