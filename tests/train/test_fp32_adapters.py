@@ -9,6 +9,7 @@ write and say the dtype they are, and checkpoints, resumes and precision switche
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 
@@ -193,6 +194,7 @@ def test_bf16_lora_updates_every_adapter_element_and_matches_bf16_mixed():
 
 
 def test_checkpoint_restore_keeps_fp32_adapters_bit_for_bit(tmp_path):
+    """Save and restore keep the fp32 adapters exactly; a bf16-adapter checkpoint of the earlier engine resumes."""
     tc = _tc("lora", "bf16")
     trainer = Trainer(_llama(), tc, _examples())
     list(trainer.train(2))
@@ -205,6 +207,14 @@ def test_checkpoint_restore_keeps_fp32_adapters_bit_for_bit(tmp_path):
         assert b.dtype == jnp.float32
         np.testing.assert_array_equal(a, b)
     assert next(other.train(1)).step == 3
+    # a checkpoint the engine wrote before (bf16 adapters) resumes into fp32 adapters holding the same values
+    legacy = jax.tree.map(lambda x: x.astype(jnp.bfloat16), trainer.state.trainable)
+    trainer.state = dataclasses.replace(trainer.state, trainable=legacy)
+    trainer.save(tmp_path / "legacy")
+    other.restore(tmp_path / "legacy")
+    for a, b in zip(jax.tree.leaves(jax.device_get(legacy)), jax.tree.leaves(jax.device_get(other.state.trainable)), strict=True):
+        assert b.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(a, np.float32), b)
 
 
 def test_precision_switch_keeps_fp32_trainables():
