@@ -2,7 +2,7 @@
 
 One messy file, written here so the test knows every bad line: corrupt lines, rows without the format's
 fields, an empty row, a row without an assistant turn, two rows longer than seq_len (one keeps an answer
-within it, one does not). The plan (``analyze_dataset``) and the run's loader (``render.load_examples``)
+within it, one does not). The plan (``analyze_dataset``) and the run's loader (``train.data.load_examples``)
 must both find exactly those lines, as JSON Lines and as CSV. A tokenizer without a chat template is refused
 by both (one decision, ``ChatRenderer.require_template``), or rendered with the given ``chat_template``.
 """
@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from aegis.datasets import analyze_dataset, describe_problem, read_rows
+from aegis.dataset_profile import analyze_dataset
+from aegis.datasets import describe_problem, read_rows
 from aegis.errors import DatasetError
-from aegis.render import ChatRenderer, load_examples
+from aegis.render import ChatRenderer
+from aegis.train.data import load_examples
 from tests.hf_folders import CHATML, corpus, make_tokenizer
 
 SEQ = 128

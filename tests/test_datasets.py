@@ -18,18 +18,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aegis.datasets import (
+from aegis.dataset_profile import (
     analyze_dataset,
     choose_seq_len,
-    detect_format,
-    example_dataset,
     packing_efficiency,
     padding_waste,
-    read_rows,
-    to_conversation,
     token_stats,
     truncated_share,
 )
+from aegis.datasets import detect_format, example_dataset, read_rows, to_conversation
 from aegis._tokenizers import chat_template, families, load_tokenizer, match_family
 from aegis.errors import DatasetError, OfflineError
 
@@ -325,7 +322,7 @@ def test_model_tokenizer_from_the_hub_cache(tiny_model: Path, tmp_path: Path) ->
     snapshot.mkdir(parents=True)
     for f in tiny_model.iterdir():
         (snapshot / f.name).write_bytes(f.read_bytes())
-    code = ("from aegis.datasets import analyze_dataset; "
+    code = ("from aegis.dataset_profile import analyze_dataset; "
             f"p = analyze_dataset({str(DATA / 'messages.jsonl')!r}, model='aegis-test/tiny-chat'); "
             "print(p.tokenizer, p.tokenizer_exact, p.tokens.max)")
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
@@ -336,7 +333,8 @@ def test_model_tokenizer_from_the_hub_cache(tiny_model: Path, tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_rows_a_template_rejects_are_skipped_by_line_as_training_skips_them(tiny_model: Path, tmp_path: Path) -> None:
-    from aegis.render import ChatRenderer, load_examples
+    from aegis.render import ChatRenderer
+    from aegis.train.data import load_examples
 
     rows = [{"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]},
             {"messages": [{"role": "assistant", "content": "I speak first"}, {"role": "user", "content": "ok"}]}]
@@ -466,7 +464,7 @@ def test_bundled_example_and_progress_bar() -> None:
 
 
 def test_importing_datasets_module_is_light() -> None:
-    code = ("import sys, aegis, aegis.datasets, aegis._tokenizers; "
+    code = ("import sys, aegis, aegis.datasets, aegis._tokenizers, aegis.render, aegis.dataset_profile; "
             "heavy = [m for m in ('datasets', 'transformers', 'tiktoken', 'mistral_common', 'torch', 'pyarrow') "
             "if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

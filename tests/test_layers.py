@@ -141,16 +141,6 @@ def _explain(cycles: list[list[str]], edges: dict[Edge, tuple[Site, ...]]) -> st
     return "\n".join(lines)
 
 
-# The data layer's cycle, being untangled in its own change: render -> _tokenizers -> render (in functions),
-# datasets <-> render, datasets -> _tokenizers, render -> train (train.data) -> datasets. Checked apart (strict
-# xfail below) so that the rest of the graph is held to no cycles today; drop these when that change lands.
-KNOWN_DATA_CYCLE: frozenset[Edge] = frozenset({
-    ("render", "_tokenizers"), ("_tokenizers", "render"), ("render", "datasets"), ("datasets", "render"),
-    ("datasets", "_tokenizers"), ("_tokenizers", "datasets"), ("render", "train"), ("train", "datasets"),
-    ("train", "render"), ("train", "_tokenizers"),
-})
-
-
 def test_the_graph_is_read() -> None:
     """The checker sees the SDK's real edges (a graph with no edges would pass every test below)."""
     edges = _sdk_edges()
@@ -167,19 +157,24 @@ def test_no_cycles_between_packages_at_module_level() -> None:
 
 
 def test_no_cycles_between_packages() -> None:
-    """All imports, those inside functions too; the data layer's known cycle is checked apart (below)."""
-    edges = {e: s for e, s in _sdk_edges().items() if e not in KNOWN_DATA_CYCLE}
+    """All imports, those inside functions too."""
+    edges = _sdk_edges()
     cycles = _cycles(set(edges))
     assert not cycles, "import cycles (imports inside functions count):\n" + _explain(cycles, edges)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="render <-> _tokenizers <-> datasets form a cycle, and render imports train.data which imports datasets; "
-    "being rewritten in its own change (then drop KNOWN_DATA_CYCLE and this mark)",
-)
 def test_the_data_layer_has_no_cycle() -> None:
+    """The data layer is one direction, bottom to top: reading rows (datasets) -> rendering (render) -> token
+    counting for plans (_tokenizers) -> dataset statistics (dataset_profile); the engine's examples and batches
+    (train.data) render through it. No edge runs the other way."""
+    order = ["datasets", "render", "_tokenizers", "dataset_profile"]
     edges = _sdk_edges()
+    above = {a: {"train", *order[order.index(a) + 1:]} for a in order}
+    upward = [(a, b) for a, b in edges if b in above.get(a, ())]
+    assert not upward, "the data layer imports upward:\n" + "\n".join(
+        f"  {a} -> {b}: " + ", ".join(f"{f}:{n}" for f, n, _ in sorted(set(edges[a, b]))[:3]) for a, b in sorted(upward)
+    )
+    assert ("train", "render") in edges and ("dataset_profile", "render") in edges  # the graph is the real one
     cycles = _cycles(set(edges))
     assert not cycles, "import cycles:\n" + _explain(cycles, edges)
 

@@ -31,7 +31,7 @@ from aegis.schema import (
 )
 
 if TYPE_CHECKING:
-    from aegis.datasets import analyze_dataset
+    from aegis.dataset_profile import analyze_dataset
     from aegis.parse import parse_request
     from aegis.planner import plan
     from aegis.solver import solve
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _LAZY = {
-    "analyze_dataset": "aegis.datasets",
+    "analyze_dataset": "aegis.dataset_profile",
     "parse_request": "aegis.parse",
     "plan": "aegis.planner",
     "solve": "aegis.solver",

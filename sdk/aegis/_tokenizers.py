@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import unicodedata
 from abc import ABC, abstractmethod
 from functools import lru_cache
@@ -400,28 +399,11 @@ def _hf_tokenizer_source(model_id: str) -> str | None:
     return str(Path(found).parent) if isinstance(found, str) else None
 
 
-def auto_tokenizer() -> Any:
-    """transformers' ``AutoTokenizer``, imported without its "PyTorch was not found" advice: Aegis uses
-    transformers for tokenizers only, where torch is not needed (ImportError when transformers is missing)."""
-    if "transformers" in sys.modules:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer
-    before = os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
-    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
-    try:
-        from transformers import AutoTokenizer
-    finally:
-        if before is None:
-            os.environ.pop("TRANSFORMERS_NO_ADVISORY_WARNINGS", None)
-        else:
-            os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = before
-    return AutoTokenizer
-
-
 @lru_cache(maxsize=8)
 def _hf_tokenizer(source: str) -> Any:
     """AutoTokenizer from local files only; None when transformers or the files cannot serve it."""
+    from aegis.render import auto_tokenizer
+
     try:
         AutoTokenizer = auto_tokenizer()  # noqa: N806
 

@@ -49,7 +49,7 @@ def compare_gpus(request: str | None = None, **fields) -> list[GPUFit]:
         raise RequestParseError("no model named: e.g. `aegis compare \"lora qwen2.5-7b\"`")
     dataset = None
     if req.dataset:  # analysed once, not once per GPU
-        from aegis.datasets import analyze_dataset
+        from aegis.dataset_profile import analyze_dataset
         from aegis.hub import resolve_model
 
         dataset = analyze_dataset(req.dataset, model=resolve_model(req.model), seq_len=req.seq_len)

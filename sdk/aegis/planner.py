@@ -182,7 +182,7 @@ def plan_request(
         notes.append("method not given: planned LoRA (say 'qlora' or 'full' for the others)")
     dataset = dataset_profile
     if req.dataset and dataset is None:
-        from aegis.datasets import analyze_dataset
+        from aegis.dataset_profile import analyze_dataset
 
         dataset = analyze_dataset(req.dataset, model=profile, seq_len=req.seq_len, sample_rows=sample_rows, progress=progress)
     if req.seq_len:

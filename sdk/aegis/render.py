@@ -6,7 +6,7 @@ so the token counts a plan reports are the tokens a run trains.
     ids, mask = r.render([("user", "hi"), ("assistant", "hello")])   # mask: loss on assistant tokens
     ids, mask = r.render("raw text")                        # raw text: BOS + text + EOS, loss on all but BOS
     r.lengths(items)                                        # the same lengths, batched (the planner's path)
-    examples, report = load_examples("data.jsonl", r, seq_len=1024, overlong="truncate")
+    ids, mask, problems = fit_to_seq_len(ids, mask, 1024)   # a row cut to seq_len, as plan and run cut it
 
 Chats render exactly as transformers' ``apply_chat_template`` renders them (it *is* that call). The
 loss mask is transformers' ``return_assistant_tokens_mask`` where the template marks assistant text
@@ -15,19 +15,25 @@ conversation up to the turn with the generation prompt, then up to and including
 whitespace after its end-of-turn token) and mapping the characters to tokens through the tokenizer's
 offsets. Rows of every format the planner detects
 (:mod:`aegis.datasets`) are read by the same reader and turned into turns by the same function.
+
+The data layer, bottom to top: reading rows (:mod:`aegis.datasets`) -> this renderer -> token counting
+for plans (:mod:`aegis._tokenizers`, whose exact counter is this renderer) -> dataset statistics
+(:mod:`aegis.dataset_profile`); training examples and batches (:mod:`aegis.train.data`, whose
+``load_examples`` renders a dataset with a :class:`ChatRenderer`) sit on top. Nothing here imports them.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from aegis.errors import DatasetError, InvalidConfigError
 
-__all__ = ["ChatRenderer", "DataReport", "load_examples", "load_chat_template", "fit_to_seq_len", "overlong_reason", "Item"]
+__all__ = ["ChatRenderer", "load_chat_template", "fit_to_seq_len", "overlong_reason", "auto_tokenizer", "Item"]
 
 Item = list[tuple[str, str]] | str
 """A row as (role, content) turns, or a raw text (``aegis.datasets.to_conversation``'s output)."""
@@ -45,9 +51,26 @@ def load_chat_template(value: str) -> str:
     return value
 
 
-def _load_tokenizer(folder: Path) -> Any:
-    from aegis._tokenizers import auto_tokenizer
+def auto_tokenizer() -> Any:
+    """transformers' ``AutoTokenizer``, imported without its "PyTorch was not found" advice: Aegis uses
+    transformers for tokenizers only, where torch is not needed (ImportError when transformers is missing)."""
+    if "transformers" in sys.modules:
+        from transformers import AutoTokenizer
 
+        return AutoTokenizer
+    before = os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
+    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+    try:
+        from transformers import AutoTokenizer
+    finally:
+        if before is None:
+            os.environ.pop("TRANSFORMERS_NO_ADVISORY_WARNINGS", None)
+        else:
+            os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = before
+    return AutoTokenizer
+
+
+def _load_tokenizer(folder: Path) -> Any:
     try:
         AutoTokenizer = auto_tokenizer()  # noqa: N806
     except ImportError as err:
@@ -196,7 +219,7 @@ class ChatRenderer:
         return [next(text_n) if isinstance(it, str) else next(chat_n) for it in items]
 
 
-# --------------------------------------------------------------------------------------------- training
+# ---------------------------------------------------------------------------------------------- seq_len
 
 
 def fit_to_seq_len(
@@ -222,127 +245,3 @@ def overlong_reason(kind: str, tokens: int, seq_len: int | None) -> str:
     if kind == "no_targets":
         return f"no assistant token in its first {seq_len:,}" if seq_len is not None else "no assistant token"
     return f"{tokens:,} tokens, seq_len {seq_len:,}"
-
-
-@dataclass
-class DataReport:
-    """What loading a dataset for training found (the run's ``data_loaded`` event and its warnings).
-
-    ``rows``: rows that fit the format (what was tokenized); ``examples``: what trains; ``problems``:
-    every row skipped, dropped or truncated, with its line (the planner's :class:`aegis.datasets.RowProblem`)."""
-
-    source: str
-    format: str
-    rows: int = 0
-    examples: int = 0
-    tokens: int = 0
-    problems: list[Any] = field(default_factory=list)  # aegis.datasets.RowProblem, in the order found
-    unit: str = "line"
-    records: int = 0  # rows parsed before the format check (corrupt lines not included)
-    lengths: list[int] = field(default_factory=list)
-
-    def _lines(self, *kinds: str) -> list[Any]:
-        return sorted((p for p in self.problems if p.kind in kinds), key=lambda p: p.line)
-
-    @property
-    def bad_lines(self) -> tuple[int, ...]:
-        """Corrupt lines (not a JSON object, an unparseable CSV record)."""
-        return tuple(p.line for p in self._lines("corrupt"))
-
-    @property
-    def malformed(self) -> list[tuple[int, str]]:
-        """(line, why) of rows skipped for their content: no format fields, empty, no assistant turn, refused."""
-        return [(p.line, p.reason) for p in self._lines("no_format", "empty", "no_assistant", "refused")]
-
-    @property
-    def truncated(self) -> int:
-        return len(self._lines("truncated"))
-
-    @property
-    def dropped_overlong(self) -> int:
-        return len(self._lines("overlong"))
-
-    @property
-    def no_targets(self) -> int:
-        return len(self._lines("no_targets"))
-
-    def summary(self) -> dict[str, Any]:
-        from aegis.datasets import problem_groups
-
-        return {
-            "source": self.source, "format": self.format, "rows": self.rows, "examples": self.examples,
-            "tokens": self.tokens, "records": self.records, "unit": self.unit,
-            "bad_lines": list(self.bad_lines[:50]), "bad_line_count": len(self.bad_lines),
-            "malformed_rows": [n for n, _ in self.malformed[:50]], "malformed_count": len(self.malformed),
-            "truncated": self.truncated, "dropped_overlong": self.dropped_overlong, "no_targets": self.no_targets,
-            "problems": {kind: {"count": len(group), "lines": [p.line for p in group[:50]], "reason": group[0].reason}
-                         for kind, group in problem_groups(self.problems).items()},
-        }
-
-    def warnings(self) -> list[str]:
-        """One line per kind of problem: how many, what happened to them, the first lines, why."""
-        from aegis.datasets import describe_problem, problem_groups
-
-        return [describe_problem(kind, len(group), [p.line for p in group], unit=self.unit, reason=group[0].reason,
-                                 fmt=self.format)
-                for kind, group in problem_groups(self.problems).items()]
-
-
-def load_examples(
-    source: str,
-    renderer: Any,
-    *,
-    seq_len: int | None = None,
-    overlong: Literal["truncate", "drop"] = "truncate",
-    default_domain: str = "default",
-    on_progress: Callable[[int, int], None] | None = None,
-) -> tuple[list[Any], DataReport]:
-    """Every row of ``source`` (any format and file type :mod:`aegis.datasets` reads) as training examples.
-
-    ``renderer`` is a :class:`ChatRenderer` (or the demo's ``ByteTokenizer``: anything with ``render(item)``).
-
-    Rows are read and checked by :func:`aegis.datasets.read_rows`, the planner's reader: corrupt lines and
-    rows without the format's fields, empty or without an assistant turn are skipped; rows the template
-    refuses are skipped; rows longer than ``seq_len`` are truncated or dropped (``overlong``); every one is
-    counted in the report with its line. Raises DatasetError when nothing is left.
-    """
-    import numpy as np
-
-    from aegis.datasets import RowProblem, read_rows
-    from aegis.train.data import Example, sample_id_of
-
-    rows = read_rows(str(source), sample_rows=2**62)
-    report = DataReport(source=str(source), format=rows.format, rows=rows.num_rows, problems=list(rows.problems),
-                        unit=rows.unit, records=rows.records)
-    examples: list[Any] = []
-    seen: dict[str, int] = {}
-    total = len(rows.sample)
-    if isinstance(renderer, ChatRenderer) and any(not isinstance(it, str) for it in rows.items):
-        renderer.require_template()
-    for n, (row, item, line) in enumerate(zip(rows.sample, rows.items, rows.sample_lines), start=1):
-        if on_progress is not None and (n % 256 == 0 or n == total):
-            on_progress(n, total)
-        try:
-            ids, mask = renderer.render(item)
-        except ValueError as err:  # the template refuses the row (raise_exception: roles not alternating, ...)
-            why = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
-            report.problems.append(RowProblem(line, "refused", why))
-            continue
-        report.lengths.append(len(ids))
-        ids, mask, problems = fit_to_seq_len(list(ids), list(mask), seq_len, overlong)
-        report.problems += [RowProblem(line, kind, overlong_reason(kind, report.lengths[-1], seq_len))
-                            for kind in problems]
-        if ids is None:
-            continue
-        sid = sample_id_of(row)
-        seen[sid] = seen.get(sid, 0) + 1
-        if seen[sid] > 1:
-            sid = f"{sid}#{seen[sid]}"
-        domain = str(row.get("domain", default_domain)) if isinstance(row, dict) else default_domain
-        examples.append(Example(sid, domain, np.asarray(ids, np.int32), np.asarray(mask, bool)))
-        report.tokens += len(ids)
-    report.examples = len(examples)
-    if not examples:
-        problems = "; ".join(report.warnings()) or "no rows"
-        raise DatasetError(f"{source}: no trainable rows ({problems}); check the file and seq_len")
-    return examples, report

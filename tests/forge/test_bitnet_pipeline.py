@@ -113,7 +113,8 @@ def trained(tmp_path_factory) -> dict[str, Path]:
     with the project's trainer and exported as an HF folder; its calibration data is a held-out file."""
     import jax
 
-    from aegis.render import ChatRenderer, load_examples
+    from aegis.render import ChatRenderer
+    from aegis.train.data import load_examples
     from aegis.schema import TrainConfig
     from aegis.train.export import export_trained
     from aegis.train.loop import Trainer
@@ -145,7 +146,8 @@ def _torch_eval(folder: Path, calib: Path) -> tuple[float, float, int]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from aegis.render import ChatRenderer, load_examples
+    from aegis.render import ChatRenderer
+    from aegis.train.data import load_examples
 
     examples, _ = load_examples(str(calib), ChatRenderer.from_folder(folder), seq_len=SEQ)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

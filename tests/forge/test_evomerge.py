@@ -67,7 +67,8 @@ def _one_torch_thread():
 
 def _hf_nll(folder: Path, evo: dict[str, Path]) -> float:
     """Mean next-token NLL on the held-out rows, by transformers, on the ids the project's renderer makes."""
-    from aegis.render import ChatRenderer, load_examples
+    from aegis.render import ChatRenderer
+    from aegis.train.data import load_examples
 
     examples, _ = load_examples(str(evo["eval"]), ChatRenderer.from_folder(evo["base"]), seq_len=64)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

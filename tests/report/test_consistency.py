@@ -56,7 +56,7 @@ def _no_calibration(tmp_path_factory):
 
 @lru_cache(maxsize=1)
 def _dataset():
-    from aegis.datasets import analyze_dataset
+    from aegis.dataset_profile import analyze_dataset
 
     return analyze_dataset(SUPPORT)
 

@@ -60,7 +60,8 @@ def _run(tmp_path: Path, run_id: str, cfg: dict) -> Path:
 
 
 def _examples(folder: Path, data: Path, seq_len: int = 64) -> list:
-    from aegis.render import ChatRenderer, load_examples
+    from aegis.render import ChatRenderer
+    from aegis.train.data import load_examples
 
     return load_examples(str(data), ChatRenderer.from_folder(folder), seq_len=seq_len)[0]
 
@@ -205,8 +206,9 @@ def test_full_fine_tuning_on_alpaca_exports_an_hf_folder(tmp_path, folder, data)
 
 @pytest.mark.parametrize("kind", ["sharegpt", "alpaca", "messages"])
 def test_the_plans_row_lengths_are_the_runs(folder, data, kind):
-    from aegis.datasets import analyze_dataset
-    from aegis.render import ChatRenderer, load_examples
+    from aegis.dataset_profile import analyze_dataset
+    from aegis.render import ChatRenderer
+    from aegis.train.data import load_examples
 
     profile = analyze_dataset(str(data[kind]), model=str(folder))
     _, report = load_examples(str(data[kind]), ChatRenderer.from_folder(folder), seq_len=None)
@@ -233,7 +235,8 @@ def test_assistant_mask_by_prefixes_equals_transformers_generation_mask(tmp_path
 
 
 def test_raw_text_rows_train_on_every_token_after_the_first(folder, tmp_path):
-    from aegis.render import ChatRenderer, load_examples
+    from aegis.render import ChatRenderer
+    from aegis.train.data import load_examples
 
     (tmp_path / "t.jsonl").write_text('{"text": "reset the password please"}\n')
     (ex,), _ = load_examples(str(tmp_path / "t.jsonl"), ChatRenderer.from_folder(folder))
@@ -262,7 +265,8 @@ def test_a_folder_without_weights_is_a_one_line_error_naming_the_folder(tmp_path
 
 def test_chat_data_for_a_tokenizer_without_a_template_is_refused_unless_one_is_given(tmp_path, data):
     from aegis.errors import DatasetError
-    from aegis.render import ChatRenderer, load_examples
+    from aegis.render import ChatRenderer
+    from aegis.train.data import load_examples
 
     bare = make_model_folder(tmp_path / "bare", template=None)
     with pytest.raises(DatasetError, match="no chat template.*chat_template"):
@@ -286,7 +290,8 @@ def test_a_shard_whose_shapes_disagree_with_the_config_is_refused(tmp_path, fold
 
 
 def test_corrupt_lines_are_counted_by_line_and_the_rest_trains(tmp_path, folder, data):
-    from aegis.render import ChatRenderer, load_examples
+    from aegis.render import ChatRenderer
+    from aegis.train.data import load_examples
 
     lines = data["sharegpt"].read_text().splitlines()[:10]
     lines[3] = '{"conversations": [{"from": "human", "value": "cut off'

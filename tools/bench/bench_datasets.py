@@ -77,7 +77,7 @@ def run_one(model: str, data: str, repeat: int) -> dict:
     """In this (fresh) process: load the tokenizer, then time analyze_dataset ``repeat`` times."""
     t0 = time.perf_counter()
     from aegis._tokenizers import load_tokenizer
-    from aegis.datasets import analyze_dataset
+    from aegis.dataset_profile import analyze_dataset
 
     counter = load_tokenizer(model)
     load_s = time.perf_counter() - t0

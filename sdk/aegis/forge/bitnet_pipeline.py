@@ -12,7 +12,7 @@ Steps (the Agent Forge phase-4 procedure, with the BitNet b1.58 papers' quantise
    compression and expected sparsity; the accuracy-drop bars (warning above 5 %, critical above 10 %, relative
    to the full-precision model) are the plan's for every size.
 2. Calibration: rows of ``data`` rendered by the project's render layer with the model's own tokenizer and chat
-   template (:func:`aegis.render.load_examples`); the eval is mean next-token NLL (perplexity) and next-token
+   template (:func:`aegis.train.data.load_examples`); the eval is mean next-token NLL (perplexity) and next-token
    accuracy over the loss-masked tokens (assistant tokens of chats, every token of plain text).
 3. Eval of the full-precision model, and of the quantised one (W1.58 A8, :class:`~aegis.forge.bitnet_train.BitNetModel`).
 4. With ``finetune``: a supervised run (``RunConfig.quantize``: checkpoints, events, resume after ``kill -9``
@@ -156,7 +156,8 @@ def load_calibration(
     model_folder: str | Path, data: str, *, samples: int, seq_len: int = 256, chat_template: str | None = None
 ) -> list[Any]:
     """The first ``samples`` rows of ``data`` rendered with the model's own tokenizer and template."""
-    from aegis.render import ChatRenderer, load_examples
+    from aegis.render import ChatRenderer
+    from aegis.train.data import load_examples
 
     renderer = ChatRenderer.from_folder(model_folder, chat_template=chat_template)
     examples, _ = load_examples(data, renderer, seq_len=seq_len)

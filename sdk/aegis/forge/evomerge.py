@@ -177,7 +177,8 @@ class _Run:
         from aegis.forge._io import ModelWeights
         from aegis.forge.merge import _layout
         from aegis.model_source import locate_model
-        from aegis.render import ChatRenderer, load_examples
+        from aegis.render import ChatRenderer
+        from aegis.train.data import load_examples
 
         cfg = self.cfg
         sources = []

@@ -193,13 +193,12 @@ def load_examples(
     cfg: RunConfig, model: ModelInput | None = None, on_progress: Callable[[int, int], None] | None = None
 ) -> tuple[list[Any], Any]:
     """(examples, DataReport) of a RunConfig's ``data`` rendered with the model's tokenizer."""
-    from aegis.render import load_examples as render_examples
+    from aegis.train.data import load_examples as render_examples
 
     model = model or resolve_model_input(cfg.model, cfg.init)
     if cfg.data == "toy" and model.tokenizer_folder is None:  # the demo: mixed text/messages rows, byte tokens
         from aegis.data import ByteTokenizer, toy_dataset_path
-        from aegis.render import DataReport
-        from aegis.train.data import load_jsonl
+        from aegis.train.data import DataReport, load_jsonl
 
         examples = load_jsonl(toy_dataset_path(), ByteTokenizer())
         report = DataReport(source="toy", format="mixed", rows=len(examples), examples=len(examples),

@@ -6,9 +6,13 @@ domain by domain according to mixing weights, skips blacklisted ids, and lays th
 fixed ``[batch, seq]`` :class:`Batch` — one example per row (padding) or several per row
 (packing, separated by ``segment_ids``) — so the jitted step never recompiles. Its whole state
 is a small JSON dict that goes into checkpoints; restoring it replays the same batches.
+:func:`load_examples` reads a dataset of any format (:func:`aegis.datasets.read_rows`) and renders it with a
+model's tokenizer and chat template (:class:`aegis.render.ChatRenderer`), with a :class:`DataReport` of the
+rows it skipped, dropped or truncated.
 
     from aegis.data import ByteTokenizer, toy_dataset_path
     examples = load_jsonl(toy_dataset_path(), ByteTokenizer())
+    # or a model's own tokenizer: examples, report = load_examples("data.jsonl", ChatRenderer.from_folder("./m"))
     sampler = BatchSampler(examples, batch_size=8, seq_len=128, seed=0, packing=True)
     batch = sampler.next_batch()            # Batch: input_ids/targets/loss_mask/... [8, 128]
     sampler.set_blacklist({"a3f0…"}); sampler.set_domain_weights({"chat": 3, "prose": 1})
@@ -24,14 +28,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from aegis.errors import DatasetError
+from aegis.render import ChatRenderer, fit_to_seq_len, overlong_reason
 
 __all__ = [
     "Tokenizer",
@@ -45,6 +50,8 @@ __all__ = [
     "iter_batches",
     "split_examples",
     "sample_id_of",
+    "load_examples",
+    "DataReport",
 ]
 
 _STATE_VERSION = 1
@@ -168,8 +175,8 @@ def tokenize_rows(
 def load_jsonl(path: str | Path, tokenizer: Tokenizer, *, default_domain: str = "default") -> list[Example]:
     """Read and tokenise a JSONL file of ``text`` / ``messages`` rows, strictly: read by the planner's
     reader (:func:`aegis.datasets.read_rows`), any row it would skip is an error that cites its line.
-    (Runs on a model's own tokenizer load through :func:`aegis.render.load_examples`, which skips and
-    reports such rows instead.)"""
+    (Runs on a model's own tokenizer load through :func:`load_examples`, which skips and reports such
+    rows instead.)"""
     from aegis.datasets import describe_problem, problem_groups, read_rows
 
     path = Path(path)
@@ -195,6 +202,130 @@ def split_examples(examples: Sequence[Example], eval_fraction: float, *, seed: i
         h = int(hashlib.sha1(f"{seed}:{ex.sample_id}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
         (held if h < eval_fraction else train).append(ex)
     return train, held
+
+
+# --------------------------------------------------------------------------- rendered examples
+
+
+@dataclass
+class DataReport:
+    """What loading a dataset for training found (the run's ``data_loaded`` event and its warnings).
+
+    ``rows``: rows that fit the format (what was tokenized); ``examples``: what trains; ``problems``:
+    every row skipped, dropped or truncated, with its line (the planner's :class:`aegis.datasets.RowProblem`)."""
+
+    source: str
+    format: str
+    rows: int = 0
+    examples: int = 0
+    tokens: int = 0
+    problems: list[Any] = field(default_factory=list)  # aegis.datasets.RowProblem, in the order found
+    unit: str = "line"
+    records: int = 0  # rows parsed before the format check (corrupt lines not included)
+    lengths: list[int] = field(default_factory=list)
+
+    def _lines(self, *kinds: str) -> list[Any]:
+        return sorted((p for p in self.problems if p.kind in kinds), key=lambda p: p.line)
+
+    @property
+    def bad_lines(self) -> tuple[int, ...]:
+        """Corrupt lines (not a JSON object, an unparseable CSV record)."""
+        return tuple(p.line for p in self._lines("corrupt"))
+
+    @property
+    def malformed(self) -> list[tuple[int, str]]:
+        """(line, why) of rows skipped for their content: no format fields, empty, no assistant turn, refused."""
+        return [(p.line, p.reason) for p in self._lines("no_format", "empty", "no_assistant", "refused")]
+
+    @property
+    def truncated(self) -> int:
+        return len(self._lines("truncated"))
+
+    @property
+    def dropped_overlong(self) -> int:
+        return len(self._lines("overlong"))
+
+    @property
+    def no_targets(self) -> int:
+        return len(self._lines("no_targets"))
+
+    def summary(self) -> dict[str, Any]:
+        from aegis.datasets import problem_groups
+
+        return {
+            "source": self.source, "format": self.format, "rows": self.rows, "examples": self.examples,
+            "tokens": self.tokens, "records": self.records, "unit": self.unit,
+            "bad_lines": list(self.bad_lines[:50]), "bad_line_count": len(self.bad_lines),
+            "malformed_rows": [n for n, _ in self.malformed[:50]], "malformed_count": len(self.malformed),
+            "truncated": self.truncated, "dropped_overlong": self.dropped_overlong, "no_targets": self.no_targets,
+            "problems": {kind: {"count": len(group), "lines": [p.line for p in group[:50]], "reason": group[0].reason}
+                         for kind, group in problem_groups(self.problems).items()},
+        }
+
+    def warnings(self) -> list[str]:
+        """One line per kind of problem: how many, what happened to them, the first lines, why."""
+        from aegis.datasets import describe_problem, problem_groups
+
+        return [describe_problem(kind, len(group), [p.line for p in group], unit=self.unit, reason=group[0].reason,
+                                 fmt=self.format)
+                for kind, group in problem_groups(self.problems).items()]
+
+
+def load_examples(
+    source: str,
+    renderer: Any,
+    *,
+    seq_len: int | None = None,
+    overlong: Literal["truncate", "drop"] = "truncate",
+    default_domain: str = "default",
+    on_progress: Callable[[int, int], None] | None = None,
+) -> tuple[list[Any], DataReport]:
+    """Every row of ``source`` (any format and file type :mod:`aegis.datasets` reads) as training examples.
+
+    ``renderer`` is a :class:`ChatRenderer` (or the demo's ``ByteTokenizer``: anything with ``render(item)``).
+
+    Rows are read and checked by :func:`aegis.datasets.read_rows`, the planner's reader: corrupt lines and
+    rows without the format's fields, empty or without an assistant turn are skipped; rows the template
+    refuses are skipped; rows longer than ``seq_len`` are truncated or dropped (``overlong``); every one is
+    counted in the report with its line. Raises DatasetError when nothing is left.
+    """
+    from aegis.datasets import RowProblem, read_rows
+
+    rows = read_rows(str(source), sample_rows=2**62)
+    report = DataReport(source=str(source), format=rows.format, rows=rows.num_rows, problems=list(rows.problems),
+                        unit=rows.unit, records=rows.records)
+    examples: list[Any] = []
+    seen: dict[str, int] = {}
+    total = len(rows.sample)
+    if isinstance(renderer, ChatRenderer) and any(not isinstance(it, str) for it in rows.items):
+        renderer.require_template()
+    for n, (row, item, line) in enumerate(zip(rows.sample, rows.items, rows.sample_lines), start=1):
+        if on_progress is not None and (n % 256 == 0 or n == total):
+            on_progress(n, total)
+        try:
+            ids, mask = renderer.render(item)
+        except ValueError as err:  # the template refuses the row (raise_exception: roles not alternating, ...)
+            why = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+            report.problems.append(RowProblem(line, "refused", why))
+            continue
+        report.lengths.append(len(ids))
+        ids, mask, problems = fit_to_seq_len(list(ids), list(mask), seq_len, overlong)
+        report.problems += [RowProblem(line, kind, overlong_reason(kind, report.lengths[-1], seq_len))
+                            for kind in problems]
+        if ids is None:
+            continue
+        sid = sample_id_of(row)
+        seen[sid] = seen.get(sid, 0) + 1
+        if seen[sid] > 1:
+            sid = f"{sid}#{seen[sid]}"
+        domain = str(row.get("domain", default_domain)) if isinstance(row, dict) else default_domain
+        examples.append(Example(sid, domain, np.asarray(ids, np.int32), np.asarray(mask, bool)))
+        report.tokens += len(ids)
+    report.examples = len(examples)
+    if not examples:
+        problems = "; ".join(report.warnings()) or "no rows"
+        raise DatasetError(f"{source}: no trainable rows ({problems}); check the file and seq_len")
+    return examples, report
 
 
 # --------------------------------------------------------------------------- layout
