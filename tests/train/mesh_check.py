@@ -12,6 +12,7 @@ import tempfile
 
 import jax
 import numpy as np
+from safetensors.numpy import load_file
 
 from aegis.data import ByteTokenizer, tiny_llama_config, toy_dataset_path
 from aegis.schema import LoRAConfig, TrainConfig
@@ -20,6 +21,7 @@ from aegis.train.loop import Trainer
 from aegis.train.nf4 import NF4Tensor
 from aegis.train.parallel import ParallelConfig
 from aegis.train.step import OptimizerSettings
+from aegis.train.weights import save_lora_adapter
 
 assert len(jax.devices()) == 4, jax.devices()
 STEPS = 2
@@ -81,8 +83,13 @@ def check(method: str, meshes: tuple[ParallelConfig, ...]) -> tuple[list[float],
 lora_losses, (one, src, other) = check("lora", (ParallelConfig(fsdp=4), ParallelConfig(data=2, fsdp=2)))
 qlora_losses, _ = check("qlora", (ParallelConfig(data=2, fsdp=2),))
 
-# a checkpoint saved on {fsdp: 4} restores on one device and on {data: 2, fsdp: 2}, and training goes on alike
+# a checkpoint saved on {fsdp: 4} restores on one device and on {data: 2, fsdp: 2}, and training goes on alike;
+# the sharded adapter exports (gathered to the host) to the one-device run's PEFT files
 with tempfile.TemporaryDirectory() as tmp:
+    for name, t in (("one", one), ("fsdp", src)):
+        save_lora_adapter(t.model, jax.device_get(t.state.trainable), f"{tmp}/{name}")
+    a, b = load_file(f"{tmp}/one/adapter_model.safetensors"), load_file(f"{tmp}/fsdp/adapter_model.safetensors")
+    assert a.keys() == b.keys() and max(float(np.max(np.abs(a[k] - b[k]))) for k in a) <= 1e-5
     src.save(f"{tmp}/ckpt")
     nxt = next(iter(src.train(1)))
     for dst in (one, other):
