@@ -21,7 +21,8 @@ from aegis.train.loop import Trainer
 from aegis.train.nf4 import NF4Tensor
 from aegis.train.parallel import ParallelConfig
 from aegis.train.step import OptimizerSettings
-from aegis.train.weights import save_lora_adapter
+from aegis.train.models import build_model
+from aegis.train.weights import load_checkpoint, save_checkpoint, save_lora_adapter
 
 assert len(jax.devices()) == 4, jax.devices()
 STEPS = 2
@@ -29,12 +30,27 @@ ex = load_jsonl(toy_dataset_path(), ByteTokenizer())
 settings = OptimizerSettings(learning_rate=3e-3, warmup_steps=1, total_steps=10)
 
 
+BASE = tempfile.mkdtemp()
+_model = build_model(tiny_llama_config())
+save_checkpoint(_model, _model.init(jax.random.PRNGKey(1)), BASE)
+
+
+def load(model: object, dtype: object, place: object = None) -> object:
+    """Pretrained weights; a sharded run passes ``place`` (each parameter straight to its shards)."""
+    if len(jax.devices()) == 4 and place is not None:
+        load.placed = True  # type: ignore[attr-defined]
+    return load_checkpoint(model, BASE, dtype=dtype, nf4=True, place=place)
+
+
 def trainer(method: str, micro: int, parallel: ParallelConfig | None, devices: list, accum: int = 1) -> Trainer:
     lora = LoRAConfig(rank=4, target_modules=("q_proj", "v_proj", "down_proj")) if method != "full" else None
     tc = TrainConfig(
         method=method, micro_batch_size=micro, seq_len=48, precision="fp32", lora=lora, gradient_accumulation_steps=accum
     )
-    return Trainer(tiny_llama_config(), tc, ex, optimizer=settings, seed=0, devices=devices, parallel=parallel)
+    loader = load if method == "qlora" else None  # QLoRA: a pretrained base, NF4 while loading
+    return Trainer(
+        tiny_llama_config(), tc, ex, optimizer=settings, seed=0, devices=devices, parallel=parallel, load_params=loader
+    )
 
 
 def leaves(tree: object) -> list[np.ndarray]:
@@ -82,6 +98,7 @@ def check(method: str, meshes: tuple[ParallelConfig, ...]) -> tuple[list[float],
 
 lora_losses, (one, src, other) = check("lora", (ParallelConfig(fsdp=4), ParallelConfig(data=2, fsdp=2)))
 qlora_losses, _ = check("qlora", (ParallelConfig(data=2, fsdp=2),))
+assert load.placed  # type: ignore[attr-defined]
 
 # a checkpoint saved on {fsdp: 4} restores on one device and on {data: 2, fsdp: 2}, and training goes on alike;
 # the sharded adapter exports (gathered to the host) to the one-device run's PEFT files

@@ -272,8 +272,8 @@ class Engine:
             folder = model.source.folder
             nf4 = cfg.tiers[tier].method == "qlora"
 
-            def load_pretrained(m: Any, dtype: Any) -> Any:
-                return load_checkpoint(m, folder, dtype=dtype, nf4=nf4, on_progress=on_load)
+            def load_pretrained(m: Any, dtype: Any, place: Any = None) -> Any:
+                return load_checkpoint(m, folder, dtype=dtype, nf4=nf4, on_progress=on_load, place=place)
 
             load_params = load_pretrained
 

@@ -197,7 +197,9 @@ class Trainer:
         rng = jax.random.PRNGKey(seed)
         init_rng, lora_rng, state_rng = jax.random.split(rng, 3)
         if params is None and load_params is not None:  # pretrained weights, streamed in the params dtype
-            params = load_params(self.model, dtypes.params)
+            # on a sharded mesh each parameter goes straight to its shards (a load_params that takes ``place``)
+            sharded = self.parallel.devices != self.parallel.data
+            params = load_params(self.model, dtypes.params, **({"place": self._place_leaf} if sharded else {}))
         if params is None:
             params = self.model.init(init_rng)
         else:  # e.g. fp32 weights from a checkpoint, trained in bf16 (NF4 weights stay as they are)
@@ -249,6 +251,10 @@ class Trainer:
             "accumulation": self.train_config.gradient_accumulation_steps,
             "global_batch_size": self.global_batch_size,
         }
+
+    def _place_leaf(self, path: tuple[str, ...], array: Any) -> jax.Array:
+        """One parameter of the params tree at ``path`` on the mesh, sharded by the rules."""
+        return jax.device_put(array, NamedSharding(self.mesh, self.rules.spec(path, array.shape)))
 
     def place_state(self, state: TrainState) -> TrainState:
         """``state`` (e.g. converted from another tier's checkpoint) on this run's mesh, sharded by its rules."""

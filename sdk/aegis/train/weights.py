@@ -267,8 +267,13 @@ def load_checkpoint(
     dtype: Any = None,
     nf4: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
+    place: Callable[[tuple[str, ...], np.ndarray], Any] | None = None,
 ) -> dict[str, Any]:
     """Read a safetensors checkpoint into the params tree (cast to ``dtype``, default ``model.param_dtype``).
+
+    ``place(tree path, host array)``: puts each parameter on the devices (a sharded run passes
+    ``jax.device_put`` with the parameter's sharding, so each device receives only its shard); default
+    ``jnp.asarray`` (the default device).
 
     Tensors stream one parameter (all layers) at a time from the memory-mapped shards, so the host holds
     about one stacked parameter beside the growing tree. ``nf4``: linear weights are quantised to NF4 as
@@ -315,7 +320,7 @@ def load_checkpoint(
                     "the checkpoint and config.json belong to different models."
                 )
             slot[...] = joined
-        leaf = jnp.asarray(arr)
+        leaf = jnp.asarray(arr) if place is None else place(path_, arr)
         del arr
         _set(params, path_, quantize_leaf(path_, leaf) if nf4 else leaf)
         if on_progress is not None:
