@@ -121,6 +121,19 @@ def test_run_config_takes_a_parallel_section() -> None:
         RunConfig(model="tiny-llama", data="toy", parallel={"fdsp": 2})
 
 
+def test_a_run_whose_mesh_is_not_the_device_count_is_refused_before_it_starts() -> None:
+    import jax
+
+    from aegis.data import tiny_llama_config
+    from aegis.supervise.config import RunConfig
+    from aegis.supervise.engine import check_feasible
+
+    n = len(jax.devices())
+    with pytest.raises(InvalidConfigError, match=f"needs {n + 1} devices but this run has {n}"):
+        check_feasible(RunConfig(model="tiny-llama", data="toy", parallel={"fsdp": n + 1}), tiny_llama_config())
+    check_feasible(RunConfig(model="tiny-llama", data="toy", parallel={"data": n}), tiny_llama_config())
+
+
 @pytest.mark.slow
 def test_sharded_runs_follow_the_one_device_run() -> None:
     env = dict(os.environ, JAX_PLATFORMS="cpu")

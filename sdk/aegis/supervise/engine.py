@@ -77,14 +77,19 @@ def _gib(n: float) -> str:
 
 
 def check_feasible(cfg: RunConfig, model_config: dict[str, Any]) -> None:
-    """Refuse, in one line before anything is built, a run with a tier that cannot run: a ``seq_len`` past a
+    """Refuse, in one line before anything is built, a ``parallel`` mesh whose size is not the device count, or a
+    run with a tier that cannot run: a ``seq_len`` past a
     model's learned positions (GPT-2's ``wpe`` has no row for it), or a planned peak (the planner's JAX
     estimate for the tier's micro batch and seq_len) over :data:`IMPOSSIBLE_FACTOR` x this device's memory.
 
     A tier that merely might not fit is left to the run: an out-of-memory there takes the next fallback."""
+    import jax
+
     from aegis.errors import AegisError, InvalidConfigError
     from aegis.families import get_family
+    from aegis.train.parallel import resolve_parallel
 
+    resolve_parallel(cfg.parallel, len(jax.devices()))  # a mesh that does not match the devices: one line, now
     try:
         family = get_family(model_config)
     except AegisError:
