@@ -15,7 +15,8 @@ then sharded by :func:`partition_spec`:
 
 LoRA adapters follow their base weight (``lora_A``: ``[layers, lora_rank, in]``, ``lora_B``: ``[layers, out,
 lora_rank]``); NF4 codes and absmax, optimizer moments and anything else found under a parameter's path fall back
-to rule 2 when their shape is not the parameter's (a leaf stacked over layers keeps that axis whole). Optimizer
+to rule 2 when their shape is not the parameter's (a leaf stacked over layers keeps that axis whole); leaves under
+no parameter (step, RNG key, learning rate, loss scale) are replicated. Optimizer
 states follow their params by path: optax nests ``mu``/``nu`` trees shaped like the params, so the suffix of a
 moment's path from ``model``/``lm_head`` on is its parameter's path. No family-specific code: a new registry entry
 is sharded by the same rules.
@@ -244,8 +245,9 @@ class ShardingRules:
     def for_model(cls, model: Any, mesh: Mesh) -> ShardingRules:
         return cls(mesh, logical_axes(model), _tree_leaves(model.param_shapes()))
 
-    def leaf_logical(self, path: Sequence[str], shape: Sequence[int]) -> Logical:
-        """Logical names of the leaf at ``path`` (a path in any tree holding a param-shaped subtree) of ``shape``."""
+    def leaf_logical(self, path: Sequence[str], shape: Sequence[int]) -> Logical | None:
+        """Logical names of the leaf at ``path`` (a path in any tree holding a param-shaped subtree) of ``shape``;
+        None for a leaf that belongs to no parameter (step counters, RNG keys, learning rates: replicated)."""
         shape = tuple(shape)
         for start, key in enumerate(path):
             if key not in _TOPS:
@@ -263,10 +265,11 @@ class ShardingRules:
                     return ("layers", out_axis, "lora_rank")
             stacked = len(rel) > 1 and rel[0] == "model" and rel[1] in _STACKS and len(shape) >= 1
             return (("layers",) if stacked else ()) + (None,) * (len(shape) - int(stacked))
-        return (None,) * len(shape)
+        return None
 
     def spec(self, path: Sequence[str], shape: Sequence[int]) -> P:
-        return partition_spec(shape, self.leaf_logical(path, shape), self.sizes)
+        logical = self.leaf_logical(path, shape)
+        return P() if logical is None else partition_spec(shape, logical, self.sizes)
 
     def shardings(self, tree: Any) -> Any:
         """A NamedSharding per array leaf of ``tree`` (a TrainState, params, LoRAWeights, NF4 base, or their
