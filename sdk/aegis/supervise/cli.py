@@ -20,7 +20,7 @@ from typing import Any
 
 import typer
 
-from aegis.errors import AegisError
+from aegis.errors import AegisError, InvalidConfigError
 
 __all__ = ["app", "register", "main"]
 
@@ -28,6 +28,47 @@ RUNS_DIR_ENV = "AEGIS_RUNS_DIR"
 
 _RunsDir = typer.Option("runs", "--runs-dir", envvar=RUNS_DIR_ENV, help="Folder holding the run folders.")
 _RunId = typer.Option(..., "--run-id", help="Id of the run (its folder name under --runs-dir).")
+
+
+_Coordinator = typer.Option(
+    None, "--coordinator", help="HOST:PORT of process 0, for a multi-process run (with --num-processes, --process-id)."
+)
+_NumProcesses = typer.Option(None, "--num-processes", min=1, help="Processes of a multi-process run.")
+_ProcessId = typer.Option(None, "--process-id", min=0, help="This process's index (0 writes the run's files).")
+
+
+def _join(
+    coordinator: str | None, num_processes: int | None, process_id: int | None, runs_dir: str, run_id: str | None,
+    *, resuming: bool,
+) -> str:
+    """Join a multi-process run (before anything touches JAX) and return the runs folder this process keeps: the
+    given one on process 0; on the others a scratch folder for their supervisor's bookkeeping (a resume starts from
+    a copy of the primary's run folder, taken while process 0 waits for everyone to join), their checkpoint shards
+    going to process 0's run. No flags: a one-process run, ``runs_dir``."""
+    from aegis.train.distributed import check_flags, follower_of, initialize
+
+    if not check_flags(coordinator, num_processes, process_id):
+        return runs_dir
+    if run_id is None:
+        raise InvalidConfigError("a multi-process run needs the same --run-id (or run_id in the config) on every process")
+    assert coordinator is not None and num_processes is not None and process_id is not None
+    own = runs_dir
+    if process_id > 0:
+        import atexit
+        import shutil
+        import tempfile
+
+        own = tempfile.mkdtemp(prefix=f"aegis-process-{process_id}-")
+        atexit.register(shutil.rmtree, own, True)  # bookkeeping only: the run's files are process 0's
+        if resuming:
+            shutil.copytree(
+                Path(runs_dir) / run_id, Path(own) / run_id,
+                ignore=shutil.ignore_patterns("checkpoints", "export", "*.lock", "lock"),
+            )
+    initialize(coordinator, num_processes, process_id)
+    if process_id > 0:
+        follower_of(Path(runs_dir).absolute() / run_id)
+    return own
 
 
 def _fail(err: AegisError) -> None:
@@ -218,16 +259,20 @@ def run(
     wait: float = typer.Option(None, "--wait", min=0, max=7 * 24 * 3600,
                                help="When paused, wait this many seconds for commands (at most a week)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or event lines."),
+    coordinator: str = _Coordinator,
+    num_processes: int = _NumProcesses,
+    process_id: int = _ProcessId,
 ) -> None:
     """Train under the self-healing supervisor."""
     try:
         cfg = run_config(config, plan, demo, run_id)
         from aegis.supervise.runner import Supervisor
 
+        own_runs = _join(coordinator, num_processes, process_id, runs_dir, cfg.run_id, resuming=False)
         _enable_compile_cache()
         live = _Live(quiet)
         with live.progress:
-            outcome = Supervisor(runs_dir).start(cfg, callbacks=live.callbacks(), wait_for_commands_s=wait)
+            outcome = Supervisor(own_runs).start(cfg, callbacks=live.callbacks(), wait_for_commands_s=wait)
     except AegisError as err:
         _fail(err)
     _report(outcome, live.console)
@@ -263,13 +308,16 @@ def resume(
     wait: float = typer.Option(None, "--wait", min=0, max=7 * 24 * 3600,
                                help="When paused, wait this many seconds for commands (at most a week)."),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
+    coordinator: str = _Coordinator,
+    num_processes: int = _NumProcesses,
+    process_id: int = _ProcessId,
 ) -> None:
     """Continue a run from its last checkpoint (after a crash, or after a human review)."""
     from aegis.supervise.runner import Supervisor
 
     try:
         _check_run_folder(runs_dir, run_id)
-        sup = Supervisor(runs_dir)
+        sup = Supervisor(_join(coordinator, num_processes, process_id, runs_dir, run_id, resuming=True))
         sup.status(run_id)  # unknown run id -> one-line error before anything heavy
         _enable_compile_cache()
         live = _Live(quiet)

@@ -188,9 +188,12 @@ class RunContext:
         if self._store is None:
             from aegis.supervise.checkpoints import CheckpointStore
 
+            from aegis.train.distributed import shared_path
+
             c = self.cfg.checkpoints
+            # every process of a multi-process run saves its shards into the primary's checkpoints (orbax)
             self._store = CheckpointStore(
-                self.paths.checkpoints, interval=c.interval, keep_last_n=c.keep_last_n, async_save=c.async_save
+                shared_path(self.paths.checkpoints, "checkpoints"), interval=c.interval, keep_last_n=c.keep_last_n, async_save=c.async_save
             )
         return self._store
 

@@ -390,17 +390,21 @@ class Engine:
 
     def export(self, out: Any, *, merge: bool = False, chat_template: str | None = None, overwrite: bool = False) -> Any:
         """Write the trained model for transformers/PEFT (see :func:`aegis.train.export.export_trained`)."""
-        import jax
+        from pathlib import Path
 
         from aegis.render import load_chat_template
+        from aegis.train.distributed import gather_to_host, is_primary
         from aegis.train.export import export_trained
 
         t = self.trainer
         model = self.model_input or ModelInput(t.model_config)
         source = model.source
+        trainable = gather_to_host(t.state.trainable)  # a collective in a multi-process run: every process gathers
+        if not is_primary():  # process 0 writes the export
+            return Path(out)
         return export_trained(
             t.model,
-            jax.device_get(t.state.trainable),
+            trainable,
             method=t.train_config.method,
             out=out,
             base=source.folder if source is not None else None,

@@ -42,6 +42,7 @@ from pydantic import Field
 from aegis.errors import CheckpointError, DatasetError, InvalidConfigError
 from aegis.schema import Frozen, TrainConfig
 from aegis.train.data import Batch, BatchSampler, Example, iter_batches
+from aegis.train.distributed import host_to_global
 from aegis.train.forensics import BatchForensics, analyze_batch
 from aegis.train.parallel import ParallelConfig
 from aegis.train.sharding import ShardingRules, batch_sharding, make_mesh
@@ -323,7 +324,7 @@ class Trainer:
     def _device_batch(self, batch: Batch) -> dict[str, jax.Array]:
         accum = self.train_config.gradient_accumulation_steps
         shaped = {k: v.reshape(accum, self.global_micro_batch, -1) for k, v in batch.arrays().items()}
-        return jax.device_put(shaped, self._batch_sharding)
+        return host_to_global(shaped, self._batch_sharding)  # multi-process: each places its devices' slices
 
     def train(self, num_steps: int) -> Iterator[StepInfo]:
         """Run ``num_steps`` optimizer steps, yielding a :class:`StepInfo` after each."""
@@ -376,7 +377,7 @@ class Trainer:
         for k, batch in enumerate(iter_batches(examples, self.global_micro_batch, self.sampler.seq_len, packing=self.packing)):
             if max_batches is not None and k >= max_batches:
                 break
-            arrays = jax.device_put(batch.arrays(), self._eval_sharding)
+            arrays = host_to_global(batch.arrays(), self._eval_sharding)
             t, c = jax.device_get(self._eval(self.state.trainable, self.frozen, arrays))
             total += float(t)
             count += float(c)
