@@ -213,17 +213,16 @@ def _pack_model(
 ) -> CompressionResult:
     """:func:`compress_model`'s writing, into folder ``out`` as it is (a fresh folder the caller publishes)."""
     from aegis.forge._bitnet_pack import absmean_ternary, pack_ternary
-    from aegis.forge._io import DTYPES, FLOATING, ModelWeights, ShardWriter
-    from aegis.forge.merge import MAX_SHARD_BYTES
     from aegis.model_source import TOKENIZER_FILES, locate_model
     from aegis.profiles import profile_from_config
+    from aegis.train.safetensors_io import DTYPES, FLOATING, MAX_SHARD_BYTES, ModelWeights, ShardWriter, code_of
 
     source = locate_model(str(src))
     weights = ModelWeights(str(src), source)
     config = weights.config
     profile = profile_from_config(config, model_id=str(src), source="path")
     category = size_category(profile.total_params)
-    scale_code = {"float32": "F32", "bfloat16": "BF16"}[scale_dtype]
+    scale_code = code_of(scale_dtype)
     scale_np = DTYPES[scale_code]
 
     entries: list[tuple[str, str, tuple[int, ...]]] = []

@@ -174,7 +174,7 @@ class _Run:
     # -- sources and data
 
     def prepare(self) -> None:
-        from aegis.forge._io import ModelWeights
+        from aegis.train.safetensors_io import ModelWeights
         from aegis.forge.merge import _layout
         from aegis.model_source import locate_model
         from aegis.render import ChatRenderer

@@ -46,11 +46,9 @@ from aegis.errors import AegisError, InvalidConfigError
 from aegis.forge.config import MergeConfig, load_merge_config, resolve
 from aegis.schema import Frozen
 from aegis.architectures.config import tie_word_embeddings
+from aegis.train.safetensors_io import FLOATING, MAX_SHARD_BYTES, code_of
 
 __all__ = ["MergeResult", "merge_models", "MAX_SHARD_BYTES"]
-
-MAX_SHARD_BYTES = 5 * 2**30
-"""Default shard size of the merged folder (transformers' ``max_shard_size`` default is 5 GB)."""
 
 _LAYER = re.compile(r"\.(\d+)\.")
 _EMBEDDING = re.compile(r"(^|\.)(embed_tokens|embed_in|wte|wpe|word_embeddings|position_embeddings|tok_embeddings)(\.|$)")
@@ -59,8 +57,6 @@ _HEAD = re.compile(r"(^|\.)(lm_head|embed_out)\.")
 _VOCAB_TENSOR = re.compile(r"((^|\.)(embed_tokens|embed_in|wte|word_embeddings|tok_embeddings|lm_head|embed_out)\.weight$)")
 _DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 _PER_LAYER_KEYS = ("layer_types",)
-_DTYPE_CODES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16"}
-_CODE_NAMES = {v: k for k, v in _DTYPE_CODES.items()}
 
 
 class MergeResult(Frozen):
@@ -182,7 +178,7 @@ class _Planner:
         return key
 
     def open(self, key: str) -> None:
-        from aegis.forge._io import ModelWeights
+        from aegis.train.safetensors_io import ModelWeights
 
         if key not in self.weights:
             self.weights[key] = ModelWeights(self.label[key], self.sources[key])
@@ -341,8 +337,8 @@ class _Planner:
             hint = "; the vocabularies differ (aegis merges models that share one vocabulary)" if vocab else ""
             raise InvalidConfigError(f"tensor {out_name}: shapes differ ({listed}){hint}")
         codes = [self.weights[k].dtype(n) for k, n in inputs]
-        floating = all(c in _CODE_NAMES for c in codes)
-        read_code = _DTYPE_CODES[cfg.dtype] if cfg.dtype and floating else None
+        floating = all(c in FLOATING for c in codes)
+        read_code = code_of(cfg.dtype) if cfg.dtype and floating else None
         if not floating:
             if len(set(codes)) > 1:
                 raise InvalidConfigError(f"tensor {out_name}: non-floating tensor stored as {', '.join(codes)} across models")
@@ -351,7 +347,7 @@ class _Planner:
             return _Job(out_name, inputs, None, {}, tuple({} for _ in inputs), None, codes[0], shapes[0], False)
         eff = {read_code} if read_code else set(codes)
         promoted = eff.pop() if len(eff) == 1 else ("F64" if "F64" in eff else "F32")
-        out_code = _DTYPE_CODES[cfg.out_dtype] if cfg.out_dtype else promoted
+        out_code = code_of(cfg.out_dtype) if cfg.out_dtype else promoted
         base_index = next(i for i, s in enumerate(sl.sources) if s.key == sl.base) if m.base == "required" else None
 
         shared = {
@@ -465,7 +461,7 @@ class _Planner:
 def _run_job(job: _Job, planner: _Planner, rng: Any) -> Any:
     import numpy as np
 
-    from aegis.forge._io import DTYPES
+    from aegis.train.safetensors_io import DTYPES
 
     arrays = [planner.weights[k].read(n) for k, n in job.inputs]
     if not job.floating:
@@ -538,8 +534,8 @@ def merge_models(
     import numpy as np
 
     from aegis._outdir import check_output_dir, output_dir
-    from aegis.forge._io import ShardWriter
     from aegis.model_source import TOKENIZER_FILES
+    from aegis.train.safetensors_io import ShardWriter
 
     root: Path | None = None
     source_text: str | None = None

@@ -23,23 +23,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from aegis.errors import CheckpointError
+from aegis.train.safetensors_io import DTYPES, FLOATING, MAX_SHARD_BYTES
 
 __all__ = ["export_trained", "MAX_SHARD_BYTES"]
 
-MAX_SHARD_BYTES = 5 * 2**30
-"""Shard size of exported model folders (transformers' default ``max_shard_size`` is 5 GB)."""
-_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
 def _stored_dtype(folder: Path) -> str | None:
-    """The dtype the base checkpoint's first floating tensor is stored in ('float32', 'bfloat16', ...)."""
+    """The dtype the base checkpoint's first 16- or 32-bit floating tensor is stored in ('float32', 'bfloat16', ...)."""
     from aegis.train.weights import CheckpointReader
 
     reader = CheckpointReader(folder)
     for name in reader.names():
-        dtype = _DTYPE_NAMES.get(reader.dtype_name(name))
-        if dtype:
-            return dtype
+        code = reader.dtype_name(name)
+        if code in FLOATING and code != "F64":
+            return DTYPES[code].name
     return None
 
 

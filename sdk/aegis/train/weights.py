@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import struct
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 
 from aegis.errors import CheckpointError
@@ -34,9 +32,16 @@ from aegis.train.lora import LoRAWeights, peft_parameter_name
 from aegis.train.models import Model, get_family
 from aegis.train.models.spec import layer_stacks
 from aegis.train.nf4 import NF4Tensor, dequantize
+from aegis.train.safetensors_io import (
+    ADAPTER_FILE,
+    CheckpointReader,
+    numpy_dtype,
+    read_header,
+    write_file,
+    write_shards,
+)
 
 __all__ = [
-    "SAFETENSORS_DTYPES",
     "read_header",
     "CheckpointReader",
     "load_checkpoint",
@@ -46,176 +51,8 @@ __all__ = [
     "load_lora_adapter",
 ]
 
-SAFETENSORS_DTYPES: dict[str, np.dtype] = {
-    "F64": np.dtype(np.float64),
-    "F32": np.dtype(np.float32),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-}
-"""Floating dtypes a checkpoint may use (quantised or integer weights are refused)."""
-_DTYPE_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
-
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
-ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 PEFT_PREFIX = "base_model.model."
-
-
-# ----- raw safetensors ---------------------------------------------------------------------------------
-
-
-def read_header(path: Path) -> tuple[dict[str, Any], int]:
-    """The JSON header of a safetensors file and the byte offset where tensor data starts."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) != 8:
-                raise CheckpointError(f"{path} is not a safetensors file (shorter than 8 bytes); re-download it.")
-            (n,) = struct.unpack("<Q", raw)
-            header = json.loads(f.read(n))
-    except FileNotFoundError as err:
-        raise CheckpointError(f"checkpoint file {path} does not exist; check the path.") from err
-    except (json.JSONDecodeError, UnicodeDecodeError, MemoryError, OverflowError) as err:
-        raise CheckpointError(f"{path} has a corrupt safetensors header; re-download it.") from err
-    return header, 8 + n
-
-
-def _write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
-    header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
-    offset = 0
-    order = sorted(tensors)
-    for name in order:
-        arr = tensors[name]
-        if arr.dtype not in _DTYPE_NAMES:
-            raise CheckpointError(
-                f"cannot save tensor {name!r} with dtype {arr.dtype}; use float32, float16 or bfloat16."
-            )
-        header[name] = {
-            "dtype": _DTYPE_NAMES[arr.dtype],
-            "shape": list(arr.shape),
-            "data_offsets": [offset, offset + arr.nbytes],
-        }
-        offset += arr.nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        for name in order:
-            f.write(np.ascontiguousarray(tensors[name]).tobytes())
-
-
-class CheckpointReader:
-    """Lazy access to the tensors of a checkpoint folder or file, by name."""
-
-    def __init__(self, path: str | Path):
-        path = Path(path)
-        self.root = path if path.is_dir() else path.parent
-        if path.is_dir():
-            if (path / INDEX_FILE).exists():
-                files = self._from_index(path / INDEX_FILE)
-            elif (path / SINGLE_FILE).exists():
-                files = [path / SINGLE_FILE]
-            else:
-                singles = sorted(path.glob("*.safetensors"))
-                if not singles:
-                    raise CheckpointError(
-                        f"{path} holds no {SINGLE_FILE} or {INDEX_FILE}; point at a Hugging Face checkpoint folder."
-                    )
-                files = singles
-        elif path.name.endswith(".index.json"):
-            files = self._from_index(path)
-        elif path.exists():
-            files = [path]
-        else:
-            raise CheckpointError(f"checkpoint {path} does not exist; check the path.")
-        self._where: dict[str, tuple[Path, dict[str, Any], int]] = {}
-        for f in files:
-            header, start = read_header(f)
-            for name, info in header.items():
-                if name != "__metadata__":
-                    self._where[name] = (f, info, start)
-        self._maps: dict[Path, np.memmap] = {}
-
-    def _from_index(self, index: Path) -> list[Path]:
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as err:
-            raise CheckpointError(f"{index} is not a valid safetensors index (no weight_map); re-download it.") from err
-        files = []
-        for shard in sorted(set(weight_map.values())):
-            f = index.parent / shard
-            if not f.exists():
-                raise CheckpointError(
-                    f"shard {shard!r} listed in {index.name} is missing from {index.parent}; download it."
-                )
-            files.append(f)
-        return files
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._where
-
-    def unprefixed(self, name: str, prefix: str) -> str:
-        """``name``, or ``name`` without its leading ``prefix.`` where only that is stored (transformers reads a
-        base model's checkpoint into the LM: GPT-2's Hub files name ``h.0.*`` for ``transformer.h.0.*``)."""
-        short = name[len(prefix) + 1:] if name.startswith(prefix + ".") else name
-        return short if name not in self._where and short in self._where else name
-
-    def read_into(self, name: str, out: np.ndarray) -> None:
-        """Copy tensor ``name`` into ``out`` (same shape): one ``readinto`` from the file when ``out`` has the
-        stored dtype and is contiguous (no page faults through a memory map, no temporary), else a cast."""
-        f, info, start = self._where[name]
-        stored = SAFETENSORS_DTYPES.get(info["dtype"])
-        if stored is not None and out.dtype == stored and out.flags.c_contiguous:
-            begin, end = info["data_offsets"]
-            with open(f, "rb", buffering=0) as fh:
-                fh.seek(start + begin)
-                view = memoryview(out.reshape(-1).view(np.uint8))
-                done = 0
-                while done < end - begin:
-                    n = fh.readinto(view[done:])
-                    if not n:
-                        raise CheckpointError(f"{f} ends inside tensor {name!r}; re-download it.")
-                    done += n
-            return
-        out[...] = self.get(name)
-
-    def dtype_name(self, name: str) -> str:
-        """The safetensors dtype tag of tensor ``name`` ('F32', 'BF16', ...)."""
-        return str(self._where[name][1]["dtype"])
-
-    def nbytes(self, name: str) -> int:
-        begin, end = self._where[name][1]["data_offsets"]
-        return int(end - begin)
-
-    def total_bytes(self) -> int:
-        """Bytes of tensor data in every file (for progress bars)."""
-        return sum(self.nbytes(n) for n in self._where)
-
-    def names(self) -> list[str]:
-        return sorted(self._where)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._where[name][1]["shape"])
-
-    def get(self, name: str, *, packed: bool = False) -> np.ndarray:
-        """The tensor as a numpy array in its stored dtype (a view into the memory-mapped file). ``packed``: the
-        caller decodes integer codes itself (MXFP4 blocks and scales: ``U8``)."""
-        f, info, start = self._where[name]
-        dtype = SAFETENSORS_DTYPES.get(info["dtype"])
-        if dtype is None and packed and info["dtype"] == "U8":
-            dtype = np.dtype(np.uint8)
-        if dtype is None:
-            raise CheckpointError(
-                f"tensor {name!r} has unsupported dtype {info['dtype']}; supported: "
-                f"{', '.join(SAFETENSORS_DTYPES)} (dequantise the checkpoint first)."
-            )
-        if f not in self._maps:
-            self._maps[f] = np.memmap(f, dtype=np.uint8, mode="r")
-        begin, end = info["data_offsets"]
-        return self._maps[f][start + begin : start + end].view(dtype).reshape(info["shape"])
 
 
 # ----- params <-> names -----------------------------------------------------------------------------------
@@ -288,7 +125,7 @@ def load_checkpoint(
     recipe = get_family(model.config.get("model_type")).recipe
     prefix = _base_model_prefix(model)
     target = jnp.dtype(dtype or model.param_dtype)
-    np_target = np.dtype(ml_dtypes.bfloat16) if target == jnp.bfloat16 else np.dtype(target)
+    np_target = numpy_dtype(target)
     params: dict[str, Any] = {}
     consumed: set[str] = set()
     for path_, template, shape in _memory_names(model):
@@ -360,7 +197,7 @@ def to_hf_state_dict(model: Model, params: dict[str, Any], *, dtype: Any = None)
             leaf = dequantize(leaf)
         arr = np.asarray(jax.device_get(leaf))
         if dtype is not None:
-            arr = arr.astype(np.dtype(ml_dtypes.bfloat16) if jnp.dtype(dtype) == jnp.bfloat16 else jnp.dtype(dtype))
+            arr = arr.astype(numpy_dtype(dtype))
         stacked = "{i}" in template
         for j, i in enumerate(_stack_layers(model, path_) if stacked else [None]):
             name = template.format(i=i) if stacked else template
@@ -394,25 +231,7 @@ def save_checkpoint(
     tensors = to_hf_state_dict(model, params, dtype=dtype)
     if write_config:
         (path / "config.json").write_text(json.dumps(saved_config(model), indent=2, default=str))
-    total = sum(a.nbytes for a in tensors.values())
-    if max_shard_bytes is None or total <= max_shard_bytes:
-        _write_safetensors(path / SINGLE_FILE, tensors)
-        return path
-    shards: list[dict[str, np.ndarray]] = [{}]
-    size = 0
-    for name in sorted(tensors):
-        if shards[-1] and size + tensors[name].nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = tensors[name]
-        size += tensors[name].nbytes
-    weight_map = {}
-    for k, shard in enumerate(shards, start=1):
-        fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        _write_safetensors(path / fname, shard)
-        weight_map.update({name: fname for name in shard})
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (path / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    write_shards(path, tensors, max_shard_bytes)
     return path
 
 
@@ -443,7 +262,7 @@ def _expert_key_paths(expert_names: set[str]) -> dict[str, tuple[str, ...]]:
 def _cast(arr: np.ndarray, dtype: Any) -> np.ndarray:
     if dtype is None:
         return arr
-    return arr.astype(np.dtype(ml_dtypes.bfloat16) if jnp.dtype(dtype) == jnp.bfloat16 else jnp.dtype(dtype))
+    return arr.astype(numpy_dtype(dtype))
 
 
 def save_lora_adapter(
@@ -516,7 +335,7 @@ def save_lora_adapter(
     (path / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
     # the dtype the adapters were kept in (fp32 under a 16-bit base, as PEFT keeps them), said where loaders look
     stored = ",".join(sorted({np.dtype(t.dtype).name for t in tensors.values()}))
-    _write_safetensors(path / ADAPTER_FILE, tensors, {"format": "pt", "dtype": stored})
+    write_file(path / ADAPTER_FILE, tensors, {"format": "pt", "dtype": stored})
     return path
 
 
