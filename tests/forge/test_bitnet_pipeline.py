@@ -232,14 +232,15 @@ def test_layerwise_revert_keeps_the_layers_that_cost_too_much(trained, tmp_path)
 def test_run_config_quantize_key():
     from aegis.supervise.config import parse_run_config
 
-    cfg = parse_run_config({"quantize": "bitnet_b158"})
+    base = {"model": "tiny-llama", "data": "toy"}
+    cfg = parse_run_config(base | {"quantize": "bitnet_b158"})
     assert cfg.quantize is not None and cfg.quantize.method == "bitnet_b158" and cfg.quantize.activations == "int8"
-    cfg = parse_run_config({"quantize": {"per_channel": True, "lambda_warmup_steps": 100}})
+    cfg = parse_run_config(base | {"quantize": {"per_channel": True, "lambda_warmup_steps": 100}})
     assert cfg.quantize.per_channel and cfg.quantize.lambda_warmup_steps == 100
     with pytest.raises(InvalidConfigError, match="lambda_warmup"):
-        parse_run_config({"quantize": {"lamda_warmup_steps": 100}})
+        parse_run_config(base | {"quantize": {"lamda_warmup_steps": 100}})
     with pytest.raises(InvalidConfigError, match="quantize"):
-        parse_run_config({"quantize": "gptq"})
+        parse_run_config(base | {"quantize": "gptq"})
 
 
 @pytest.mark.slow

@@ -168,7 +168,7 @@ def _broken(models, tmp_path, what):
         ({"merge_method": "passthrough", "slices": [{"sources": [{"model": "a", "layer_range": [0, 2]}, {"model": "b", "layer_range": [0, 2]}]}]},
          "slices[0]: passthrough merges exactly 1 model, got 2"),
         ({"merge_method": "slerp", "base_model": "base", "models": [{"model": "base"}, {"model": "a"}], "parameters": {"t": "half"}},
-         "parameter 't' for tensor model.embed_tokens.weight: Input should be a valid number"),
+         "parameters.t: t 'half' is not a number"),
     ],
 )
 def test_bad_inputs_are_one_line_errors_and_write_nothing(models, tmp_path, cfg, message):

@@ -79,12 +79,14 @@ class OptimizerSettings(Frozen):
     learning_rate: float = Field(default=recipe().lr("lora"), gt=0, description="Peak learning rate (the recipe's LoRA rate).")
     warmup_steps: int = Field(default=0, ge=0, description="Linear warmup from 0 to the peak.")
     total_steps: int = Field(default=1000, ge=1, description="Steps over which the cosine decays.")
-    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="Final LR as a share of the peak.")
+    min_lr_ratio: float = Field(default=recipe().min_lr_ratio, ge=0, le=1,
+                                description="Final LR as a share of the peak (the recipe's).")
     weight_decay: float = Field(default=0.0, ge=0, description="Decoupled weight decay (matrices only).")
     b1: float = Field(default=0.9, ge=0, lt=1, description="Adam beta1 / SGD momentum.")
     b2: float = Field(default=0.999, ge=0, lt=1, description="Adam beta2.")
     eps: float = Field(default=1e-8, gt=0, description="Adam epsilon.")
-    clip_norm: float = Field(default=1.0, ge=0, description="Global gradient-norm clip; 0 disables clipping.")
+    clip_norm: float = Field(default=recipe().max_grad_norm, ge=0,
+                             description="Global gradient-norm clip (the recipe's); 0 disables clipping.")
     ce_chunk_tokens: int = Field(default=1024, ge=1, description="Tokens per chunk of chunked cross-entropy.")
     skip_nonfinite: bool = Field(
         default=True, description="Skip the update (keep params and optimizer state) when loss or grads are NaN/Inf."
