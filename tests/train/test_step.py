@@ -53,7 +53,7 @@ def loss_grad(model):
 
 
 SGD = OptimizerSettings(learning_rate=0.5, clip_norm=0.01, b1=0.0)
-ADAMW = OptimizerSettings(learning_rate=3e-3, warmup_steps=2, total_steps=6, weight_decay=0.1, clip_norm=0.3)
+ADAMW = OptimizerSettings(learning_rate=3e-3, warmup_steps=2, total_steps=6, weight_decay=0.1, clip_norm=0.3, min_lr_ratio=0.1)
 
 
 @pytest.fixture(scope="module")
