@@ -53,7 +53,8 @@ def files(tmp_path_factory) -> dict[str, str]:
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 100,
         "max_position_embeddings": 128}))
     for name, change in {"hugelayers": {"num_hidden_layers": 10**9}, "nopositions": {"max_position_embeddings": 0},
-                         "textsize": {"hidden_size": "64"}}.items():
+                         "textsize": {"hidden_size": "64"}, "kvheads": {"num_key_value_heads": 8},
+                         "kvheads3": {"num_key_value_heads": 3}}.items():
         write(f"{name}/config.json", json.dumps({
             "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 100,
@@ -88,6 +89,8 @@ def files(tmp_path_factory) -> dict[str, str]:
     write("evo_gens.yml", f"base_model: {root}/a\nmodels: [{root}/b, {root}/c]\neval_data: {root}/e.jsonl\n"
                           "generations: 1e99\n")
     write("run_unknown.yaml", "no_such_key: 1\n")
+    write("run_inf_sigma.yaml", "model: tiny-llama\ndata: toy\nmonitoring: {spike_sigma: .inf}\n")
+    write("run_nan_boost.yaml", "model: tiny-llama\ndata: toy\ncurriculum: {boost: .nan}\n")
     run_config = json.dumps({"model": "tiny-llama", "data": "x.jsonl"})
     write("runs/binconfig/config.json", BINARY)  # run folders whose own files were damaged
     write("runs/emptyconfig/config.json", "")
@@ -180,6 +183,10 @@ CASES = [
     _case(["plan", "--model", "{nopositions_config_json}", "--gpu", "3090"], 2, "max_position_embeddings",
           id="flag-zero-positions"),
     _case(["plan", "--model", "{textsize_config_json}", "--gpu", "3090"], 2, ["hidden_size", "'64'"], id="flag-text-size"),
+    _case(["plan", "--model", "{kvheads_config_json}", "--gpu", "3090"], 2, ["num_key_value_heads 8", "4"],
+          id="config-more-kv-heads-than-heads"),
+    _case(["plan", "--model", "{kvheads3_config_json}", "--gpu", "3090"], 2, ["num_key_value_heads 3", "divide"],
+          id="config-kv-heads-not-a-divisor"),
     _case(["plan", "--model", "/tmp/" + "a" * 5000 + "/config.json", "--gpu", "3090"], 2, "File name too long",
           id="flag-name-too-long"),
     _case(["plan", "--model", "qwen2.5-0.5b", "--gpu", ""], 2, id="flag-empty-gpu"),
@@ -208,6 +215,8 @@ CASES = [
     _case(["run", "--config", "{broken_yaml}"], 2, id="run-broken-config"),
     _case(["run", "--config", "{list_yaml}"], 2, id="run-list-config"),
     _case(["run", "--config", "{run_unknown_yaml}"], 2, "no_such_key", id="run-unknown-key"),
+    _case(["run", "--config", "{run_inf_sigma_yaml}"], 2, ["monitoring.spike_sigma inf", "finite"], id="run-inf-sigma"),
+    _case(["run", "--config", "{run_nan_boost_yaml}"], 2, ["curriculum.boost nan", "finite"], id="run-nan-boost"),
     _case(["run", "--config", "{root}"], 2, id="run-folder-config"),
     _case(["run", "--plan", "/no/such/plan.json"], 2, "plan.json", id="run-missing-plan"),
     _case(["run", "--plan", "{binary_json}"], 2, id="run-binary-plan"),

@@ -168,6 +168,11 @@ def num_kv_heads(config: dict[str, Any]) -> int:
     if entry is not None and "kv_heads" in entry.vars:
         return int(entry.names(config)["kv_heads"])
     kv = _optional(config, "num_key_value_heads")
+    heads = _optional(config, "num_attention_heads")
+    if kv is not None and heads and (kv == 0 or kv > heads or heads % kv):
+        raise InvalidConfigError(
+            f"config.json num_key_value_heads {kv} does not divide num_attention_heads {heads}: each key/value head "
+            "serves a whole group of query heads (1 to num_attention_heads, a divisor of it)")
     return kv if kv is not None else _required(config, "num_attention_heads")
 
 

@@ -93,6 +93,8 @@ class TrainingSection(Frozen):
 class MonitoringSection(Frozen):
     """Anomaly rules the Monitor applies to every step's metrics."""
 
+    model_config = Frozen.model_config | {"allow_inf_nan": False}  # .inf / .nan thresholds are refused
+
     spike_sigma: float = Field(default=3.0, gt=0, description="Loss spike: loss > mean + spike_sigma * std.")
     history_size: int = Field(default=1000, ge=2, description="Rolling window N of past steps for mean/std.")
     min_history: int = Field(default=20, ge=2, description="Steps of history needed before spikes are judged.")
@@ -110,6 +112,8 @@ class MonitoringSection(Frozen):
 class ForensicsSection(Frozen):
     """Outlier rules for per-sample gradient norms of the offending batches."""
 
+    model_config = Frozen.model_config | {"allow_inf_nan": False}  # .inf / .nan thresholds are refused
+
     outlier_ratio: float = Field(default=100.0, gt=1, description="Outlier: grad_norm > median * outlier_ratio.")
     zscore_threshold: float = Field(
         default=6.0, gt=0, description="Outlier: robust z-score (median/MAD) of the anomaly's signal above this."
@@ -124,6 +128,8 @@ class ForensicsSection(Frozen):
 
 class RecoverySection(Frozen):
     """Repair limits: retries before a human is asked, and the stabilising factors."""
+
+    model_config = Frozen.model_config | {"allow_inf_nan": False}  # .inf / .nan thresholds are refused
 
     max_retries: int = Field(default=3, ge=0, description="Automatic repairs in a row before escalating.")
     lr_factor: float = Field(default=0.5, gt=0, lt=1, description="Strategy B multiplies the LR by this.")
@@ -146,6 +152,8 @@ class CheckpointsSection(Frozen):
 
 class CurriculumSection(Frozen):
     """Per-domain evaluation and mixing-weight adjustment."""
+
+    model_config = Frozen.model_config | {"allow_inf_nan": False}  # .inf / .nan thresholds are refused
 
     eval_interval: int = Field(
         default=_RECIPE.cadence.eval_interval, ge=1, description="Evaluate every domain every this many steps."
@@ -171,6 +179,8 @@ class CurriculumSection(Frozen):
 class NotificationsSection(Frozen):
     """Optional outbound notifications (IDs and statistics only, never sample text)."""
 
+    model_config = Frozen.model_config | {"allow_inf_nan": False}  # .inf / .nan thresholds are refused
+
     webhook_url: str | None = Field(default=None, description="POST a JSON payload here on escalation.")
     slack_channel: str | None = Field(default=None, description="Slack channel (delivered by the Slack app).")
     timeout_s: float = Field(default=5.0, gt=0, description="HTTP timeout of one webhook POST.")
@@ -185,6 +195,8 @@ class NotificationsSection(Frozen):
 
 class FaultsSection(Frozen):
     """Deliberate faults for drills, tests and the demo; each fires once per step and never on a retry."""
+
+    model_config = Frozen.model_config | {"allow_inf_nan": False}  # .inf / .nan thresholds are refused
 
     nan_at_steps: tuple[int, ...] = Field(default=(), description="Steps whose update is poisoned to NaN.")
     lr_spike_at_steps: tuple[int, ...] = Field(
