@@ -241,6 +241,11 @@ def test_bad_input_names_the_fix(llama, tmp_path):
         compress_model(llama, llama)
     with pytest.raises(InvalidConfigError, match="compress_model"):
         load_packed(llama)
+    layers = json.loads((llama / "config.json").read_text())["num_hidden_layers"]
+    for k in (layers, -layers - 1):  # a layer the model does not have was silently ignored
+        with pytest.raises(InvalidConfigError, match=f"--keep-layer {k}: .* has {layers} decoder layers"):
+            compress_model(llama, tmp_path / "k", keep_layers=(k,))
+        assert not (tmp_path / "k").exists()
 
 
 # ----- straight-through estimator ----------------------------------------------------------------------------

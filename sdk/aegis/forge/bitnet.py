@@ -221,6 +221,10 @@ def _pack_model(
     weights = ModelWeights(str(src), source)
     config = weights.config
     profile = profile_from_config(config, model_id=str(src), source="path")
+    outside = [k for k in keep_layers if not -profile.num_layers <= k < profile.num_layers]
+    if outside:
+        raise InvalidConfigError(f"--keep-layer {outside[0]}: {src} has {profile.num_layers} decoder layers "
+                                 f"(0 to {profile.num_layers - 1}, or -1 for the last)")
     category = size_category(profile.total_params)
     scale_code = code_of(scale_dtype)
     scale_np = DTYPES[scale_code]
