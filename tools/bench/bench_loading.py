@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tools.hf_folders import CHATML, SPECIALS
+
 SIZES: dict[str, dict[str, int]] = {
     # ~160M parameters (320 MB in bf16)
     "small": {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8, "num_attention_heads": 16,
@@ -44,12 +46,7 @@ DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 BASELINE_WEIGHTS = "safe_open + jax.device_put"
 BASELINE_TOKENIZE = "transformers apply_chat_template + mask"
 
-SPECIALS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"]
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-# Renders the same text as CHATML (the newline after each turn is an expression: a literal one right after
+# Renders the same text as CHATML (tools.hf_folders; the newline after each turn is an expression: a literal one right after
 # ``{% endif %}`` would be eaten by transformers' trim_blocks), so both templates give the same token ids.
 CHATML_GENERATION = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
