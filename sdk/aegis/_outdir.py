@@ -10,7 +10,7 @@
 Every folder Aegis writes gets a small ``.aegis-output.json`` listing the files it wrote; that list is how
 a later write knows which files are Aegis's. The rules:
 
-- ``out`` does not exist: the files are written into a hidden sibling (``.<name>.partial-XXXX``, same
+- ``out`` does not exist: the files are written into a hidden sibling (``.<name>.partial-`` and a random suffix, same
   parent, so the rename is atomic) and renamed into place: a reader sees no folder or the whole folder.
 - ``out`` is empty or holds only files an earlier Aegis write listed: the new folder takes its place by
   rename (the old one is moved aside first; its listed files are deleted after, anything else stays).

@@ -31,7 +31,7 @@ _METHODS = ("full", "lora", "qlora")
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class LoRADefaults(_Frozen):

@@ -201,12 +201,15 @@ class LoRAConfig(Frozen):
     """Low-rank adapter settings, as PEFT's LoraConfig takes them; what is not given is the recipe's
     (:mod:`aegis.recipe`: rank 16, alpha 2 x rank, dropout 0)."""
 
-    rank: int = Field(default=_recipe().lora.rank, ge=1, le=4096, description="Adapter rank r.")
+    # factories: the recipe is read on first use, not while `import aegis` runs (validating it at import loads
+    # pydantic's plugin machinery, ~30 ms of every `aegis plan`)
+    rank: int = Field(default_factory=lambda: _recipe().lora.rank, ge=1, le=4096, description="Adapter rank r.")
     alpha: float = Field(
-        default=_recipe().lora.alpha(_recipe().lora.rank), gt=0,
+        default_factory=lambda: _recipe().lora.alpha(_recipe().lora.rank), gt=0,
         description="Scaling numerator: adapters are scaled by alpha / r (not given: the recipe's alpha_per_rank x rank).",
     )
-    dropout: float = Field(default=_recipe().lora.dropout, ge=0, lt=1, description="Dropout on the adapter input.")
+    dropout: float = Field(default_factory=lambda: _recipe().lora.dropout, ge=0, lt=1,
+                           description="Dropout on the adapter input.")
     target_modules: tuple[str, ...] = Field(default=ALL_LINEAR_TARGETS, description="Module names to wrap.")
 
     @model_validator(mode="before")
