@@ -148,8 +148,10 @@ def _time_and_cost(report: PlanReport, _replan: Callable[[PlanRequest], PlanRepo
         lines.append(f"- **Cost:** {format_usd(0)} on your own {report.gpu.name}"
                      + ("; the same hours rented:" if report.costs else "."))
     for c in report.costs[:4]:
+        spent = ("under $0.01" if c.usd_high < 0.01 else  # a run of a few minutes on a cheap card
+                 f"{format_usd(c.usd_low)} - {format_usd(c.usd_high)}")
         lines.append(f"{'  - ' if report.gpu.local else '- '}**{c.provider} ({c.gpu_id}):** "
-                     f"{format_usd(c.usd_low)} - {format_usd(c.usd_high)} at {format_usd(c.usd_per_hour)}/h per GPU "
+                     f"{spent} at {format_usd(c.usd_per_hour)}/h per GPU "
                      f"(prices as of {c.as_of})")
     return "\n".join(lines)
 
