@@ -18,8 +18,9 @@ from collections.abc import Callable
 from typing import Literal
 
 from aegis.errors import AegisError
+from aegis.report._facts import breakdown_tier
 from aegis.report.format import format_bytes, format_hours_range, format_usd
-from aegis.schema import Frozen, PlanReport, PlanRequest, Tier
+from aegis.schema import Frozen, PlanReport, PlanRequest
 from pydantic import Field
 
 __all__ = ["QUESTION_KINDS", "PlanQuestion", "QuestionKind", "answer", "classify"]
@@ -62,12 +63,8 @@ def classify(text: str) -> QuestionKind | None:
     return None
 
 
-def _tier(report: PlanReport) -> Tier | None:
-    return report.recommended or (report.fallbacks[-1] if report.fallbacks else None)
-
-
 def _largest(report: PlanReport, _replan: Callable[[PlanRequest], PlanReport] | None) -> str:
-    tier = _tier(report)
+    tier = breakdown_tier(report)  # the tier the report's breakdown shows
     if tier is None:
         return f"Nothing was sized, so there is no breakdown: {report.nothing_fits}"
     mem = tier.memory

@@ -25,7 +25,8 @@ from typing import Any
 from aegis.access import PathPolicy
 from aegis.errors import AegisError
 from aegis.units import gib
-from aegis.schema import Frozen, MemoryComponent, PlanReport, PlanRequest, Tier
+from aegis.report._facts import breakdown_tier
+from aegis.schema import Frozen, MemoryComponent, PlanReport, PlanRequest
 from langchain_core.tools import StructuredTool
 from pydantic import Field
 
@@ -99,10 +100,6 @@ def _gb(n: int) -> str:
     return gib(n, 2)
 
 
-def _breakdown_tier(report: PlanReport) -> Tier | None:
-    return report.recommended or (report.fallbacks[-1] if report.fallbacks else None)
-
-
 def _match(phrase: str, components: tuple[MemoryComponent, ...]) -> MemoryComponent | None:
     phrase = phrase.lower().strip()
     best, best_score = None, 0.0
@@ -118,7 +115,7 @@ def _match(phrase: str, components: tuple[MemoryComponent, ...]) -> MemoryCompon
 
 def explain_component(report: PlanReport, phrase: str) -> tuple[str, MemoryComponent | None]:
     """Markdown explaining the memory component ``phrase`` names (or the list of components when none matches)."""
-    tier = _breakdown_tier(report)
+    tier = breakdown_tier(report)
     if tier is None:
         return f"Nothing fits, so there is no breakdown to explain: {report.nothing_fits}", None
     mem = tier.memory
