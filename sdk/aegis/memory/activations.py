@@ -247,21 +247,29 @@ def _layer_acc(fam: Family, c: dict, layer: LayerShape, s: Setting) -> _Acc:
         d_q = _norm(acc, s, d, q_w, gemma=gemma, label="q/k norms", layer_norm=fam.layer_norm, rows=heads)
         _norm(acc, s, d, kv_w, gemma=gemma, label="q/k norms", layer_norm=fam.layer_norm, rows=kv)
         d = d_q
-    cast = s.sdpa_autocast and not s.eager and d != 2  # autocast gives SDPA bf16 copies of q, k and v
-    if s.sdpa_autocast and not s.eager:
+    # autocast gives SDPA bf16 copies of q, k and v; flash-attention 2 takes fp16/bf16 only, so transformers casts
+    # float32 q, k and v (a k-bit-prepared float32 stream without autocast) to the target dtype before it
+    # (``_flash_attention_forward``'s callers: "the input hidden states get silently casted in float32")
+    half = (s.sdpa_autocast or s.flash) and not s.eager
+    cast = half and d != 2
+    if half:
         d = 2
     masked = bool(layer.sliding_window and layer.sliding_window < s.seq_len and not s.flash) or s.eager
-    k_w = q_w if masked or s.sdpa_repeat_kv else kv_w  # repeat_kv materialises GQA keys/values (mask or 4.x)
+    # repeat_kv materialises GQA keys/values (mask or 4.x SDPA); flash_attn_func / flash_attn_varlen_func take fewer
+    # key/value heads than query heads (multi-query, grouped) as they are, in every transformers version
+    repeated = (masked or s.sdpa_repeat_kv) and not s.flash
+    k_w = q_w if repeated else kv_w
     # the values attention saves: a new tensor when repeat_kv copies them (GQA) or autocast casts them; else the v
     # projection's output, which for a fused qkv_proj is a view that keeps the whole q/k/v output alive
-    copied = kv_w != q_w and (masked or s.sdpa_repeat_kv or s.eager)
+    copied = kv_w != q_w and (repeated or s.eager)
     v_w = q_w if copied else (q_w + 2 * kv_w if fused_qkv and not cast else kv_w)
     # SDPA on CUDA runs its math kernel where no fused kernel takes the call: Falcon-7B gives it one key/value head
     # broadcast to every query head, and float32 grouped-query attention (enable_gqa; a k-bit-prepared model without
     # autocast, or full fp32) fits neither flash/cuDNN (bf16/fp16 only) nor the memory-efficient kernel (no grouped
     # heads). Measured on an H100: Llama-3.2-1B QLoRA b2 s1024 allocates 4.4 GiB more than the flash-style layout.
-    fp32_gqa = d == 4 and kv_w != q_w and not (masked or s.sdpa_repeat_kv)
-    math_kernel = not s.eager and (fam.entry.runs_sdpa_math(c) or fp32_gqa)
+    # Flash-attention 2 is no SDPA backend: it never falls back to the math kernel.
+    fp32_gqa = d == 4 and kv_w != q_w and not repeated
+    math_kernel = not s.eager and not s.flash and (fam.entry.runs_sdpa_math(c) or fp32_gqa)
     if math_kernel:
         # float32 q, expanded k and v (upcast where they were not), and the float32 probabilities
         acc.add("attention (math kernel: fp32 q, k, v, probabilities)", 4 * 3 * q_w, 3)
@@ -284,7 +292,9 @@ def _layer_acc(fam: Family, c: dict, layer: LayerShape, s: Setting) -> _Acc:
             acc.add("attention scores (eager)", scores * heads * s.seq_len)
     else:
         # q, k, v and the output; without RoPE (GPT-2's learned positions) a fused projection's q and k stay views of
-        # its output, which the values (v_w) already keep alive
+        # its output, which the values (v_w) already keep alive. Flash-attention 2 (flash_attn's FlashAttnFunc) saves
+        # the same: q, k, v as given ([b, s, heads, d], views where they are views), out, softmax_lse (float32
+        # [b, heads, s]) and its rng state (two int64); attention dropout runs in the kernel (no mask is kept)
         views = fused_qkv and not cast and not copied and fam.entry.position_embedding is not None
         for width_ in (v_w, q_w) if views else (q_w, k_w, v_w, q_w):
             acc.add("attention (q, k, v, out)", d * width_)
