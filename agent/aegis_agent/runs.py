@@ -51,20 +51,17 @@ _POLL_S = 0.25
 
 
 class RunNotice(Frozen):
-    """A change worth telling a human: the run paused for them, or ended."""
+    """A change worth telling a human: the run paused for them, or ended. What the run is at that moment is its
+    :class:`~aegis.supervise.status.RunStatusReport` (the one run-state model: step, reason, anomaly, diagnosis,
+    suspects, actions, model, data, export), the same that `aegis status` and the chat show; the notice adds only
+    what happened and, for a failed run, how its process died."""
 
     run_id: str
     kind: Literal["paused", "completed", "stopped", "failed"]
-    step: int = 0
-    reason: str | None = Field(default=None, description="Why it paused / how it failed.")
-    anomaly: str | None = None
-    diagnosis: str | None = Field(default=None, description="Forensics verdict in one line, when there is one.")
-    suspected_samples: tuple[str, ...] = ()
-    suggested_actions: tuple[str, ...] = ()
-    lr: float | None = None
-    model: str | None = Field(default=None, description="What the run trains (its Hub id or folder).")
-    data: str | None = Field(default=None, description="The dataset it trains on.")
-    export_path: str | None = Field(default=None, description="Where a completed run's adapter / model went.")
+    status: RunStatusReport | None = Field(
+        default=None, description="The run's status when it happened (None: it failed before its folder existed)."
+    )
+    error: str | None = Field(default=None, description="How a failed run's process died ('RunError: ...').")
 
 
 def _enable_compile_cache() -> None:
@@ -217,7 +214,7 @@ class RunManager:
                 paused_at = key
             thread.join(_POLL_S)
         if run_id in self._errors:
-            self._tell(RunNotice(run_id=run_id, kind="failed", reason=self._errors[run_id]))
+            self._tell(self.notice(run_id, "failed"))
             return
         with contextlib.suppress(Exception):
             st = self.supervisor.status(run_id)
@@ -227,32 +224,15 @@ class RunManager:
     # ------------------------------------------------------------------ reading and steering
 
     def notice(self, run_id: str, kind: Literal["paused", "completed", "stopped", "failed"]) -> RunNotice:
-        """A notice describing the run now (diagnosis and suspects from its state)."""
-        st = self.supervisor.status(run_id)
-        state = self.supervisor.state(run_id)
-        diagnosis, suspects = None, ()
-        if state is not None and state.diagnosis is not None:
-            d = state.diagnosis
-            suspects = d.suspected_samples
-            who = f"suspects {', '.join(suspects)}" if suspects else "no sample to blame"
-            diagnosis = (
-                f"{d.verdict}: {who} (median grad norm {d.outlier_stats.median_grad_norm:.3g}, "
-                f"max {d.outlier_stats.max_grad_norm:.3g})"
-            )
-        return RunNotice(
-            run_id=run_id,
-            kind=kind,
-            step=st.step,
-            reason=st.pending_reason,
-            anomaly=st.last_anomaly,
-            diagnosis=diagnosis,
-            suspected_samples=suspects,
-            suggested_actions=st.suggested_actions,
-            lr=st.lr,
-            model=st.model,
-            data=st.data,
-            export_path=st.export_path,
-        )
+        """A notice with the run's status now (and, for a failed run, its error; its status when readable)."""
+        error = self._errors.get(run_id) if kind == "failed" else None
+        try:
+            status = self.supervisor.status(run_id)
+        except (AegisError, OSError, ValueError):  # a run that failed before its folder (or config) was written
+            if kind != "failed":
+                raise
+            status = None
+        return RunNotice(run_id=run_id, kind=kind, status=status, error=error)
 
     def status(self, run_id: str) -> RunStatusReport:
         return self.supervisor.status(run_id)

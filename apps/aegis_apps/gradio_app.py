@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 from aegis.errors import AegisError
 from aegis.units import GIB
 from aegis.schema import PlanReport
+from aegis.supervise.status import paused_details
 from aegis_agent import ChatAgent, status_markdown
 
 __all__ = [
@@ -194,26 +195,28 @@ def _memory_caption(report: PlanReport | None) -> str:
     )
 
 
-def loss_frame(losses: tuple[float, ...] | list[float], last_step: int) -> Any:
-    """Loss of the last logged steps as a DataFrame for `gr.LinePlot` (steps counted back from ``last_step``)."""
+def loss_frame(losses: tuple[float, ...] | list[float], steps: tuple[int, ...] | list[int]) -> Any:
+    """Loss of the last logged steps as a DataFrame for `gr.LinePlot`: a RunStatusReport's ``losses`` at its
+    ``loss_steps`` (the steps the metrics logged, as `aegis status`'s sparkline window names them)."""
     import math
 
     import pandas as pd
 
-    n = len(losses)
-    points = [(last_step - n + 1 + i, v) for i, v in enumerate(losses) if math.isfinite(v)]
+    points = [(s, v) for s, v in zip(steps, losses, strict=True) if math.isfinite(v)]
     return pd.DataFrame(
         {"step": pd.Series([p[0] for p in points], dtype=int), "loss": pd.Series([p[1] for p in points], dtype=float)}
     )
 
 
-def command_buttons(suggested: tuple[str, ...], suspects: tuple[str, ...]) -> list[str]:
-    """The commands the run panel offers for a pending interrupt, in order, at most MAX_COMMAND_BUTTONS: the
-    paused-run panel's actions (:func:`aegis.supervise.status.paused_actions`, as `aegis status` and Slack offer).
-    A button shows its command, which a press sends as chat text."""
+def command_buttons(status: Any) -> list[str]:
+    """The commands the run panel offers for a run's status (a RunStatusReport) while it waits for a human, in
+    order, at most MAX_COMMAND_BUTTONS: the paused-run panel's actions (:func:`aegis.supervise.status.paused_actions`,
+    as `aegis status` and Slack offer). A button shows its command, which a press sends as chat text."""
     from aegis.supervise.status import paused_actions
 
-    return [a.command for a in paused_actions(suggested, suspects)][:MAX_COMMAND_BUTTONS]
+    if not status.pending_reason:
+        return []
+    return [a.command for a in paused_actions(status.suggested_actions, status.suspected_samples)][:MAX_COMMAND_BUTTONS]
 
 
 def build_ui(agent: ChatAgent, *, refresh_s: float = 1.0) -> Any:
@@ -237,28 +240,18 @@ def build_ui(agent: ChatAgent, *, refresh_s: float = 1.0) -> Any:
         run_id = agent.conversation(thread_of(request)).run_id
         hidden = [gr.update(visible=False, value="")] * MAX_COMMAND_BUTTONS
         if run_id is None:
-            return ("_No run yet: plan something, then say `start the run`._", loss_frame((), 0), "", *hidden)
+            return ("_No run yet: plan something, then say `start the run`._", loss_frame((), ()), "", *hidden)
         st = agent.runs.status(run_id)
         status = status_markdown(st)
         if agent.runs.error(run_id):
             status += f"\n- The run's process failed: {agent.runs.error(run_id)}"
-        details, commands = "", []
-        if st.pending_reason:
-            notice = agent.runs.notice(run_id, "paused")
-            details = "\n".join(
-                x
-                for x in (
-                    f"**Anomaly:** {notice.anomaly}" if notice.anomaly else "",
-                    f"**Diagnosis:** {notice.diagnosis}" if notice.diagnosis else "",
-                )
-                if x
-            )
-            commands = command_buttons(st.suggested_actions, notice.suspected_samples)
-        elif st.last_anomaly:
+        details = "\n".join(paused_details(st))  # the paused panel's anomaly and diagnosis, as Slack's notice
+        if not st.pending_reason and st.last_anomaly:
             details = f"**Last anomaly:** {st.last_anomaly}"
+        commands = command_buttons(st)
         buttons = [gr.update(visible=True, value=c) for c in commands]
         buttons += [gr.update(visible=False, value="")] * (MAX_COMMAND_BUTTONS - len(buttons))
-        return (status, loss_frame(st.losses, st.step), details, *buttons)
+        return (status, loss_frame(st.losses, st.loss_steps), details, *buttons)
 
     def press(command: str, history: list[dict[str, Any]], request: gr.Request) -> tuple[Any, ...]:
         return send(command, history, request)
@@ -284,7 +277,7 @@ def build_ui(agent: ChatAgent, *, refresh_s: float = 1.0) -> Any:
                 gr.Markdown("#### Run")
                 run_status = gr.Markdown(elem_id="aegis-run-status")
                 loss = gr.LinePlot(
-                    loss_frame((), 0), x="step", y="loss", title="Loss", height=220, elem_id="aegis-loss"
+                    loss_frame((), ()), x="step", y="loss", title="Loss", height=220, elem_id="aegis-loss"
                 )
                 details = gr.Markdown(elem_id="aegis-run-details")
                 with gr.Row():

@@ -36,7 +36,7 @@ from typing import Any
 
 from aegis.errors import AegisError
 from aegis.schema import Frozen, PlanRequest
-from aegis.supervise.status import paused_actions
+from aegis.supervise.status import RunStatusReport, paused_actions, paused_details
 from aegis_agent import ChatAgent, RunNotice, understand
 from pydantic import Field
 
@@ -97,21 +97,21 @@ def _button(label: str, run_id: str, command: str, key: str, style: str | None =
 _STYLES = {"resume": "primary", "stop": "danger"}
 
 
-def interrupt_blocks(notice: RunNotice) -> list[dict[str, Any]]:
-    """Block Kit for a run waiting for a human: why, the diagnosis, and one button per action of the paused-run
-    panel (:func:`aegis.supervise.status.paused_actions`, the same as `aegis status` and the chat offer)."""
+def interrupt_blocks(status: RunStatusReport) -> list[dict[str, Any]]:
+    """Block Kit for a run waiting for a human, from its status (the one run-state model): why, the anomaly and
+    the diagnosis (:func:`aegis.supervise.status.paused_details`, as the Gradio panel shows them), and one button
+    per action of the paused-run panel (:func:`aegis.supervise.status.paused_actions`, the same as `aegis status`
+    and the chat offer)."""
     lines = [
-        f":double_vertical_bar: *Run `{notice.run_id}` paused at step {notice.step}*: {notice.reason or 'needs you'}"
+        f":double_vertical_bar: *Run `{status.run_id}` paused at step {status.step}*: "
+        f"{status.pending_reason or 'needs you'}",
+        *(_mrkdwn(line) for line in paused_details(status)),
     ]
-    if notice.anomaly:
-        lines.append(f"*Anomaly:* {notice.anomaly}")
-    if notice.diagnosis:
-        lines.append(f"*Diagnosis:* {notice.diagnosis}")
     buttons, keys = [], set()
-    for action in paused_actions(notice.suggested_actions, notice.suspected_samples):
+    for action in paused_actions(status.suggested_actions, status.suspected_samples):
         key = action.kind if action.kind not in keys else f"{action.kind}_{len(buttons)}"  # action ids are unique
         keys.add(key)
-        buttons.append(_button(action.label, notice.run_id, action.command, key, _STYLES.get(action.kind)))
+        buttons.append(_button(action.label, status.run_id, action.command, key, _STYLES.get(action.kind)))
     return [
         {"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)[:3000]}},
         {"type": "actions", "elements": buttons},
@@ -319,17 +319,20 @@ class SlackBot:
         if channel is None:
             return
         client = self.app.client
-        if notice.kind == "paused":
+        st = notice.status
+        if notice.kind == "paused" and st is not None:
             resp = client.chat_postMessage(
-                channel=channel, text=f"Run {notice.run_id} paused: {notice.reason}", blocks=interrupt_blocks(notice)
+                channel=channel, text=f"Run {notice.run_id} paused: {st.pending_reason}", blocks=interrupt_blocks(st)
             )
             self._remember_thread(channel, resp["ts"], notice.run_id)
             return
-        detail = f": {notice.reason}" if notice.reason else ""
-        trains = _trains(notice.model, notice.data)
-        export = f"; exported to `{notice.export_path}`" if notice.export_path else ""
+        reason = notice.error or (st.pending_reason if st is not None else None)
+        detail = f": {reason}" if reason else ""
+        trains = _trains(st.model, st.data) if st is not None else ""
+        export = f"; exported to `{st.export_path}`" if st is not None and st.export_path else ""
+        step = st.step if st is not None else 0
         client.chat_postMessage(
-            channel=channel, text=f"Run `{notice.run_id}` {notice.kind} at step {notice.step}{detail}{trains}{export}"
+            channel=channel, text=f"Run `{notice.run_id}` {notice.kind} at step {step}{detail}{trains}{export}"
         )
 
     # ------------------------------------------------------------------ serving

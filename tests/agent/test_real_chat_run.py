@@ -86,7 +86,7 @@ def test_start_the_run_trains_the_planned_folder_on_the_planned_data(tmp_path: P
         assert f"`{folder.resolve()}` (lora) on `{data.resolve()}`" in reply.text
         assert f"Export (PEFT adapter): `{paths.export}`" in reply.text
         notice = runs.notice(run_id, "completed")
-        assert notice.export_path == str(paths.export) and notice.model == str(folder.resolve())
+        assert (notice.status.export_path, notice.status.model) == (str(paths.export), str(folder.resolve()))
     finally:
         runs.shutdown()
         agent.close()

@@ -80,14 +80,15 @@ def test_memory_chart_names_every_band_with_headroom_last() -> None:
 
 
 def test_loss_frame_and_buttons() -> None:
-    frame = loss_frame((3.0, float("nan"), 2.0), last_step=12)
-    assert list(frame["step"]) == [10, 12] and list(frame["loss"]) == [3.0, 2.0]
-    assert command_buttons(("set_lr 0.0003", "resume", "stop"), ("toxic-0001",)) == [
-        "set_lr 0.0003",
-        "blacklist_samples toxic-0001",
-        "resume",
-        "stop",
-    ]
+    from aegis.supervise.status import RunStatusReport
+
+    frame = loss_frame((3.0, float("nan"), 2.0), (10, 11, 14))  # the steps the metrics logged, gaps and all
+    assert list(frame["step"]) == [10, 14] and list(frame["loss"]) == [3.0, 2.0]
+    st = RunStatusReport(run_id="r1", run_dir="runs/r1", status="paused", live=False, step=12, total_steps=20,
+                         pending_reason="loss spike", suggested_actions=("set_lr 0.0003", "resume", "stop"),
+                         suspected_samples=("toxic-0001",))
+    assert command_buttons(st) == ["set_lr 0.0003", "blacklist_samples toxic-0001", "resume", "stop"]
+    assert command_buttons(st.model_copy(update={"status": "running", "pending_reason": None})) == []
 
 
 _SQUEEZED_JS = """chat => {

@@ -249,15 +249,18 @@ def test_http_mode_verifies_signatures_over_the_wire(bot_env) -> None:
 
 
 def test_interrupt_blocks_offer_the_diagnosis_and_its_repairs() -> None:
-    from aegis_agent import RunNotice
+    from aegis.supervise.status import RunStatusReport
     from aegis_apps.slack import interrupt_blocks
 
-    notice = RunNotice(
+    notice = RunStatusReport(
         run_id="r1",
-        kind="paused",
+        run_dir="runs/r1",
+        status="paused",
+        live=True,
         step=57,
-        reason="3 repairs without a clean window",
-        anomaly="loss 9.1 > 4.2 (mean + 3 sigma)",
+        total_steps=100,
+        pending_reason="3 repairs without a clean window",
+        last_anomaly="loss 9.1 > 4.2 (mean + 3 sigma)",
         diagnosis="outliers: suspects toxic-0001",
         suspected_samples=("toxic-0001", "toxic-0002"),
         suggested_actions=("set_lr 0.0003", "resume", "stop"),
@@ -285,6 +288,10 @@ def test_interrupt_blocks_offer_the_diagnosis_and_its_repairs() -> None:
     ]  # no LR the supervisor did not propose
 
 
+LOSSES = {s: round(3.0 - 0.02 * s, 4) for s in range(1, 40)} | {40: 9.1}
+"""The paused run's metrics.jsonl: a falling loss, then the spike at step 40."""
+
+
 def _paused_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, anomaly: Any, diagnosis: Any = None) -> Path:
     """A run folder whose state is what the supervisor writes when it escalates ``anomaly`` to a human (its real
     repair path: plan_repair -> apply_repair), read by status, the agent's RunManager and so the three front ends."""
@@ -302,6 +309,7 @@ def _paused_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, anomaly: Any, d
     paths = RunPaths(tmp_path / "runs" / "r1")
     paths.root.mkdir(parents=True)
     paths.config.write_text(cfg.model_dump_json(by_alias=True))
+    paths.metrics.write_text("".join(json.dumps({"step": s, "loss": LOSSES[s]}) + "\n" for s in sorted(LOSSES)))
     raw = state.model_dump(mode="json")
     monkeypatch.setattr("aegis.supervise.status.read_state", lambda p: raw)
     monkeypatch.setattr("aegis.supervise.runner.read_state", lambda p: raw)
@@ -321,37 +329,80 @@ def _loss_spike_with_suspects() -> tuple[Any, Any]:
 
 
 @pytest.mark.parametrize("kind", ["loss_spike", "oom"])
-def test_status_chat_and_slack_offer_the_same_actions_for_a_paused_run(tmp_path, monkeypatch, kind) -> None:
-    """One paused-run panel (aegis.supervise.status.paused_actions): `aegis status`, the Gradio run panel's buttons
-    and the Slack notice's buttons offer the supervisor's suggestions, in its order; an out-of-memory pause offers
-    no LR change in any of them."""
+def test_cli_chat_and_slack_show_the_same_facts_of_a_paused_run(tmp_path, monkeypatch, kind) -> None:
+    """One run-state model (RunStatusReport) read from one run folder: `aegis status`, the end of `aegis run`, the
+    chat's status reply, the Gradio run panel and the Slack notice all show the state the supervisor wrote (paused at
+    step 40, its reason, the last loss of metrics.jsonl, the diagnosis) and the same paused-run actions, in the
+    supervisor's order; an out-of-memory pause offers no LR change in any of them."""
+    import io
+
+    import typer
+    from aegis.supervise.cli import _report
     from aegis.supervise.cli import app as supervise_app
-    from aegis.supervise.state import Anomaly
-    from aegis.supervise.status import paused_actions
-    from aegis_apps.gradio_app import command_buttons
+    from aegis.supervise.state import Anomaly, RunState
+    from aegis.supervise import status as status_module
+    from aegis_apps.gradio_app import command_buttons, loss_frame
     from aegis_apps.slack import interrupt_blocks
+    from rich.console import Console
     from typer.testing import CliRunner
 
     if kind == "oom":
         runs = _paused_run(tmp_path, monkeypatch, Anomaly(type="oom", step=40, detail="RESOURCE_EXHAUSTED"))
-        expected = ["resume", "stop"]
+        expected, diagnosis = ["resume", "stop"], None
     else:
         runs = _paused_run(tmp_path, monkeypatch, *_loss_spike_with_suspects())
         expected = ["blacklist_samples toxic-0001 toxic-0002", "skip_batch", "set_lr 0.0001", "resume", "stop"]
+        diagnosis = "outliers: suspects toxic-0001, toxic-0002 (median grad norm 1, max 40)"
+    state = RunState.model_validate(status_module.read_state(None))  # what the supervisor's repair path wrote
+    reason, anomaly = state.human.reason, state.anomaly.detail
+    assert state.status == "paused" and state.step == 40 and reason
 
+    # `aegis status`: the table's rows
     res = CliRunner().invoke(supervise_app, ["status", "--run-id", "r1", "--runs-dir", str(runs)], env={"COLUMNS": "300"})
     assert res.exit_code == 0, res.output
-    try_row = next(line for line in res.output.splitlines() if line.strip(" │").startswith("try"))
-    cli = [c.strip() for c in try_row.strip(" │").removeprefix("try").strip(" │").split(" | ")]
+    rows = {}
+    for line in res.output.splitlines():
+        cells = [c.strip() for c in line.strip(" │").split("│")]
+        if len(cells) == 2 and cells[0]:
+            rows[cells[0]] = cells[1]
+    assert rows["status"].startswith("paused") and rows["step"] == "40 / 100" and rows["waiting for"] == reason
+    assert rows["last anomaly"] == anomaly and "last 9.1 (all 40 steps, 1–40)" in rows["loss"]
+    assert rows["try"].split(" | ") == expected
 
     manager = RunManager(AgentSettings(runs_dir=str(runs)), compile_cache=False)
+    agent = ChatAgent(manager.settings, runs=manager)
     try:
         st = manager.status("r1")
         notice = manager.notice("r1", "paused")
+        chat = agent.reply("status", "same-facts").text  # the chat's status reply (status_markdown)
     finally:
         manager.shutdown()
-    gradio = command_buttons(st.suggested_actions, notice.suspected_samples)  # as the Gradio run panel calls it
-    slack = [json.loads(b["value"])["command"] for b in interrupt_blocks(notice)[1]["elements"]]
+        agent.close()
+    assert notice.status == st and (st.status, st.step, st.pending_reason, st.diagnosis) == ("paused", 40, reason, diagnosis)
 
-    assert cli == gradio == slack == expected
-    assert [a.command for a in paused_actions(st.suggested_actions, st.suspected_samples)] == expected
+    # the end of `aegis run` / `aegis resume`: the RunStatusReport Supervisor.start returns, printed
+    out = io.StringIO()
+    with pytest.raises(typer.Exit) as exit_:
+        _report(st, Console(file=out, width=300))
+    assert exit_.value.exit_code == 3
+    lines = out.getvalue().splitlines()
+    assert lines[0] == f"paused at step 40: {reason}"
+    assert [line.strip().removeprefix("aegis command r1 ").strip('"') for line in lines[1:-1]] == expected
+
+    # the chat: one Markdown status, the same state, step, loss, reason and actions
+    assert chat.startswith("**Run `r1`**: paused, step 40 / 100") and "last 9.1 (all 40 steps, 1–40)" in chat
+    assert f"**Waiting for you**: {reason}" in chat and f"- Last anomaly: {anomaly}" in chat
+    assert "- Try: " + " | ".join(f"`{c}`" for c in expected) in chat
+
+    # the Gradio run panel: its loss chart, details and buttons
+    frame = loss_frame(st.losses, st.loss_steps)
+    assert list(frame["step"])[-1] == 40 and list(frame["loss"]) == [LOSSES[s] for s in sorted(LOSSES)]
+    assert command_buttons(st) == expected
+
+    # the Slack notice: text and buttons
+    blocks = interrupt_blocks(notice.status)
+    text = blocks[0]["text"]["text"]
+    assert text.startswith(f":double_vertical_bar: *Run `r1` paused at step 40*: {reason}")
+    assert f"*Anomaly:* {anomaly}" in text
+    assert (f"*Diagnosis:* {diagnosis}" in text) if diagnosis else "Diagnosis" not in text
+    assert [json.loads(b["value"])["command"] for b in blocks[1]["elements"]] == expected

@@ -141,7 +141,7 @@ def test_repeated_failure_interrupts_and_set_lr_from_a_new_process_applies(tmp_p
     runs = tmp_path / "runs"
     sup = Supervisor(runs)
     out = sup.start(cfg)
-    assert out.status == "paused" and "automatic repairs" in out.paused_reason
+    assert out.status == "paused" and "automatic repairs" in out.pending_reason
     assert out.step == 20  # rolled back to the checkpoint before the failures
     kinds = _kinds(sup, "hitl")
     assert kinds.count("repair") == 2 and "escalated" in kinds and "notified" in kinds
@@ -185,7 +185,7 @@ def test_operator_interrupt_pauses_a_live_run_at_the_next_step(tmp_path):
 
     out = sup.start(cfg, callbacks=RunCallbacks(on_step=on_step))
     assert sent and sent[0].live
-    assert out.status == "paused" and out.step == 5 and "operator" in out.paused_reason
+    assert out.status == "paused" and out.step == 5 and "operator" in out.pending_reason
     ckpts = tmp_path / "runs" / "op" / "checkpoints"
     assert sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) == [0, 5]
     # damage the newest checkpoint: resume must detect it and fall back to the previous one

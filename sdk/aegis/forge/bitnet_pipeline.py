@@ -299,7 +299,7 @@ def finetune_ste(
     if outcome.status != "completed":
         raise RunError(
             f"the BitNet fine-tuning run {outcome.run_id} is {outcome.status} at step {outcome.step}"
-            + (f" ({outcome.paused_reason})" if outcome.paused_reason else "")
+            + (f" ({outcome.pending_reason})" if outcome.pending_reason else "")
             + f"; continue it with `aegis resume --run-id {outcome.run_id}`, then compress its export/ folder"
         )
     export = RunPaths(Path(outcome.run_dir)).export

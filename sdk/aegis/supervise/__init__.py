@@ -6,14 +6,14 @@ fallback config on OOM) → Human review (interrupt; resumes on a command). Stat
 commands and events live in the run folder, so a run survives ``kill -9``.
 
     from aegis.supervise import Supervisor, load_run_config
-    out = Supervisor("runs").start(load_run_config("run.yaml"))
+    out = Supervisor("runs").start(load_run_config("run.yaml"))   # RunStatusReport: the one run-state model
 
 Importing this package does not import JAX, LangGraph or Orbax; running a run does.
 """
 
 from aegis.supervise.commands import COMMAND_NAMES, parse_command, usage
 from aegis.supervise.config import RunConfig, load_run_config, parse_run_config, run_config_from_plan
-from aegis.supervise.runner import CommandReceipt, RunOutcome, Supervisor
+from aegis.supervise.runner import CommandReceipt, Supervisor
 from aegis.supervise.state import RunState
 from aegis.supervise.status import RunStatusReport
 
@@ -21,7 +21,6 @@ __all__ = [
     "COMMAND_NAMES",
     "CommandReceipt",
     "RunConfig",
-    "RunOutcome",
     "RunState",
     "RunStatusReport",
     "Supervisor",

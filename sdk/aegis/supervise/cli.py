@@ -222,10 +222,14 @@ class _Live:
 
 
 def _report(outcome: Any, console: Any) -> None:
+    """The end of `aegis run`/`resume`: the run's RunStatusReport; a paused run's actions are the paused-run
+    panel's (:func:`aegis.supervise.status.paused_actions`, as `aegis status`, the chat and Slack offer)."""
+    from aegis.supervise.status import paused_actions
+
     if outcome.status == "paused":
-        console.print(f"[bold yellow]paused[/] at step {outcome.step}: {outcome.paused_reason}")
-        for action in outcome.suggested_actions:
-            console.print(f"  aegis command {outcome.run_id} \"{action}\"")
+        console.print(f"[bold yellow]paused[/] at step {outcome.step}: {outcome.pending_reason}")
+        for action in paused_actions(outcome.suggested_actions, outcome.suspected_samples):
+            console.print(f"  aegis command {outcome.run_id} \"{action.command}\"")
         console.print(f"then: aegis resume --run-id {outcome.run_id}")
         raise typer.Exit(3)
     console.print(

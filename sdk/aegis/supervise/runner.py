@@ -2,7 +2,7 @@
 
     from aegis.supervise import Supervisor, load_run_config
     sup = Supervisor("runs")
-    out = sup.start(load_run_config("run.yaml"))      # RunOutcome: completed, or paused for a human
+    out = sup.start(load_run_config("run.yaml"))      # RunStatusReport: completed, or paused for a human
     sup.command(out.run_id, "set_lr 1e-5")            # validated, queued, logged (any process)
     out = sup.resume(out.run_id)                      # continues from the last checkpoint
     sup.status(out.run_id)                            # RunStatusReport
@@ -37,22 +37,7 @@ from aegis.supervise.runs import RunPaths, is_live, open_run, run_lock, write_js
 from aegis.supervise.state import RunState
 from aegis.supervise.status import RunStatusReport, build_status
 
-__all__ = ["RunOutcome", "CommandReceipt", "Supervisor"]
-
-
-class RunOutcome(Frozen):
-    """Where a run stands when `start`/`resume` return."""
-
-    run_id: str
-    run_dir: str
-    status: str = Field(description="completed, stopped, or paused (waiting for a human).")
-    step: int
-    lr: float
-    grad_clip: float
-    fallback_tier: int
-    blacklist: tuple[str, ...]
-    paused_reason: str | None = None
-    suggested_actions: tuple[str, ...] = ()
+__all__ = ["CommandReceipt", "Supervisor"]
 
 
 class CommandReceipt(Frozen):
@@ -86,8 +71,9 @@ class Supervisor:
         *,
         callbacks: RunCallbacks | None = None,
         wait_for_commands_s: float | None = None,
-    ) -> RunOutcome:
-        """Create the run folder and train until completion, a stop, or a human review."""
+    ) -> RunStatusReport:
+        """Create the run folder and train until completion, a stop, or a human review; the run's status then
+        (:func:`aegis.supervise.status.build_status`, read once this process let go of the run)."""
         run_id = cfg.run_id or _new_run_id()
         paths = RunPaths(self.runs_dir / run_id)
         if paths.exists():
@@ -97,13 +83,14 @@ class Supervisor:
         try:
             with run_lock(paths):  # taken before config.json exists: `aegis status` never sees a lockless new run
                 ctx = RunContext(cfg, paths, callbacks)
-                return self._begin(ctx, wait_for_commands_s)
+                self._begin(ctx, wait_for_commands_s)
         except BaseException:
             if created and not paths.config.exists():  # refused before it began: leave no half folder behind
                 shutil.rmtree(paths.root, ignore_errors=True)
             raise
+        return build_status(paths)
 
-    def _begin(self, ctx: RunContext, wait_for_commands_s: float | None) -> RunOutcome:
+    def _begin(self, ctx: RunContext, wait_for_commands_s: float | None) -> None:
         """Check the config against the model and this machine, write the run's files and train from step 0."""
         cfg, paths = ctx.cfg, ctx.paths
         from aegis.supervise.engine import check_feasible
@@ -122,7 +109,7 @@ class Supervisor:
             weights=initial_weights(dict(counts), cfg.curriculum),
         )
         ctx.event("run_started", 0, tiers=len(cfg.tiers), total_steps=cfg.training.total_steps, samples=len(ctx.examples))
-        return self._drive(ctx, dump(state), wait_for_commands_s)
+        self._drive(ctx, dump(state), wait_for_commands_s)
 
     def resume(
         self,
@@ -130,22 +117,24 @@ class Supervisor:
         *,
         callbacks: RunCallbacks | None = None,
         wait_for_commands_s: float | None = None,
-    ) -> RunOutcome:
+    ) -> RunStatusReport:
         """Continue a run from its persisted state: after a crash, or after a human review (implies `resume`).
-        A run whose process died before its first step starts again from step 0."""
+        A run whose process died before its first step starts again from step 0. Its status when it returns."""
         paths = open_run(self.runs_dir, run_id)
         with run_lock(paths):
             ctx = RunContext(self._config(paths), paths, callbacks)
             raw = read_state(paths)
             if raw is None:
                 ctx.event("process_resumed", 0, restarted=True)
-                return self._begin(ctx, wait_for_commands_s)
-            ctx.event("process_resumed", raw.get("step"))
-            return self._drive(ctx, None, wait_for_commands_s, implicit_resume=True)
+                self._begin(ctx, wait_for_commands_s)
+            else:
+                ctx.event("process_resumed", raw.get("step"))
+                self._drive(ctx, None, wait_for_commands_s, implicit_resume=True)
+        return build_status(paths)
 
     def _drive(
         self, ctx: RunContext, initial: Any, wait_for_commands_s: float | None, implicit_resume: bool = False
-    ) -> RunOutcome:
+    ) -> None:
         from langgraph.types import Command
 
         tc = thread_config(ctx.paths.run_id)
@@ -163,10 +152,8 @@ class Supervisor:
                     if not self._wait_inbox(ctx.paths, offset, wait_for_commands_s):
                         break
                     app.invoke(Command(resume={"resume": False}), tc)
-                state = RunState.model_validate(app.get_state(tc).values["run"])
         finally:
             ctx.close()
-        return _outcome(ctx.paths, state)
 
     @staticmethod
     def _wait_inbox(paths: RunPaths, offset: int, timeout_s: float) -> bool:
@@ -247,24 +234,3 @@ class Supervisor:
 
 def _interrupted(snap: Any) -> bool:
     return any(task.interrupts for task in snap.tasks)
-
-
-def _outcome(paths: RunPaths, state: RunState) -> RunOutcome:
-    if state.status not in ("completed", "stopped", "paused") and state.human.pending:
-        status = "paused"
-    else:
-        status = state.status
-    return RunOutcome(
-        run_id=state.run_id,
-        run_dir=str(paths.root),
-        status=status,
-        step=state.step,
-        lr=state.lr,
-        grad_clip=state.grad_clip,
-        fallback_tier=state.fallback_tier,
-        blacklist=state.blacklist,
-        paused_reason=state.human.reason if state.human.pending else None,
-        suggested_actions=state.human.suggested_actions if state.human.pending else (),
-    )
-
-

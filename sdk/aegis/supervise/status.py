@@ -9,6 +9,12 @@ What the run trains comes from ``<run>/source.json`` (written when the model is 
     console.print(render_status(report))    # table + loss sparkline
     status_markdown(report)                 # chat / Slack bullets
     paused_actions(report.suggested_actions, report.suspected_samples)  # the paused run's buttons, in order
+    paused_details(report)                  # the paused panel's anomaly and diagnosis lines (Gradio, Slack)
+
+:class:`RunStatusReport` is the one model of a run's state: `Supervisor.start`/`resume` return it (what
+`aegis run` prints at the end), `aegis status` renders it, and the chat, Gradio and Slack read it (a
+chat/Slack notice is a :class:`RunStatusReport` with what happened: ``aegis_agent.RunNotice``). Each fact
+(state, step, loss, reason, diagnosis, actions) is decided once, here, from the run folder.
 
 A run whose state says it is training but whose process is gone (``kill -9``, a crash, a closed
 laptop) shows as ``crashed``, with who ran it and the command that continues it; the sparkline says
@@ -36,6 +42,7 @@ __all__ = [
     "PausedAction",
     "RunStatusReport",
     "paused_actions",
+    "paused_details",
     "build_status",
     "sparkline",
     "sparkline_window",
@@ -50,7 +57,8 @@ SPARK_WIDTH = 60
 
 
 class RunStatusReport(Frozen):
-    """What `aegis status` shows."""
+    """A run's state read from its folder: what `aegis status`, the end of `aegis run`, the chat, Gradio and
+    Slack show (:func:`build_status`)."""
 
     run_id: str
     run_dir: str
@@ -81,6 +89,11 @@ class RunStatusReport(Frozen):
         default=(), description="While waiting for a human: the sample ids the diagnosis blames (else empty)."
     )
     last_anomaly: str | None = None
+    diagnosis: str | None = Field(
+        default=None,
+        description="The last forensics verdict in one line: 'outliers: suspects toxic-0001 (median grad norm 1, "
+        "max 40)'.",
+    )
     losses: tuple[float, ...] = Field(default=(), description="Loss of the last logged steps, oldest first.")
     loss_steps: tuple[int, ...] = Field(default=(), description="The steps of ``losses`` (same order).")
     steps_logged: int = Field(default=0, description="Steps in metrics.jsonl (``losses`` holds the last of them).")
@@ -181,6 +194,34 @@ def memory_line(report: RunStatusReport) -> str | None:
     return f"compiled step {_gib(c)}, planned {_gib(p)} ({(p / c - 1) * 100:+.1f}%)"
 
 
+def _diagnosis_line(state: RunState) -> str | None:
+    """The forensics verdict in one line (None before any diagnosis)."""
+    d = state.diagnosis
+    if d is None:
+        return None
+    who = f"suspects {', '.join(d.suspected_samples)}" if d.suspected_samples else "no sample to blame"
+    return (
+        f"{d.verdict}: {who} (median grad norm {d.outlier_stats.median_grad_norm:.3g}, "
+        f"max {d.outlier_stats.max_grad_norm:.3g})"
+    )
+
+
+def _run_state(state: RunState | None, alive: Any, lock_exists: bool, run_id: str) -> dict[str, Any]:
+    """status / stale / next_action: the one decision of where a run stands (its saved state and its process)."""
+    resume = f"aegis resume --run-id {run_id}"
+    if state is None:
+        if alive.live or not lock_exists:
+            return {"status": "starting"}
+        # the process died before the first step: resume starts it again
+        return {"status": "crashed", "stale": alive.detail or "no process runs it", "next_action": resume}
+    status = "paused" if state.human.pending and state.status == "running" else state.status
+    if status == "running" and not alive.live:
+        return {"status": "crashed", "stale": alive.detail or "no process runs it", "next_action": resume}
+    if status == "paused" and not alive.live:
+        return {"status": status, "next_action": resume}
+    return {"status": status}
+
+
 def build_status(paths: RunPaths, loss_points: int = 200) -> RunStatusReport:
     """The status of the run in ``paths`` from its SQLite state, metrics and events."""
     cfg = RunConfig.model_validate_json(paths.config.read_text())
@@ -211,22 +252,11 @@ def build_status(paths: RunPaths, loss_points: int = 200) -> RunStatusReport:
         **_export(events),
         **_memory(events),
     )
-    resume = f"aegis resume --run-id {paths.run_id}"
+    where = _run_state(state, alive, paths.lock.exists(), paths.run_id)
     if state is None:
-        if alive.live or not paths.lock.exists():
-            return RunStatusReport(status="starting", step=0, **common)
-        return RunStatusReport(  # the process died before the first step: resume starts it again
-            status="crashed", step=0, stale=alive.detail or "no process runs it", next_action=resume, **common
-        )
-    status, stale, action = state.status, None, None
-    if state.status == "running" and not alive.live:
-        status, stale, action = "crashed", alive.detail or "no process runs it", resume
-    elif state.status == "paused" and not alive.live:
-        action = resume
+        return RunStatusReport(step=0, **where, **common)
     return RunStatusReport(
-        status=status,
-        stale=stale,
-        next_action=action,
+        **where,
         step=state.step,
         lr=state.lr,
         grad_clip=state.grad_clip,
@@ -238,6 +268,7 @@ def build_status(paths: RunPaths, loss_points: int = 200) -> RunStatusReport:
         suspected_samples=state.diagnosis.suspected_samples
         if state.human.pending and state.diagnosis is not None else (),
         last_anomaly=state.anomaly.detail if state.anomaly is not None else None,
+        diagnosis=_diagnosis_line(state),
         **common,
     )
 
@@ -278,6 +309,21 @@ def paused_actions(suggested: Sequence[str], suspects: Sequence[str] = ()) -> tu
             kind=kind if kind in ("resume", "stop", "set_lr", "blacklist", "skip_batch") else "command",
         ))
     return tuple(out)
+
+
+def paused_details(report: RunStatusReport) -> tuple[str, ...]:
+    """The paused-run panel's Markdown lines beside its actions: the anomaly and the diagnosis (Gradio's run panel;
+    Slack's notice in mrkdwn). Empty unless the run waits for a human."""
+    if not report.pending_reason:
+        return ()
+    return tuple(
+        line
+        for line in (
+            f"**Anomaly:** {report.last_anomaly}" if report.last_anomaly else "",
+            f"**Diagnosis:** {report.diagnosis}" if report.diagnosis else "",
+        )
+        if line
+    )
 
 
 def render_status(report: RunStatusReport) -> Any:
