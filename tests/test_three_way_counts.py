@@ -3,9 +3,11 @@
 Three readings of one config: the planner's profile (`aegis.profiles.profile_from_config`, shapes from
 `aegis.families`), the JAX engine's parameter tree (`aegis.train.models.build_model(...).param_shapes()`,
 shapes only) and transformers' model built on the meta device. They must agree on the parameter count
-(a tied head counted once), head_dim, kv heads, tied embeddings and which layers use which sliding window.
-The JAX memory profile's copy of the engine tree (`aegis.memory.jax_profile.engine_leaves`) is checked
-against the engine too.
+(a tied head counted once), head_dim, kv heads, tied embeddings and which layers use which sliding window;
+the planner's embedding and per-layer counts equal transformers' modules'. The JAX memory profile's copy of
+the engine tree (`aegis.memory.jax_profile.engine_leaves`) is checked against the engine too. This is the one
+home of "planner = engine = transformers parameter count": every bundled catalog config and every tiny family
+config of the engine tests (tests/train/conftest.TINY_CONFIGS).
 
 The second half builds configs *without* a key whose default the planner and engine once read
 differently, and asserts all three land on transformers' default; the last test pins
@@ -59,6 +61,8 @@ def _planner(cfg: dict[str, Any]) -> dict[str, Any]:
         tied=profile.tie_word_embeddings,
         windows=tuple(layer.sliding_window for layer in family.layers(profile.config)),
         jax_profile_params=sum(leaf.size for leaf in engine_leaves(profile)),
+        embedding_params=profile.embedding_params,
+        layer_params=profile.layer_params,
     )
 
 
@@ -98,7 +102,8 @@ def _transformers(cfg: dict[str, Any]) -> dict[str, Any]:
     window = getattr(hf_config, "sliding_window", None)
     from aegis.architectures import registry
 
-    layer = model.get_submodule(registry.get(cfg["model_type"]).layers_path)[0]
+    layers = model.get_submodule(registry.get(cfg["model_type"]).layers_path)  # Falcon: transformer.h
+    layer = layers[0]
     attn = next(getattr(layer, n) for n in ("self_attn", "attention", "self_attention", "attn") if hasattr(layer, n))
     return dict(
         params=sum(p.numel() for p in model.parameters()),  # a tied head is one parameter, listed once
@@ -111,6 +116,8 @@ def _transformers(cfg: dict[str, Any]) -> dict[str, Any]:
             window if window and (types is None or types[i] == "sliding_attention") else FULL
             for i in range(hf_config.num_hidden_layers)
         ),
+        embedding_params=model.get_input_embeddings().weight.numel(),
+        layer_params=tuple(sum(p.numel() for p in lay.parameters()) for lay in layers),
         config=hf_config,
     )
 
@@ -122,6 +129,8 @@ def _three_way(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dic
         got = f"{key}: planner {planner[key]}, engine {engine[key]}, transformers {hf[key]}"
         assert planner[key] == engine[key] == hf[key], got
     assert planner["jax_profile_params"] == engine["params"], "jax_profile.engine_leaves differs from the engine tree"
+    for key in ("embedding_params", "layer_params"):
+        assert planner[key] == hf[key], f"{key}: planner {planner[key]}, transformers {hf[key]}"
     return planner, engine, hf
 
 

@@ -7,8 +7,8 @@ adjacent pairs, scaled logits; ``use_qk_norm``'s LayerNorm weight per head; Cohe
 global layers without), OLMo 1 (LayerNorms with no parameter, ``clip_qkv``) and GPT-J (Phi's block under GPT-2's names,
 RoPE over adjacent pairs of the first ``rotary_dim`` dims, an lm_head bias). For each:
 
-- planner == engine tree == transformers' meta-device count, in total and per layer (the tiny configs and every
-  bundled config of the family);
+- (planner == engine tree == transformers' meta-device count, in total and per layer, for the tiny configs and every
+  bundled config: tests/test_three_way_counts.py, the one home of that property;)
 - every parameter's gradient equals torch autograd's through transformers' model, and the training loss is torch's
   cross-entropy;
 - a checkpoint round trip keeps transformers' names (``model.final_layernorm``, ``gpt_neox.*`` and ``embed_out``,
@@ -28,7 +28,6 @@ from aegis import catalog
 from conftest import tiny_config
 from family_checks import (
     check_checkpoint_round_trip,
-    check_counts_agree,
     check_every_gradient_matches_torch,
     check_lora_sizes_equal_peft,
     check_peft_loads_the_engines_adapter,
@@ -74,12 +73,6 @@ ADAPTERS = [  # (tiny config, modules adapted with random B)
     ("gptj", ("q_proj", "k_proj", "fc_out")),  # adapted q and k rotated over adjacent pairs of their first dims
     ("gptj_full", ("k_proj", "out_proj", "fc_in")),
 ]
-
-
-@pytest.mark.parametrize("config", [tiny_config(n) for n in NAMES] + [catalog.read_model_config(m) for m in BUNDLED],
-                         ids=NAMES + [m.id for m in BUNDLED])
-def test_planner_engine_and_transformers_count_the_same_parameters(config):
-    check_counts_agree(config)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1,7 +1,7 @@
 """Gemma 1, OLMo 2 and Granite: planner, engine and transformers agree on parameters, checkpoints and LoRA.
 
 Logits parity with transformers is in test_parity.py (their tiny configs are in conftest.TINY_CONFIGS);
-here: the three parameter counts on the tiny and the bundled real configs, a transformers checkpoint
+here (the three parameter counts are tests/test_three_way_counts.py's, for every tiny and bundled config): a transformers checkpoint
 loaded into JAX and saved back unchanged (and read by transformers), and LoRA adapter sizes equal to
 PEFT's for "all-linear" and the plan's default targets.
 """
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_config
-from family_checks import engine_param_count, meta_model
+from family_checks import meta_model
 
 from aegis import catalog
 from aegis.profiles import profile_from_config
@@ -24,16 +24,6 @@ from aegis.train.weights import load_checkpoint, save_checkpoint, to_hf_state_di
 
 NAMES = ["gemma", "olmo2", "granite"]
 BUNDLED = [m for m in catalog.models() if catalog.read_model_config(m)["model_type"] in NAMES]
-
-
-@pytest.mark.parametrize("config", [tiny_config(n) for n in NAMES] + [catalog.read_model_config(m) for m in BUNDLED],
-                         ids=NAMES + [m.id for m in BUNDLED])
-def test_planner_engine_and_transformers_count_the_same_parameters(config):
-    hf = meta_model(config)
-    profile = profile_from_config(config, model_id="test", source="path")
-    assert profile.total_params == engine_param_count(config) == sum(p.numel() for p in hf.parameters())
-    assert profile.embedding_params == hf.get_input_embeddings().weight.numel()
-    assert profile.layer_params == tuple(sum(p.numel() for p in layer.parameters()) for layer in hf.model.layers)
 
 
 def test_the_catalog_serves_the_new_families():

@@ -18,7 +18,6 @@ from conftest import TINY_CONFIGS, tiny_config
 
 from aegis.errors import UnsupportedArchitectureError
 from aegis.train.models import FAMILIES, build_model, get_family, segment_positions, supported_model_types
-from aegis.train.models.spec import BUFFER_LEAVES
 from aegis.train.weights import load_checkpoint
 
 RTOL = 1e-4
@@ -206,35 +205,6 @@ def test_rope_variants_match_transformers(model_type: str, rope: dict, seq_len: 
     ours, scale = inv_freq(spec, seq_len)
     np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-6)
     assert scale == pytest.approx(ref_scale, rel=1e-6)
-
-
-@pytest.mark.slow
-def test_bundled_catalog_configs_build_like_transformers() -> None:
-    """Every vendored config.json builds; parameter counts and sliding windows equal transformers' (meta device)."""
-    from importlib import resources
-
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    files = sorted(p for p in (resources.files("aegis.catalog") / "models").iterdir() if p.name.endswith(".json"))
-    configs = [json.loads(p.read_text()) for p in files]
-    configs = [c for c in configs if "model_type" in c]
-    assert len(configs) >= 10
-    for config in configs:
-        model = build_model(config)
-        flat = jax.tree_util.tree_flatten_with_path(model.param_shapes(), is_leaf=lambda x: isinstance(x, tuple))[0]
-        ours = sum(int(np.prod(s)) for path, s in flat if path[-1].key not in BUFFER_LEAVES)  # no buffers
-        kwargs = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "transformers_version")}
-        hf_config = AutoConfig.for_model(config["model_type"], **kwargs)
-        with torch.device("meta"):
-            hf = AutoModelForCausalLM.from_config(hf_config)
-        assert ours == sum(p.numel() for p in hf.parameters()), config["model_type"]
-        types = getattr(hf_config, "layer_types", None)
-        window = getattr(hf_config, "sliding_window", None)
-        expected = tuple(
-            window if window and (types is None or types[i] == "sliding_attention") else 2**30
-            for i in range(hf_config.num_hidden_layers)
-        )
-        assert model.spec.layer_window == expected, config["model_type"]
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma3", "mistral"])
