@@ -73,7 +73,7 @@ def _engine(cfg: dict[str, Any]) -> dict[str, Any]:
 
     if cfg.get("model_type") not in supported_model_types():
         pytest.skip(f"the JAX engine has no family for model_type {cfg.get('model_type')!r}")
-    from aegis.train.models.spec import BUFFER_LEAVES
+    from aegis.train.shapes import BUFFER_LEAVES
 
     model = build_model(cfg)
     flat = jax.tree_util.tree_flatten_with_path(model.param_shapes(), is_leaf=lambda x: isinstance(x, tuple))[0]

@@ -226,7 +226,7 @@ def plan_request(
     if gpu_count > 1:
         solution, multi = _multi_gpu(profile, gpu, gpu_count, solution, kwargs)
     if gpu_count == 1:
-        solution = _device_level(profile, gpu, solution)
+        solution = _device_level(profile, gpu, solution, dataset.row_lengths if dataset else None)
     rec = solution.recommended
     nothing = None if rec is not None else _nothing_fits(profile, gpu, gpu_count, solution, kwargs)
     throughput, cost_list = None, []
@@ -269,7 +269,7 @@ def plan_request(
     return report.model_copy(update={"risks": tuple(risks), "notes": report.notes + tuple(more_notes)})
 
 
-def _device_level(profile: ModelProfile, gpu: GPU, solution: Solution) -> Solution:
+def _device_level(profile: ModelProfile, gpu: GPU, solution: Solution, row_lengths: tuple[int, ...] | None = None) -> Solution:
     """Judge the reported tiers on what the device shows (`aegis.memory.device`): the recommended and the
     aggressive tier get their reserved peak; a recommended tier whose reserved segments do not fit gives way
     to the first fallback that does, and one that then keeps less than the comfortable headroom (`comfort_bytes`)
@@ -288,14 +288,14 @@ def _device_level(profile: ModelProfile, gpu: GPU, solution: Solution) -> Soluti
         below it."""
         nonlocal fallbacks
         for i, fb in enumerate(solution.fallbacks):
-            checked = device_check(profile, gpu, fb)
+            checked = device_check(profile, gpu, fb, row_lengths)
             if ok(checked):
                 fallbacks = solution.fallbacks[i + 1:]
                 return checked.model_copy(update={"name": "recommended"})
         return None
 
     if rec is not None:
-        checked = device_check(profile, gpu, rec)
+        checked = device_check(profile, gpu, rec, row_lengths)
         if not checked.fits:
             notes.append(
                 f"the recommended config's live tensors fit but the caching allocator would reserve "
@@ -324,7 +324,7 @@ def _device_level(profile: ModelProfile, gpu: GPU, solution: Solution) -> Soluti
                                f"under the comfortable {on_device}: none keeps more"})
         rec = checked
     if agg is not None and not agg_checked:
-        agg = device_check(profile, gpu, agg)
+        agg = device_check(profile, gpu, agg, row_lengths)
         if not agg.fits:
             agg = None
     return replace(solution, recommended=rec, aggressive=agg, fallbacks=fallbacks, notes=notes)

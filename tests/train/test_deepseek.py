@@ -23,7 +23,7 @@ from conftest import build_hf_model, tiny_config
 from aegis.architectures import config as arch
 from aegis.profiles import profile_from_config
 from aegis.train.models import build_model
-from aegis.train.models.spec import BUFFER_LEAVES
+from aegis.train.shapes import BUFFER_LEAVES
 from aegis.train.weights import load_checkpoint, save_checkpoint, to_hf_state_dict
 
 NAMES = ["deepseek_v3", "deepseek_v2_lite"]

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aegis.families import get_family, layer_shapes
@@ -48,12 +49,21 @@ from aegis.memory._dtypes import placement
 from aegis.memory.activations import fixed_saved_by_layer, head_saved_bytes_per_token, parts_by_layer
 from aegis.memory.allocator import AllocatorOutOfMemoryError, CachingAllocator, gc_paused
 from aegis.memory.components import NF4_BLOCK, NF4_BLOCK2, sizes
+from aegis.errors import InvalidConfigError
 from aegis.schema import GPU, MemoryEstimate, ModelProfile, Tier, TrainConfig, lora_selects, lora_target_names
 
-__all__ = ["DeviceMemory", "device_memory", "allocation_stream", "with_device_memory", "device_check"]
+__all__ = ["DeviceMemory", "RunMemory", "device_memory", "allocation_stream", "with_device_memory", "device_check",
+           "run_lengths", "run_memory", "run_check"]
 
 STEPS = 2
 """Training steps written: the second runs with the optimizer states in place and a warm cache."""
+RUN_STEPS = 16
+"""Steps of a run over real data (`run_lengths`): drawn from the dataset's row lengths, then one at the longest."""
+RUN_SEED = 0
+"""Seed of `run_lengths`' draws: a plan is the same every time it is made."""
+EXPANDABLE_HELPS_FRACTION = 0.05
+"""`run_check` recommends expandable segments when they lower the run's reserved peak by at least this share, or
+when the run fits only with them."""
 
 
 @dataclass(frozen=True)
@@ -102,8 +112,12 @@ def _nf4_parts(elements: int) -> tuple[int, ...]:
     return (-(-elements // 2), blocks, 4 * -(-blocks // NF4_BLOCK2), 256 * 4, 4)
 
 
-def allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEPS) -> list[tuple[str, int, int]]:
-    """The ``("alloc", id, nbytes)`` / ``("free", id, 0)`` stream of ``steps`` training steps of ``cfg``."""
+def allocation_stream(
+    profile: ModelProfile, cfg: TrainConfig, steps: int = STEPS, lengths: Sequence[int] | None = None,
+) -> list[tuple[str, int, int]]:
+    """The ``("alloc", id, nbytes)`` / ``("free", id, 0)`` stream of ``steps`` training steps of ``cfg``; with
+    ``lengths``, one step per entry, each of ``micro_batch_size`` rows of that many tokens (a batch padded to its
+    longest row), in that order."""
     from aegis.memory.estimate import step_setting  # estimate imports this module lazily
 
     from aegis.memory.stack import backward_width, checkpoint_keeps_inputs, fused_loss, profile_for_stack
@@ -115,7 +129,6 @@ def allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEP
     sz = sizes(profile, cfg, place)
     setting = step_setting(profile, cfg, fam, place)
     layers = layer_shapes(fam, c, profile.layout_major)
-    tokens = cfg.micro_batch_size * cfg.seq_len
     hidden, vocab = fam.hidden(c), fam.vocab(c)
     full = cfg.method == "full"
     lora = cfg.lora_config
@@ -177,8 +190,23 @@ def allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEP
                         trainable[i].append(lin.count * shape)
 
     # -- the per-step quantities the estimate uses -----------------------------------------------------
-    # each saved tensor its own allocation, as PyTorch makes them (a label's parts: gate, up, act, ...)
-    parts = [[v for label in by_label.values() for v in label] for by_label in parts_by_layer(fam, c, layers, setting)]
+    shapes: dict[int, tuple[int, list[list[float]], int]] = {}
+
+    def step_shape(seq: int) -> tuple[int, list[list[float]], int]:
+        """Tokens, per-layer saved tensors (bytes per token) and mask bytes of a step of ``seq``-token rows."""
+        if seq not in shapes:
+            at = setting if seq == cfg.seq_len else setting._replace(seq_len=seq)
+            # each saved tensor its own allocation, as PyTorch makes them (a label's parts: gate, up, act, ...)
+            per_layer = [[v for label in by_label.values() for v in label] for by_label in parts_by_layer(fam, c, layers, at)]
+            n = cfg.micro_batch_size * seq
+            mask_bytes = 0
+            if setting.eager:
+                mask_bytes = n * seq * stream_b
+            elif cfg.attention == "sdpa" and any(layer.sliding_window and layer.sliding_window < seq for layer in layers):
+                mask_bytes = n * seq
+            shapes[seq] = (n, per_layer, mask_bytes)
+        return shapes[seq]
+
     # PEFT's merged W + B@A of adapted fused experts, saved once per layer whatever the token count
     fixed = fixed_saved_by_layer(layers, setting) if cfg.method != "full" else [0] * len(layers)
     head_saved = head_saved_bytes_per_token(fam, c, setting)
@@ -188,11 +216,6 @@ def allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEP
     width = backward_width(layers, cfg)  # as the estimate (4.x MoE: one expert's rows at a time)
     gb = sz.trainable_bytes_per_param
     state_b = place.state_bytes
-    masks = 0
-    if setting.eager:
-        masks = tokens * cfg.seq_len * stream_b
-    elif cfg.attention == "sdpa" and any(layer.sliding_window and layer.sliding_window < cfg.seq_len for layer in layers):
-        masks = tokens * cfg.seq_len
     all_trainable = [t for own in trainable for t in own] + head_trainable
     skip = Counter(no_decay)  # only sizes are allocated: equal-sized tensors are interchangeable
     decay = []
@@ -214,7 +237,8 @@ def allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEP
         # an fp32 head (k-bit prep) is cast; a bf16 one (TRL's, or no k-bit prep) is not
         cast_head = [(profile.lm_head_params or profile.embedding_params) * 2]
 
-    for _step in range(steps):
+    for seq in lengths if lengths is not None else [cfg.seq_len] * steps:
+        tokens, parts, masks = step_shape(seq)
         mask = st.alloc(masks) if masks else None
         # -- forward ----------------------------------------------------------------------------------
         x = st.alloc(tokens * hidden * stream_b)  # embedding output
@@ -306,12 +330,14 @@ def allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEP
 
 def device_memory(
     profile: ModelProfile, cfg: TrainConfig, *, expandable_segments: bool = False, capacity_bytes: int | None = None,
+    lengths: Sequence[int] | None = None,
 ) -> DeviceMemory:
     """Replay `allocation_stream` through the caching allocator model: the reserved peak of ``cfg``. With
     ``capacity_bytes`` the allocator flushes its cache and retries when a new segment does not fit, as
-    PyTorch does, and ``out_of_memory`` says whether the step fails anyway."""
+    PyTorch does, and ``out_of_memory`` says whether the step fails anyway. With ``lengths`` (`run_lengths`) the
+    stream is one step per length, a run over real data, instead of two steps of ``cfg.seq_len``."""
     with gc_paused():  # thousands of short-lived tuples and blocks: no collections while they are made
-        events = allocation_stream(profile, cfg)
+        events = allocation_stream(profile, cfg, lengths=lengths)
         allocator = CachingAllocator(expandable_segments=expandable_segments, capacity_bytes=capacity_bytes)
         try:
             stats = allocator.replay(events)
@@ -330,12 +356,75 @@ def device_memory(
     )
 
 
+def run_lengths(
+    row_lengths: Sequence[int], seq_len: int, micro_batch_size: int = 1, *, steps: int = RUN_STEPS, seed: int = RUN_SEED,
+) -> tuple[int, ...]:
+    """The padded length of each step of a run over data whose rows have ``row_lengths`` tokens (a dataset profile's
+    `row_lengths`, or any stated sample of the distribution): ``steps`` batches of ``micro_batch_size`` rows drawn
+    with replacement (a seeded `random.Random`, as the Trainer's seeded sampler shuffles), each row truncated to
+    ``seq_len`` and the batch padded to its longest row (HF's collators pad to the longest in the batch), then one
+    step of ``seq_len``: the longest batch a run over the whole data reaches, met with the cache the others left."""
+    import random
+
+    rows = [min(int(n), seq_len) for n in row_lengths if n > 0]
+    if not rows:
+        raise InvalidConfigError("run_lengths needs at least one positive row length")
+    if steps < 1:
+        raise InvalidConfigError(f"steps must be >= 1, got {steps}")
+    rng = random.Random(seed)
+    drawn = [max(max(rng.choice(rows) for _ in range(micro_batch_size)), 2) for _ in range(steps)]
+    return (*drawn, seq_len)
+
+
+@dataclass(frozen=True)
+class RunMemory:
+    """The caching allocator over a run of varied lengths (`run_memory`), beside two steps of the longest."""
+
+    lengths: tuple[int, ...]
+    """The padded length of each step replayed, in order."""
+    run: DeviceMemory
+    """The run replayed with the default allocator settings."""
+    run_expandable: DeviceMemory
+    """The same run with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``."""
+    fixed: DeviceMemory
+    """Two steps of the longest length only (what `device_memory` predicts without the data)."""
+
+    @property
+    def fragmentation_bytes(self) -> int:
+        """Reserved above the live peak over the run: what the cache's segments hold that no tensor uses."""
+        return self.run.max_reserved_bytes - self.run.max_allocated_bytes
+
+    @property
+    def varied_bytes(self) -> int:
+        """What the run's lengths add to the reserved peak of two steps of the longest length."""
+        return self.run.max_reserved_bytes - self.fixed.max_reserved_bytes
+
+    @property
+    def expandable_saves_bytes(self) -> int:
+        return self.run.max_reserved_bytes - self.run_expandable.max_reserved_bytes
+
+
+def run_memory(profile: ModelProfile, cfg: TrainConfig, lengths: Sequence[int]) -> RunMemory:
+    """Replay one step per length (`run_lengths`) through the allocator model, with and without expandable segments,
+    and two steps of ``cfg.seq_len`` for comparison."""
+    lengths = tuple(int(n) for n in lengths)
+    return RunMemory(
+        lengths=lengths,
+        run=device_memory(profile, cfg, lengths=lengths),
+        run_expandable=device_memory(profile, cfg, lengths=lengths, expandable_segments=True),
+        fixed=device_memory(profile, cfg),
+    )
+
+
 def with_device_memory(
     est: MemoryEstimate, profile: ModelProfile, *, expandable_segments: bool = False, capacity_bytes: int | None = None,
+    lengths: Sequence[int] | None = None,
 ) -> tuple[MemoryEstimate, DeviceMemory]:
     """``est`` with its predicted reserved peak; the range's high end becomes what the device shows when that is
-    more (reserved segments + the CUDA context), so headroom is judged on reserved memory."""
-    dev = device_memory(profile, est.config, expandable_segments=expandable_segments, capacity_bytes=capacity_bytes)
+    more (reserved segments + the CUDA context), so headroom is judged on reserved memory. ``lengths``: the reserved
+    peak of a run of those step lengths (`run_lengths`)."""
+    dev = device_memory(profile, est.config, expandable_segments=expandable_segments, capacity_bytes=capacity_bytes,
+                        lengths=lengths)
     device = dev.max_reserved_bytes + est.overhead_bytes
     return est.model_copy(update={
         "reserved_bytes": dev.max_reserved_bytes,
@@ -344,21 +433,46 @@ def with_device_memory(
     }), dev
 
 
-def device_check(profile: ModelProfile, gpu: GPU, tier: Tier) -> Tier:
+def device_check(profile: ModelProfile, gpu: GPU, tier: Tier, row_lengths: Sequence[int] | None = None) -> Tier:
     """``tier`` judged at the device level (headroom = GPU memory - the high end, now at least reserved + context).
 
     The step is replayed with unlimited memory first. If its reserved peak does not fit the GPU, it is replayed
     with the GPU's capacity, where PyTorch's allocator frees its cached segments and retries before failing:
     the tier fits if no allocation fails (tight: headroom 0, the cache is flushed during the step), else it is
-    tried with expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``), else it does not fit."""
-    mem, _ = with_device_memory(tier.memory, profile)
+    tried with expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``), else it does not fit.
+
+    ``row_lengths`` (a dataset profile's `row_lengths`): the replay is a run of `RUN_STEPS` steps of the data's lengths
+    and one of the longest (`run_lengths`), whose cache fragments over the varied shapes; where expandable segments
+    lower that run's reserved peak by `EXPANDABLE_HELPS_FRACTION` or more, the tier is planned with them."""
+    lengths = None
+    expandable = False
+    notes: tuple[str, ...] = ()
+    if row_lengths:
+        cfg = tier.memory.config
+        lengths = run_lengths(row_lengths, cfg.seq_len, cfg.micro_batch_size)
+        run = run_memory(profile, cfg, lengths)
+        saves = run.expandable_saves_bytes
+        expandable = saves >= EXPANDABLE_HELPS_FRACTION * run.run.max_reserved_bytes
+        gib = 1 << 30
+        notes = (
+            f"real data's lengths: {len(lengths) - 1} steps of lengths drawn from the dataset's {len(row_lengths)} rows "
+            f"(seed {RUN_SEED}) then one of {cfg.seq_len}, replayed through the caching allocator: the run reserves "
+            f"{run.run.max_reserved_bytes / gib:.2f} GiB for a {run.run.max_allocated_bytes / gib:.2f} GiB live peak "
+            f"({run.fragmentation_bytes / gib:.2f} GiB of cached segments no tensor uses; "
+            f"{run.varied_bytes / gib:+.2f} GiB against steps of one length); with "
+            f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True it reserves {run.run_expandable.max_reserved_bytes / gib:.2f} GiB"
+            + (": set it for this run" if expandable else ""),)
+    mem, _ = with_device_memory(tier.memory, profile, lengths=lengths, expandable_segments=expandable)
     capacity = gpu.memory_bytes - tier.memory.overhead_bytes
     fits = tier.fits and gpu.memory_bytes - mem.high_bytes >= 0
     headroom = gpu.memory_bytes - mem.high_bytes
     if tier.fits and not fits:
         for expandable in (False, True):
-            capped, dev = with_device_memory(tier.memory, profile, expandable_segments=expandable, capacity_bytes=capacity)
+            capped, dev = with_device_memory(tier.memory, profile, expandable_segments=expandable, capacity_bytes=capacity,
+                                             lengths=lengths)
             if not dev.out_of_memory:
                 mem, fits, headroom = capped, True, min(0, gpu.memory_bytes - capped.high_bytes)
                 break
+    if notes:
+        mem = mem.model_copy(update={"notes": mem.notes + notes})
     return tier.model_copy(update={"memory": mem, "headroom_bytes": min(tier.headroom_bytes, headroom), "fits": fits})

@@ -56,6 +56,8 @@ from aegis.families.base import Family, LayerShape
 from aegis.hardware import cudnn_flash_attention, find_gpu
 from aegis.memory.components import check_lora_targets
 from aegis.schema import GPU, MemoryComponent, MemoryEstimate, ModelProfile, TrainConfig, lora_selects, lora_target_names
+from aegis.train.arch_spec import arch_spec
+from aegis.train.shapes import BUFFER_LEAVES, STACKS, ArchSpec, layer_stacks, param_shapes, tree_leaves
 
 __all__ = ["Platform", "Leaf", "engine_leaves", "nf4_leaf_bytes", "optimizer_state_bytes", "estimate_jax", "UNROLL_MAX_LAYERS"]
 
@@ -111,61 +113,31 @@ class Leaf:
 
 
 def engine_leaves(profile: ModelProfile) -> list[Leaf]:
-    """The JAX engine's parameter tree for a profile (`train/models/spec.py` ``param_shapes``):
-    embeddings, per-layer tensors stacked over layers, final norm, untied head."""
-    fam = get_family(profile.config)
-    c = profile.config
-    layers = fam.layers(c)
-    d, v = fam.hidden(c), fam.vocab(c)
-    out = [Leaf("model.embed_tokens.weight", (v, d), matrix=False, quantizable=False, stacked=False)]
-    if positions := fam.position_embedding_params(c):  # GPT-2's learned positions (wpe), never quantised
-        out.append(Leaf("model.embed_positions.weight", (positions // d, d), matrix=False, quantizable=False, stacked=False))
-    for n, layer in _layer_stacks(layers):
-        out += _stack_leaves(fam, c, n, layer, d)
-    if final := fam.final_norm_params(c):  # OLMo 1's final LayerNorm has no parameter
-        out.append(Leaf("model.norm.weight", (final,), matrix=False, quantizable=False, stacked=False))
-    if not fam.tied(c):
-        out.append(Leaf("lm_head.weight", (v, d), matrix=True, quantizable=False, stacked=False))
-    if fam.lm_head_bias(c):
-        out.append(Leaf("lm_head.bias", (v,), matrix=False, quantizable=False, stacked=False))
-    return out
-
-
-def _layer_stacks(layers: list[LayerShape]) -> list[tuple[int, LayerShape]]:
-    """Runs of layers the engine stacks together, as (count, first layer): one run, or DeepSeek's dense
-    layers before its MoE layers (`train/models/spec.py` ``layer_stacks``)."""
-    runs: list[tuple[int, LayerShape]] = []
-    for layer in layers:
-        if runs and runs[-1][1].num_experts == layer.num_experts:
-            runs[-1] = (runs[-1][0] + 1, runs[-1][1])
-        else:
-            runs.append((1, layer))
-    return runs
-
-
-def _stack_leaves(fam: Family, c: dict, n: int, layer: LayerShape, d: int) -> list[Leaf]:
+    """The JAX engine's parameter tree for a profile, leaf by leaf (`aegis.train.shapes.param_shapes` of the
+    engine's own `aegis.train.arch_spec.arch_spec`): embeddings, per-layer tensors stacked over layers, final
+    norm, untied head. Buffers (DeepSeek-V3's score correction) are not parameters and not leaves here."""
     out = []
-    for lin in layer.linears:
-        shape = (n, lin.count, lin.out_features, lin.in_features) if lin.count > 1 else (n, lin.out_features, lin.in_features)
-        # the engine quantises every linear and the fused experts, not the routers (train/nf4.py DEFAULT_SKIP)
-        quantizable = lin.name.rsplit(".", 1)[-1] not in ENGINE_NF4_SKIP
-        out.append(Leaf(f"model.layers.{lin.name}.weight", shape, matrix=True, quantizable=quantizable, stacked=True))
-        if lin.bias:
-            out.append(Leaf(f"model.layers.{lin.name}.bias", (n, lin.count * lin.out_features), matrix=False,
-                            quantizable=False, stacked=True))
-    if layer.router_params:
-        out.append(Leaf("model.layers.mlp.gate.weight", (n, layer.router_params), matrix=True, quantizable=False, stacked=True))
-    vectors = max(1, layer.norm_params // d) if layer.norm_params else 0  # OLMo 1's LayerNorms hold none
-    for i in range(vectors):
-        width = d if layer.norm_params >= d else layer.norm_params
-        out.append(Leaf(f"model.layers.norm{i}.weight", (n, width), matrix=False, quantizable=False, stacked=True))
-    rest = layer.norm_params - vectors * d
-    hd = fam.head_dim(c)
-    for i in range(rest // hd if rest % hd == 0 else 0):  # q_norm and k_norm, head_dim wide
-        out.append(Leaf(f"model.layers.qk_norm{i}.weight", (n, hd), matrix=False, quantizable=False, stacked=True))
-    if rest > 0 and rest % hd:
-        out.append(Leaf("model.layers.other_norm.weight", (n, rest), matrix=False, quantizable=False, stacked=True))
+    for path, shape in tree_leaves(param_shapes(_spec(profile))).items():
+        if path[-1] in BUFFER_LEAVES:
+            continue
+        stacked = len(path) > 1 and path[0] == "model" and path[1] in STACKS
+        # a weight a dot multiplies by: what `train/nf4.py` quantises (linears, fused experts) and the routers
+        # and head it skips; norms (Cohere's per-head q/k norm weights too) and embeddings are not
+        matrix = (path[-1] in ("weight", "gate_up_proj", "down_proj") and len(shape) - int(stacked) >= 2
+                  and not any(k.endswith("norm") or k in ("embed_tokens", "embed_positions") for k in path))
+        quantizable = matrix and not any(k in ENGINE_NF4_SKIP or k == "lm_head" for k in path)
+        out.append(Leaf(".".join(path), shape, matrix=matrix, quantizable=quantizable, stacked=stacked))
     return out
+
+
+def _spec(profile: ModelProfile) -> ArchSpec:
+    return arch_spec(profile.config)
+
+
+def _layer_stacks(profile: ModelProfile, layers: list[LayerShape]) -> list[tuple[int, LayerShape]]:
+    """The engine's stacks (`aegis.train.shapes.layer_stacks`: one, or DeepSeek's dense layers before its MoE
+    layers) as (count, the planner's shape of the stack's first layer)."""
+    return [(count, layers[first]) for _, first, count in layer_stacks(_spec(profile))]
 
 
 def nf4_leaf_bytes(leaf: Leaf) -> int:
@@ -185,7 +157,7 @@ def _lora_leaves(profile: ModelProfile, cfg: TrainConfig) -> list[tuple[int, ...
     layers = get_family(profile.config).layers(profile.config)
     targets = lora_target_names(lora.target_modules, profile.linear_modules)
     shapes = []
-    for n, layer in _layer_stacks(layers):
+    for n, layer in _layer_stacks(profile, layers):
         for lin in layer.linears:
             if lora_selects(lin, targets):
                 rank = lora.rank * lin.lora_rank_factor * lin.count

@@ -32,7 +32,7 @@ conversion also takes ``gate_proj``/``up_proj``/``down_proj`` away from its nn.L
 layers' and the shared experts'), which PEFT then leaves un-adapted; so does this module.
 
 Models with several layer stacks (DeepSeek's ``model.dense_layers`` before ``model.layers``, see
-``aegis.train.models.spec.layer_stacks``) get adapters per stack under the same keys.
+``aegis.train.shapes.layer_stacks``) get adapters per stack under the same keys.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def init_lora(
         raise InvalidConfigError(f"LoRA dropout must be in [0, 1), got {dropout}.")
     targets = (target_modules,) if isinstance(target_modules, str) else tuple(target_modules)
     wrapped, module_targets = parameter_targets(model.config.get("model_type"), targets)
-    from aegis.train.models.spec import layer_stacks  # the models package imports this module
+    from aegis.train.shapes import layer_stacks
 
     # PEFT's conversion took the mapped names from the nn.Linear modules too ("all-linear" included)
     converted = frozenset(PEFT_MOE_PARAMETER_TARGETS.get(model.config.get("model_type") or "", {}))

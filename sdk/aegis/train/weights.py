@@ -30,7 +30,7 @@ import numpy as np
 from aegis.errors import CheckpointError
 from aegis.train.lora import LoRAWeights, peft_parameter_name
 from aegis.train.models import Model, get_family
-from aegis.train.models.spec import layer_stacks
+from aegis.train.shapes import layer_stacks
 from aegis.train.nf4 import NF4Tensor, dequantize
 from aegis.train.safetensors_io import (
     ADAPTER_FILE,

@@ -4,7 +4,7 @@ Plain JAX, pure functions over a params pytree named like transformers' ``state_
 layers stacked on axis 0 and run with ``jax.lax.scan``). One registry, :data:`FAMILIES`, keyed by
 config.json ``model_type``: llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, olmo2, granite, mixtral,
 qwen2_moe, qwen3_moe, gpt_oss, phimoe, deepseek_v2, deepseek_v3 (DeepSeek: its leading dense layers are a
-second stack, ``model.dense_layers``, before ``model.layers``; see ``spec.layer_stacks``).
+second stack, ``model.dense_layers``, before ``model.layers``; see ``aegis.train.shapes.layer_stacks``).
 
     from aegis.train.models import build_model
     model = build_model(json.load(open("config.json")), dtype=jnp.bfloat16)
@@ -24,7 +24,7 @@ from aegis.errors import InvalidConfigError
 from aegis.train.models.decoder import Model, attention_mask, segment_positions, standard_layer
 from aegis.train.models.layers import ATTENTION_IMPLS
 from aegis.train.models.families import FAMILIES, Family, Recipe, get_family, supported_model_types
-from aegis.train.models.spec import ArchSpec, MoESpec, param_shapes
+from aegis.train.shapes import ArchSpec, MoESpec, param_shapes
 
 __all__ = [
     "build_model",

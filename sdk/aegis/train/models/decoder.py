@@ -28,7 +28,7 @@ import numpy as np
 from aegis.errors import InvalidConfigError
 from aegis.train.models.layers import Ctx, attention_block, dropout, layer_norm, mlp_block, moe_block, rms_norm
 from aegis.train.models.rope import cos_sin
-from aegis.train.models.spec import FULL_WINDOW, ArchSpec, layer_stacks, param_shapes, stack_spec
+from aegis.train.shapes import FULL_WINDOW, ArchSpec, layer_stacks, param_shapes, stack_spec
 from aegis.train.nf4 import NF4Tensor
 
 __all__ = ["Model", "standard_layer", "parallel_layer", "segment_positions", "attention_mask", "LayerFn"]

@@ -11,7 +11,7 @@ Mirrors transformers 5.23's ``modeling_deepseek_v2.py`` / ``modeling_deepseek_v3
   de-interleaved vector ``[x0, x2, ..., x1, x3, ...]`` half-wise is what V3 computes, and gives V2's q.k.
   Softmax scale ``(nope + rope)**-0.5``, times ``mscale**2`` under yarn with ``mscale_all_dim``.
 - **MoE** from layer ``first_k_dense_replace`` on (the leading dense layers are the ``model.dense_layers``
-  stack, see ``spec.layer_stacks``): V2 routes by softmax (``greedy`` top-k, or ``group_limited_greedy``:
+  stack, see ``aegis.train.shapes.layer_stacks``): V2 routes by softmax (``greedy`` top-k, or ``group_limited_greedy``:
   the ``topk_group`` groups with the best expert), weights not renormalised; V3 by sigmoid, choosing
   with ``scores + e_score_correction_bias`` among the ``topk_group`` groups whose best two sum highest,
   weighting by the plain scores (renormalised when ``norm_topk_prob``). Both scale the weights by
@@ -22,108 +22,21 @@ Mirrors transformers 5.23's ``modeling_deepseek_v2.py`` / ``modeling_deepseek_v3
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from aegis.architectures import config as arch
-from aegis.errors import UnsupportedArchitectureError
 from aegis.train.models.layers import (
     Ctx, _expert_matmul, _sub, activation, eager_attention, linear, mlp_block, rms_norm,
 )
 from aegis.train.models.rope import apply_rope, deinterleave
-from aegis.train.models.spec import FULL_WINDOW, ArchSpec, MoESpec, require, rope_single
+from aegis.train.shapes import ArchSpec, MoESpec
 
-__all__ = ["spec_deepseek", "deepseek_layer", "mla_attention", "deepseek_moe"]
+__all__ = ["deepseek_layer", "mla_attention", "deepseek_moe"]
 
 _LATENT_NORM_EPS = 1e-6
 """``DeepseekV2RMSNorm(q_lora_rank)`` / ``(kv_lora_rank)``: constructed without ``rms_norm_eps``."""
-
-
-def _yarn_mscale(scale: float, mscale: float) -> float:
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-def spec_deepseek(config: dict[str, Any]) -> ArchSpec:
-    """The ArchSpec of a DeepSeek-V2 / V3 config.json (transformers' class defaults for missing keys)."""
-    mt = config["model_type"]
-    m = arch.mla(config)
-    heads = require(config, "num_attention_heads")
-    raw = arch.value(config, "num_key_value_heads")  # the key itself: the registry derives kv_heads = heads for MLA
-    kv = heads if raw is None else raw
-    if kv != heads:
-        raise UnsupportedArchitectureError(
-            f"{mt}: num_key_value_heads={kv} differs from num_attention_heads={heads}; MLA expands keys and values "
-            "for every head, so DeepSeek checkpoints set them equal (fix config.json)."
-        )
-    n = require(config, "num_hidden_layers")
-    rope = rope_single(config, m.qk_rope_head_dim)
-    scale = m.qk_head_dim**-0.5
-    params = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
-    if params.get("rope_type", params.get("type", "default")) != "default" and params.get("mscale_all_dim"):
-        ms = _yarn_mscale(float(params["factor"]), float(params["mscale_all_dim"]))
-        scale = scale * ms * ms
-    if mt == "deepseek_v3":
-        if arch.value(config, "n_group") is None or arch.value(config, "topk_group") is None:
-            raise UnsupportedArchitectureError("deepseek_v3 routing needs n_group and topk_group in config.json.")
-        routing = dict(
-            router="sigmoid", n_group=arch.value(config, "n_group"), topk_group=arch.value(config, "topk_group"),
-            group_score="top2", norm_topk_prob=bool(arch.value(config, "norm_topk_prob")),
-        )
-        interleave = bool(arch.value(config, "rope_interleave"))
-    else:
-        method = arch.value(config, "topk_method")
-        if method == "greedy":
-            routing = dict(n_group=1, topk_group=1)
-        elif method == "group_limited_greedy":
-            routing = dict(n_group=arch.value(config, "n_group"), topk_group=arch.value(config, "topk_group"))
-        else:
-            raise UnsupportedArchitectureError(
-                f"deepseek_v2 topk_method {method!r} is not one transformers implements; use 'greedy' or "
-                "'group_limited_greedy'."
-            )
-        routing.update(router="softmax", group_score="max", norm_topk_prob=False)  # V2 never renormalises
-        interleave = True  # view_as_complex pairs adjacent dims
-    moe = MoESpec(
-        num_experts=arch.num_experts(config),
-        top_k=arch.experts_per_tok(config),
-        expert_intermediate_size=arch.moe_intermediate_size(config),
-        shared_expert_intermediate_size=arch.shared_expert_intermediate_size(config) or None,
-        shared_gate=False,
-        routed_scaling_factor=float(arch.value(config, "routed_scaling_factor")),
-        **routing,
-    )
-    if moe.n_group < 1 or moe.num_experts % moe.n_group:
-        raise UnsupportedArchitectureError(
-            f"{mt}: n_routed_experts={moe.num_experts} is not a multiple of n_group={moe.n_group}; fix config.json."
-        )
-    bias = bool(arch.value(config, "attention_bias"))
-    return ArchSpec(
-        model_type=mt,
-        vocab_size=require(config, "vocab_size"),
-        hidden_size=require(config, "hidden_size"),
-        num_layers=n,
-        num_heads=heads,
-        num_kv_heads=heads,
-        head_dim=m.qk_head_dim,
-        intermediate_size=arch.mla_dense_intermediate_size(config),
-        rms_norm_eps=arch.rms_norm_eps(config),
-        hidden_act=config.get("hidden_act") or "silu",
-        initializer_range=float(arch.value(config, "initializer_range") or 0.02),
-        attn_scale=scale,
-        o_bias=bias,  # q_a_proj, kv_a_proj_with_mqa and o_proj
-        mlp_bias=arch.mlp_bias(config),
-        tie_embeddings=arch.tie_word_embeddings(config),
-        ropes=(rope,),
-        layer_rope=(0,) * n,
-        layer_window=(FULL_WINDOW,) * n,
-        moe=moe,
-        mla=m,
-        dense_layers=int(arch.value(config, "first_k_dense_replace") or 0),
-        rope_interleave=interleave,
-    )
 
 
 def mla_attention(

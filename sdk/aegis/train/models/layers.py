@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from aegis.errors import UnsupportedArchitectureError
 from aegis.train.lora import expert_factors
 from aegis.train.models.rope import apply_rope, deinterleave
-from aegis.train.models.spec import ArchSpec
+from aegis.train.shapes import ArchSpec
 from aegis.train.nf4 import NF4Tensor, dequantize, maybe_dequantize
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""GPT-OSS and Phi-3.5-MoE (``phimoe``) for the JAX engine: specs, decoder layers and checkpoint names.
+"""GPT-OSS and Phi-3.5-MoE (``phimoe``) for the JAX engine: decoder layers and checkpoint names
+(their specs: `aegis.train.arch_spec`).
 
 Each mirrors transformers 5's ``modeling_gpt_oss.py`` / ``modeling_phimoe.py``; the registry
 (``families.FAMILIES``) lists them. The parameter tree follows the engine's conventions (fused experts
@@ -35,16 +36,13 @@ Each mirrors transformers 5's ``modeling_gpt_oss.py`` / ``modeling_phimoe.py``; 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aegis.architectures import config as arch
-from aegis.architectures import registry
-from aegis.errors import CheckpointError, UnsupportedArchitectureError
+from aegis.errors import CheckpointError
 from aegis.train.models.layers import (
     Ctx,
     _grouped_matmul,
@@ -55,12 +53,10 @@ from aegis.train.models.layers import (
     linear,
     rms_norm,
 )
-from aegis.train.models.rope import RopeSpec, apply_rope
-from aegis.train.models.spec import ArchSpec, MoESpec
+from aegis.train.models.rope import apply_rope
+from aegis.train.shapes import ArchSpec
 
 __all__ = [
-    "spec_gpt_oss",
-    "spec_phimoe",
     "gpt_oss_layer",
     "phimoe_layer",
     "gpt_oss_recipe",
@@ -68,104 +64,6 @@ __all__ = [
     "layer_norm",
     "sparsemixer_top2",
 ]
-
-GPT_OSS_DEFAULT_ROPE = {
-    "rope_type": "yarn",
-    "factor": 32.0,
-    "beta_fast": 32.0,
-    "beta_slow": 1.0,
-    "truncate": False,
-    "original_max_position_embeddings": 4096,
-}
-"""``GptOssConfig.__post_init__``'s rope parameters when a config.json gives none."""
-
-
-def _base_spec(config: dict[str, Any]) -> ArchSpec:
-    from aegis.train.models.families import FAMILIES  # the registry imports this module
-
-    return FAMILIES["llama"].build_spec(config)
-
-
-def _moe(config: dict[str, Any]) -> MoESpec:
-    return MoESpec(
-        num_experts=arch.num_experts(config),
-        top_k=arch.experts_per_tok(config),
-        expert_intermediate_size=arch.moe_intermediate_size(config),
-        norm_topk_prob=False,
-    )
-
-
-def _rope_params(config: dict[str, Any], default: dict[str, Any] | None, theta: float) -> dict[str, Any]:
-    params = dict(config.get("rope_scaling") or config.get("rope_parameters") or default or {})
-    params.setdefault("rope_theta", config.get("rope_theta", theta))
-    return params
-
-
-def spec_gpt_oss(config: dict[str, Any]) -> ArchSpec:
-    """GPT-OSS (``GptOssConfig``: head_dim 64, 8 kv heads, eps 1e-5, window 128, biases, 128 experts top-4)."""
-    spec = _base_spec({**config, "head_dim": arch.head_dim(config)})
-    params = _rope_params(config, GPT_OSS_DEFAULT_ROPE, 150_000.0)
-    rope = RopeSpec.from_params(
-        params, head_dim=spec.head_dim, max_position_embeddings=arch.value(config, "max_position_embeddings")
-    )
-    quant = config.get("quantization_config") or {}
-    return dataclasses.replace(
-        spec,
-        rms_norm_eps=arch.rms_norm_eps(config),
-        tie_embeddings=arch.tie_word_embeddings(config),
-        norm_weight_fp32=registry.get(arch.model_type(config)).norm_weight_float32,
-        mlp_bias=False,
-        moe=_moe(config),
-        attn_sinks=True,
-        router_bias=True,
-        expert_bias=True,
-        ropes=(rope,),
-        extra={
-            "swiglu_alpha": float(arch.value(config, "swiglu_alpha")),
-            "swiglu_limit": float(arch.value(config, "swiglu_limit")),
-            "mxfp4": quant.get("quant_method") == "mxfp4" and not quant.get("dequantize", False),
-        },
-    )
-
-
-def spec_phimoe(config: dict[str, Any]) -> ArchSpec:
-    """Phi-3.5-MoE (``PhimoeConfig``: 16 experts top-2, eps 1e-5, rope theta 1e6, untied)."""
-    if arch.experts_per_tok(config) != 2:
-        raise UnsupportedArchitectureError(
-            f"phimoe routes with sparsemixer, which picks exactly 2 experts; num_experts_per_tok="
-            f"{arch.experts_per_tok(config)} is not supported: set it to 2."
-        )
-    spec = _base_spec(config)
-    params = _rope_params(config, None, 1_000_000.0)
-    if params.get("rope_type", params.get("type", "default")) not in ("default", None):
-        short, long = params.get("short_mscale"), params.get("long_mscale")
-        if short is None or long is None or float(short) != float(long):
-            raise UnsupportedArchitectureError(
-                f"phimoe LongRoPE with short_mscale={short} and long_mscale={long}: the engine needs both set and "
-                "equal (as in Phi-3.5-MoE's config.json); set them equal or drop rope_scaling."
-            )
-        # transformers' Phi-MoE computes the frequencies without a sequence length: always the short factors
-        params = {**params, "long_factor": params.get("short_factor"), "attention_factor": float(short)}
-    rope = RopeSpec.from_params(
-        params,
-        head_dim=spec.head_dim,
-        max_position_embeddings=arch.value(config, "max_position_embeddings"),
-        original_max_position_embeddings=params.get("original_max_position_embeddings"),
-    )
-    return dataclasses.replace(
-        spec,
-        rms_norm_eps=arch.rms_norm_eps(config),
-        tie_embeddings=arch.tie_word_embeddings(config),
-        mlp_bias=False,
-        moe=_moe(config),
-        router_name="router",
-        layer_norm=True,
-        lm_head_bias=arch.lm_head_bias(config),
-        ropes=(rope,),
-        extra={"router_jitter_noise": float(arch.value(config, "router_jitter_noise")),
-               "input_jitter_noise": float(arch.value(config, "input_jitter_noise"))},
-    )
-
 
 # ----- blocks -------------------------------------------------------------------------------------------
 

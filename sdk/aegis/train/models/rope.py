@@ -14,96 +14,13 @@ gives the inverse frequencies and :func:`cos_sin` the tables for given positions
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
-from aegis.errors import UnsupportedArchitectureError
+from aegis.train.shapes import SUPPORTED_ROPE_TYPES, RopeSpec
 
 __all__ = ["RopeSpec", "inv_freq", "cos_sin", "apply_rope", "SUPPORTED_ROPE_TYPES"]
-
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
-
-
-@dataclass(frozen=True)
-class RopeSpec:
-    """One RoPE variant: type, base and the scaling parameters its type needs."""
-
-    rope_type: str
-    theta: float
-    head_dim: int
-    partial_rotary_factor: float = 1.0
-    factor: float | None = None
-    low_freq_factor: float | None = None
-    high_freq_factor: float | None = None
-    original_max_position_embeddings: int | None = None
-    max_position_embeddings: int | None = None
-    attention_factor: float | None = None
-    beta_fast: float | None = None
-    beta_slow: float | None = None
-    mscale: float | None = None
-    mscale_all_dim: float | None = None
-    truncate: bool = True
-    short_factor: tuple[float, ...] | None = None
-    long_factor: tuple[float, ...] | None = None
-
-    @property
-    def rotary_dim(self) -> int:
-        return int(self.head_dim * self.partial_rotary_factor)
-
-    @classmethod
-    def from_params(
-        cls,
-        params: dict[str, Any],
-        *,
-        head_dim: int,
-        max_position_embeddings: int | None,
-        original_max_position_embeddings: int | None = None,
-    ) -> RopeSpec:
-        """Build from one rope-parameters dict (``rope_type``/``type``, ``rope_theta``, scaling keys)."""
-        rope_type = params.get("rope_type", params.get("type", "default")) or "default"
-        if rope_type in ("su",):  # Phi-3's historical name for longrope
-            rope_type = "longrope"
-        if rope_type == "dynamic":
-            # Dynamic NTK only changes frequencies beyond max_position_embeddings; within it equals default.
-            rope_type = "default"
-        if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise UnsupportedArchitectureError(
-                f"rope_type {rope_type!r} is not supported by the JAX engine; supported: "
-                f"{', '.join(SUPPORTED_ROPE_TYPES)}. "
-                "Remove the rope scaling from config.json to train at the base length."
-            )
-        if params.get("rope_theta") is None:
-            raise UnsupportedArchitectureError("config.json has no rope_theta; add it (e.g. 10000.0) and retry.")
-        orig = params.get("original_max_position_embeddings") or original_max_position_embeddings
-        if rope_type in ("llama3", "yarn", "longrope") and orig is None:
-            orig = max_position_embeddings
-
-        def _tuple(x: Any) -> tuple[float, ...] | None:
-            return None if x is None else tuple(float(v) for v in x)
-
-        return cls(
-            rope_type=rope_type,
-            theta=float(params["rope_theta"]),
-            head_dim=head_dim,
-            partial_rotary_factor=float(params.get("partial_rotary_factor", 1.0) or 1.0),
-            factor=None if params.get("factor") is None else float(params["factor"]),
-            low_freq_factor=params.get("low_freq_factor"),
-            high_freq_factor=params.get("high_freq_factor"),
-            original_max_position_embeddings=orig,
-            max_position_embeddings=max_position_embeddings,
-            attention_factor=params.get("attention_factor"),
-            beta_fast=params.get("beta_fast"),
-            beta_slow=params.get("beta_slow"),
-            mscale=params.get("mscale"),
-            mscale_all_dim=params.get("mscale_all_dim"),
-            truncate=bool(params.get("truncate", True)),
-            short_factor=_tuple(params.get("short_factor")),
-            long_factor=_tuple(params.get("long_factor")),
-        )
-
 
 def _default_inv_freq(spec: RopeSpec) -> np.ndarray:
     dim = spec.rotary_dim
