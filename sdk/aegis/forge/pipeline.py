@@ -1,0 +1,203 @@
+"""``aegis forge CONFIG.yml OUT``: phases 1 -> 2 -> 3 -> 4 of the seed, each sized at run time.
+
+    from aegis.forge.pipeline import run_forge, tiny_config
+    run_forge(tiny_config(), "out/")           # what `aegis forge --tiny out/` runs (CPU, bundled data)
+
+OUT/phase1_cognate/ (three Cognate models, :func:`aegis.forge.cognate.run_phase1`), OUT/phase2_evomerge/ (EvoMerge of
+the three), OUT/phase3_quietstar/ (Quiet-STaR on the merged model), OUT/phase4_bitnet/ (BitNet b1.58 packing),
+each with ``report.json`` and ``report.md``; OUT/final is the compressed model. A phase that finished writes
+``.complete``; re-running the command skips finished phases and resumes the unfinished one from its own state
+(EvoMerge's generations, Quiet-STaR's steps). Every phase reads its input model's size from the files it gets.
+
+Config (YAML): ``phase1`` (passed to ``run_phase1``), ``phase2`` (EvoMerge fields: generations, population,
+eval_data, ...), ``phase3`` (``data``: reasoning JSONL, or ``parity`` for the bundled task; plus
+:class:`~aegis.forge.quietstar.QuietStarSettings` fields), ``phase4`` (``per_channel``, ``scale_dtype``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from aegis.errors import InvalidConfigError
+
+__all__ = ["PHASES", "run_forge", "tiny_config", "load_forge_config", "model_size"]
+
+PHASES = ("phase1_cognate", "phase2_evomerge", "phase3_quietstar", "phase4_bitnet")
+
+
+def tiny_config() -> dict[str, Any]:
+    """Toy scale for a CPU: tiny Cognate models, one EvoMerge generation, the bundled parity task."""
+    return {
+        "tiny": True,
+        "phase1": {},
+        "phase2": {"generations": 1, "population": 8, "max_eval_rows": 16, "seq_len": 64},
+        "phase3": {"data": "parity", "rows": 256, "bake_steps": 300, "bake_lr": 3e-3, "rl_steps": 6,
+                   "rl_lr": 1e-3, "check_every": 3, "min_diversity": 0.0, "min_divergence": 0.0,
+                   "min_thought_length": 1.0},
+        "phase4": {},
+    }
+
+
+def load_forge_config(path: str | Path) -> dict[str, Any]:
+    """The YAML at ``path`` as a dict (sections phase1..phase4, each optional)."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidConfigError(f"{path} is not a file: pass a forge YAML (phase1..phase4 sections) or use --tiny")
+    try:
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise InvalidConfigError(f"{path} is not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(cfg, dict) or set(cfg) - {"tiny", "phase1", "phase2", "phase3", "phase4"}:
+        raise InvalidConfigError(f"{path}: the top level holds phase1, phase2, phase3, phase4 (and tiny)")
+    return cfg
+
+
+def model_size(folder: str | Path) -> dict[str, Any]:
+    """Parameters and bytes of the safetensors files in ``folder``, read from their headers."""
+    from aegis.train.safetensors_io import read_header
+
+    params = nbytes = 0
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        header, _ = read_header(f)
+        for name, t in header.items():
+            if name == "__metadata__":
+                continue
+            n = 1
+            for d in t["shape"]:
+                n *= d
+            params += n
+            nbytes += t["data_offsets"][1] - t["data_offsets"][0]
+    return {"params": params, "bytes": nbytes}
+
+
+def _done(folder: Path) -> dict[str, Any] | None:
+    marker = folder / ".complete"
+    return json.loads(marker.read_text()) if marker.is_file() else None
+
+
+def _finish(folder: Path, report: dict[str, Any], outputs: dict[str, Any]) -> dict[str, Any]:
+    (folder / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    if not (folder / "report.md").exists() or report.get("phase") != "quietstar":
+        lines = [f"# {folder.name}", ""] + [f"- {k}: {v}" for k, v in report.items() if not isinstance(v, (dict, list))]
+        (folder / "report.md").write_text("\n".join(lines) + "\n")
+    (folder / ".complete").write_text(json.dumps(outputs, default=str))
+    return outputs
+
+
+def run_forge(config: dict[str, Any], out: str | Path, *, log: Callable[[str], None] = lambda s: None,
+              run_phase1: Callable[..., list[Path]] | None = None) -> dict[str, Any]:
+    """Run (or resume) the four phases into ``out``; returns ``{phase: outputs}`` and writes OUT/final.
+    ``run_phase1`` replaces :func:`aegis.forge.cognate.run_phase1` (tests)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tiny = bool(config.get("tiny", False))
+    results: dict[str, Any] = {}
+
+    # ----- phase 1: three Cognate models -----
+    p1 = out / PHASES[0]
+    if (done := _done(p1)) is None:
+        log("phase 1: Cognate (3 models)")
+        t = time.time()
+        if run_phase1 is None:
+            from aegis.forge.cognate import run_phase1
+        p1.mkdir(exist_ok=True)
+        models = [Path(m) for m in run_phase1(dict(config.get("phase1") or {}), p1 / "models", tiny=tiny)]
+        if len(models) != 3:
+            raise InvalidConfigError(f"phase 1 returned {len(models)} models, expected 3")
+        sizes = {m.name: model_size(m) for m in models}
+        done = _finish(p1, {"phase": "cognate", "models": [str(m) for m in models], "sizes": sizes,
+                            "seconds": round(time.time() - t, 1)}, {"models": [str(m) for m in models]})
+    else:
+        log("phase 1: done (skipped)")
+    results[PHASES[0]] = done
+
+    # ----- phase 2: EvoMerge the three -----
+    p2 = out / PHASES[1]
+    if (done := _done(p2)) is None:
+        from aegis.forge.evomerge import evomerge
+
+        log("phase 2: EvoMerge")
+        t = time.time()
+        models = results[PHASES[0]]["models"]
+        section = dict(config.get("phase2") or {})
+        if "eval_data" not in section:
+            section["eval_data"] = str(_bundled_eval(out / "data"))
+        section.setdefault("base_model", models[0])
+        section.setdefault("models", models[1:] if section["base_model"] == models[0] else models)
+        r = evomerge(section, p2 / "run", resume=None, log=log)
+        report = {"phase": "evomerge", "input_sizes": {Path(m).name: model_size(m) for m in models},
+                  "best_model": str(r.best_model), "best_combo": f"{r.best_combo} ({r.best_combo_name})",
+                  "best_fitness": r.best_fitness, "best_parent_fitness": r.best_parent_fitness,
+                  "improvement": r.improvement, "generations_run": r.generations_run,
+                  "output_size": model_size(r.best_model), "seconds": round(time.time() - t, 1)}
+        done = _finish(p2, report, {"model": str(r.best_model)})
+    else:
+        log("phase 2: done (skipped)")
+    results[PHASES[1]] = done
+
+    # ----- phase 3: Quiet-STaR -----
+    p3 = out / PHASES[2]
+    if (done := _done(p3)) is None:
+        from aegis.forge.quietstar import QuietStarSettings, parity_rows, run_quietstar
+
+        log("phase 3: Quiet-STaR")
+        src = results[PHASES[1]]["model"]
+        section = dict(config.get("phase3") or {})
+        data = section.pop("data", "parity")
+        n_rows = section.pop("rows", 256)
+        rows = parity_rows(n_rows) if data == "parity" else data
+        settings = QuietStarSettings(**section)
+        report = run_quietstar(src, rows, p3, settings, log=log)
+        report["input_size"] = model_size(src)
+        report["output_size"] = model_size(p3 / "model")
+        done = _finish(p3, report, {"model": str(p3 / "model")})
+    else:
+        log("phase 3: done (skipped)")
+    results[PHASES[2]] = done
+
+    # ----- phase 4: BitNet b1.58 -----
+    p4 = out / PHASES[3]
+    if (done := _done(p4)) is None:
+        from aegis.forge.bitnet import compress_model
+
+        log("phase 4: BitNet b1.58")
+        t = time.time()
+        src = Path(results[PHASES[2]]["model"])
+        section = dict(config.get("phase4") or {})
+        r = compress_model(src, p4 / "model", overwrite=True, **section)
+        for extra in ("quietstar.json", "mixer.safetensors"):  # thoughts stay usable after packing
+            if (src / extra).is_file():
+                shutil.copy2(src / extra, p4 / "model" / extra)
+        report = {"phase": "bitnet", "input_size": model_size(src), "total_params": r.total_params,
+                  "ternary_params": r.ternary_params, "sparsity": r.sparsity,
+                  "total_compression": r.total_compression, "target_compression": r.target_compression,
+                  "size_category": r.size_category, "seconds": round(time.time() - t, 1)}
+        done = _finish(p4, report, {"model": str(p4 / "model")})
+    else:
+        log("phase 4: done (skipped)")
+    results[PHASES[3]] = done
+
+    final = out / "final"
+    if final.exists():
+        shutil.rmtree(final)
+    shutil.copytree(results[PHASES[3]]["model"], final)
+    (out / "report.json").write_text(json.dumps(results, indent=2, default=str))
+    return results
+
+
+def _bundled_eval(folder: Path) -> Path:
+    """Held-out text rows for EvoMerge's fitness: the bundled parity task, written as JSONL."""
+    from aegis.forge.quietstar import parity_rows
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "eval.jsonl"
+    if not path.exists():
+        rows = parity_rows(64, seed=1)
+        path.write_text("".join(json.dumps({"text": r.prompt + r.answer}) + "\n" for r in rows))
+    return path
