@@ -9,6 +9,7 @@ print one line and exit 2; a run paused for a human exits 3.
     aegis status --run-id demo-...
     aegis command demo-... "set_lr 1e-5"
     aegis resume --run-id demo-...
+    aegis launch --nproc 2 --cpu-devices 2 -- run --config run.yaml --run-id r1   # N local processes, one run
 """
 
 from __future__ import annotations
@@ -42,36 +43,73 @@ def _join(
     *, resuming: bool,
 ) -> str:
     """Join a multi-process run (before anything touches JAX) and return the runs folder this process keeps: the
-    given one on process 0; on the others a scratch folder for their supervisor's bookkeeping (a resume starts from
-    a copy of the primary's run folder, taken while process 0 waits for everyone to join), their checkpoint shards
-    going to process 0's run. No flags: a one-process run, ``runs_dir``."""
-    from aegis.train.distributed import check_flags, follower_of, initialize
+    given one on process 0; on the others ``<run>/processes/<i>``, for their supervisor's bookkeeping and events (a
+    resume starts from a copy of the primary's run folder, taken while process 0 waits for everyone to join), their
+    checkpoint shards going to process 0's run. Starts the watchdog that ends this process with one line when
+    another is lost (:mod:`aegis.train.watchdog`). No flags: a one-process run, ``runs_dir``."""
+    from aegis.train.distributed import check_flags, follower_of, initialize, share
 
     if not check_flags(coordinator, num_processes, process_id):
         return runs_dir
     if run_id is None:
         raise InvalidConfigError("a multi-process run needs the same --run-id (or run_id in the config) on every process")
     assert coordinator is not None and num_processes is not None and process_id is not None
+    import secrets
+    import shutil
+
+    from aegis.train.watchdog import Watchdog
+
+    run_root = Path(runs_dir).absolute() / run_id
     own = runs_dir
     if process_id > 0:
-        import atexit
-        import shutil
-        import tempfile
-
-        own = tempfile.mkdtemp(prefix=f"aegis-process-{process_id}-")
-        atexit.register(shutil.rmtree, own, True)  # bookkeeping only: the run's files are process 0's
-        if resuming:
-            shutil.copytree(
-                Path(runs_dir) / run_id, Path(own) / run_id,
-                ignore=shutil.ignore_patterns("checkpoints", "export", "*.lock", "lock"),
-            )
+        own = str(run_root / "processes" / str(process_id))
+        mine = Path(own) / run_id
+        events = mine / "events.jsonl"
+        kept = events.read_bytes() if resuming and events.is_file() else None
+        shutil.rmtree(mine, ignore_errors=True)
+        if resuming and (run_root / "config.json").is_file():
+            shutil.copytree(run_root, mine, ignore=shutil.ignore_patterns(
+                "checkpoints", "export", "processes", "*.lock", "lock"))
+            if kept is not None:  # this process's own event log goes on where it stopped
+                (mine / "events.jsonl").write_bytes(kept)
     initialize(coordinator, num_processes, process_id)
     if process_id > 0:
-        follower_of(Path(runs_dir).absolute() / run_id)
+        follower_of(run_root)
+    session = share("session", secrets.token_hex(8))
+    again = (f"resume all {num_processes} processes: `aegis resume --run-id {run_id} --coordinator {coordinator} "
+             f"--num-processes {num_processes} --process-id I`")
+    Watchdog(run_root / "processes", process_id, num_processes, session, resume_hint=again).start()
     return own
 
 
+def _multi_failed(err: BaseException) -> None:
+    """In a multi-process run, an error caused by a lost peer (a collective that broke) is that peer's one line."""
+    from aegis.train.watchdog import current, lost_peer
+
+    dog = current()
+    if dog is None or isinstance(err, (typer.Exit, KeyboardInterrupt)):
+        return
+    reason = lost_peer()
+    if reason is not None:
+        dog.die(reason)
+    dog.exit(1, f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:300])
+
+
+def _ended(code: int, reason: str | None = None) -> None:
+    """Tell the other processes of a multi-process run how this one ends (a clean end is no loss for them)."""
+    from aegis.train.watchdog import current
+
+    dog = current()
+    if dog is not None:
+        dog.exit(code, reason)
+
+
 def _fail(err: AegisError) -> None:
+    from aegis.train.watchdog import current, lost_peer
+
+    if current() is not None and (reason := lost_peer(wait_s=0)) is not None:
+        current().die(reason)  # type: ignore[union-attr]  # the error is the lost peer's doing: say so
+    _ended(2, str(err))
     typer.echo(f"error: {err}", err=True)
     raise typer.Exit(2)
 
@@ -279,6 +317,10 @@ def run(
             outcome = Supervisor(own_runs).start(cfg, callbacks=live.callbacks(), wait_for_commands_s=wait)
     except AegisError as err:
         _fail(err)
+    except Exception as err:
+        _multi_failed(err)
+        raise
+    _ended(3 if outcome.status == "paused" else 0)
     _report(outcome, live.console)
 
 
@@ -329,6 +371,10 @@ def resume(
             outcome = sup.resume(run_id, callbacks=live.callbacks(), wait_for_commands_s=wait)
     except AegisError as err:
         _fail(err)
+    except Exception as err:
+        _multi_failed(err)
+        raise
+    _ended(3 if outcome.status == "paused" else 0)
     _report(outcome, live.console)
 
 
@@ -345,6 +391,10 @@ def status(run_id: str = _RunId, runs_dir: str = _RunsDir) -> None:
     except AegisError as err:
         _fail(err)
     Console().print(render_status(report))
+    from aegis.supervise.launch import mesh_lines
+
+    for line in mesh_lines(report.run_dir):  # several devices or processes: the mesh, each process, its memory
+        typer.echo(line)
 
 
 def interrupt(run_id: str = _RunId, runs_dir: str = _RunsDir) -> None:
@@ -449,7 +499,27 @@ def _check_export_target(paths: Any, target: Path) -> None:
                               f"(default: {paths.export})")
 
 
-_COMMANDS = {"run": run, "resume": resume, "status": status, "interrupt": interrupt, "command": command, "export": export}
+def launch(
+    args: list[str] = typer.Argument(..., help="The `run` or `resume` command of every process, after `--`."),
+    nproc: int = typer.Option(..., "--nproc", min=1, help="Processes to start on this host."),
+    cpu_devices: int = typer.Option(None, "--cpu-devices", min=1,
+                                    help="Run on the CPU with this many forced host devices per process (tests)."),
+    port: int = typer.Option(None, "--port", min=1, max=65535, help="Coordinator port (default: a free one)."),
+) -> None:
+    """Start N local processes of one multi-process run: aegis launch --nproc 2 -- run --config run.yaml --run-id r1."""
+    from aegis.supervise.launch import launch as start
+
+    try:
+        result = start(args, nproc, port=port, cpu_devices=cpu_devices)
+    except AegisError as err:
+        _fail(err)
+    if result.failed is not None:
+        typer.echo(f"error: process {result.failed} of {nproc} failed: {result.reason}", err=True)
+    raise typer.Exit(result.exit_code)
+
+
+_COMMANDS = {"run": run, "resume": resume, "status": status, "interrupt": interrupt, "command": command, "export": export,
+             "launch": launch}
 
 
 def register(parent: typer.Typer) -> None:

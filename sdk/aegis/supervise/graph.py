@@ -11,6 +11,10 @@ The graph state is one key, ``run``: the :class:`RunState` as JSON. The checkpoi
 ``langgraph.checkpoint.sqlite.SqliteSaver`` on ``<run>/supervisor.sqlite`` with the run id as
 thread id, so any process can resume the run or read its state.
 
+In a multi-process run every process runs this graph (each node's collectives need all of them), and process 0's
+state after each node is every process's (:func:`aegis.train.distributed.share`): one supervisor decides the
+rollbacks, LR changes, blacklists, curriculum weights and stops, and all processes take them at the same step.
+
     with open_graph(ctx) as app:
         app.invoke(initial, thread_config(run_id))
 """
@@ -57,13 +61,10 @@ def build_graph(ctx: RunContext) -> Any:
     from langgraph.graph import END, START, StateGraph
 
     g = StateGraph(GraphState)
-    g.add_node("train", partial(train_node, ctx))
-    g.add_node("monitor", partial(monitor_node, ctx))
-    g.add_node("forensics", partial(forensics_node, ctx))
-    g.add_node("repair", partial(repair_node, ctx))
-    g.add_node("curriculum", partial(curriculum_node, ctx))
-    g.add_node("notify", partial(notify_node, ctx))
-    g.add_node("human", partial(human_node, ctx))
+    nodes = {"train": train_node, "monitor": monitor_node, "forensics": forensics_node, "repair": repair_node,
+             "curriculum": curriculum_node, "notify": notify_node, "human": human_node}
+    for name, node in nodes.items():
+        g.add_node(name, partial(_decided_by_process_0, name, node, ctx))
     g.add_edge(START, "train")
     g.add_edge("train", "monitor")
     g.add_conditional_edges(
@@ -79,6 +80,20 @@ def build_graph(ctx: RunContext) -> Any:
         "human", partial(route_after_human, ctx), {"train": "train", "human": "human", "end": END}
     )
     return g
+
+
+def _decided_by_process_0(name: str, node: Any, ctx: RunContext, gs: GraphState) -> GraphState:
+    """Run ``node``; in a multi-process run, leave with process 0's state (the same on every process)."""
+    from aegis.train.distributed import share
+
+    out = node(ctx, gs)
+    decided = share(f"state after {name}", out)
+    if decided != out:  # a follower that would have decided otherwise: follow, and say where
+        mine, primary = out.get("run", {}), decided.get("run", {})
+        differ = sorted(k for k in set(mine) | set(primary) if mine.get(k) != primary.get(k) and k != "window")
+        if differ:  # (a window's steps differ in their measured speed only)
+            ctx.event("decision_of_process_0", primary.get("step"), node=name, fields=differ)
+    return decided
 
 
 @contextlib.contextmanager

@@ -32,6 +32,8 @@ from aegis.supervise.monitor import Detector
 from aegis.supervise.notify import build_payload, send_webhook
 from aegis.supervise.repair import apply_repair, plan_repair, suggested_actions
 from aegis.supervise.state import Anomaly, HumanInterrupt, RunState, StepMetrics
+from aegis.train import watchdog
+from aegis.train.distributed import device_memory, share
 
 __all__ = [
     "load",
@@ -86,8 +88,9 @@ def apply_command(state: RunState, cmd: Command) -> RunState:
 
 
 def consume_inbox(ctx: RunContext, state: RunState) -> RunState:
-    """Apply every inbox command past ``state.inbox_offset``; one that no longer applies is logged and skipped."""
-    texts = ctx.inbox()
+    """Apply every inbox command past ``state.inbox_offset``; one that no longer applies is logged and skipped.
+    In a multi-process run every process applies process 0's inbox (the one `aegis command` writes to)."""
+    texts = share("inbox", ctx.inbox())
     known = ctx.known_ids() if ctx.paths.samples.exists() else None
     for text in texts[state.inbox_offset :]:
         try:
@@ -186,14 +189,16 @@ def train_node(ctx: RunContext, gs: GraphState) -> GraphState:
                 sample_ids=info.sample_ids,
             )
             ctx.record_step(m, state.lr, engine.tier)
+            if (dog := watchdog.current()) is not None:
+                dog.note_step(info.step, device_memory)
             window.append(m)
             anomaly = detector.observe(m)
             if anomaly is not None:
                 break
             if store.due(info.step) and info.step < target:
                 engine.checkpoint(store, info.step, state)
-            if ctx.urgent_command_waiting(state.inbox_offset):
-                break
+            if share("urgent command", ctx.urgent_command_waiting(state.inbox_offset)):
+                break  # every process stops this window at the same step
     except Exception as err:
         anomaly = _oom_anomaly(ctx, err, engine.step + 1)
     finally:

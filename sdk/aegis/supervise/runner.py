@@ -149,7 +149,10 @@ class Supervisor:
                     app.invoke(initial, tc)
                 while wait_for_commands_s is not None and _interrupted(app.get_state(tc)):
                     offset = RunState.model_validate(app.get_state(tc).values["run"]).inbox_offset
-                    if not self._wait_inbox(ctx.paths, offset, wait_for_commands_s):
+                    from aegis.train.distributed import is_primary, share
+
+                    got = self._wait_inbox(ctx.paths, offset, wait_for_commands_s) if is_primary() else False
+                    if not share("commands arrived", got):  # the others wait for process 0's inbox
                         break
                     app.invoke(Command(resume={"resume": False}), tc)
         finally:
