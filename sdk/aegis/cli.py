@@ -359,11 +359,14 @@ _PLANNER_COMMANDS = frozenset({"plan", "compare", "models", "gpus", "benchmark"}
 
 def _mount_forge_commands() -> None:
     """`aegis merge` (mergekit YAML); mounted only when asked for or listed, so `aegis plan` stays light."""
-    from aegis.forge.cli import compress, evomerge, merge
+    from aegis.forge.cli import compress, evomerge, forge, generate, merge, quietstar
 
     app.command("merge")(merge)
     app.command("evomerge")(evomerge)
     app.command("compress")(compress)
+    app.command("quietstar")(quietstar)
+    app.command("forge")(forge)
+    app.command("generate")(generate)
 
 
 LOG_DIR_ENV = "AEGIS_LOG_DIR"
@@ -446,7 +449,7 @@ def main(argv: list[str] | None = None) -> None:
     mounted = {c.name for c in app.registered_commands}  # main() may run again in one process (tests, the agent)
     if (not args or args[0] not in _PLANNER_COMMANDS) and "merge" not in mounted:
         _mount_forge_commands()
-    if (not args or args[0] not in _PLANNER_COMMANDS | {"merge", "compress", "evomerge"}) and "run" not in mounted:
+    if (not args or args[0] not in _PLANNER_COMMANDS | {"merge", "compress", "evomerge", "quietstar", "forge", "generate"}) and "run" not in mounted:
         _mount_run_commands()  # keeps `aegis plan` from importing the supervisor
     try:
         rc = app(args=args, standalone_mode=False, prog_name="aegis")

@@ -19,7 +19,7 @@ from typing import Annotated, Optional
 
 import typer
 
-__all__ = ["merge", "compress", "evomerge", "parse_size"]
+__all__ = ["merge", "compress", "evomerge", "quietstar", "forge", "generate", "parse_size"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -209,3 +209,99 @@ def evomerge(
         f"best {r.best_combo} ({r.best_combo_name}): fitness {r.best_fitness:.4f} vs best parent "
         f"{r.best_parent_fitness:.4f} ({r.improvement:+.1%}), {r.generations_run} generations{resumed} -> {r.best_model}"
     )
+
+
+def _fail(err: Exception, what: str) -> None:
+    from aegis.errors import AegisError
+
+    if isinstance(err, AegisError):
+        typer.echo(f"error: {err}", err=True)
+    else:
+        from aegis._extras import missing_extra
+
+        typer.echo(f"error: {missing_extra(err, what)}", err=True)  # type: ignore[arg-type]
+    raise typer.Exit(2) from None
+
+
+def quietstar(
+    model: Annotated[Path, typer.Argument(metavar="MODEL", help="HF model folder the engine serves (e.g. phase 2's).")],
+    data: Annotated[str, typer.Argument(metavar="DATA", help="Reasoning JSONL {prompt, reasoning, answer}, or 'parity' (bundled task).")],
+    out: Annotated[Path, typer.Argument(metavar="OUT", help="Folder: model/, report.json, report.md, state/ (resume).")],
+    bake_steps: Annotated[int, typer.Option(min=0, max=10_000_000, help="Prompt-baking steps.")] = 200,
+    rl_steps: Annotated[int, typer.Option(min=0, max=10_000_000, help="Quiet-STaR steps.")] = 50,
+    bake_lr: Annotated[Optional[float], typer.Option(min=1e-12, max=10.0, help="Baking LR (default: preset 'bake').")] = None,
+    rl_lr: Annotated[Optional[float], typer.Option(min=1e-12, max=10.0, help="Quiet-STaR LR (default: preset 'rl').")] = None,
+    num_thoughts: Annotated[int, typer.Option(min=2, max=64, help="Thoughts per position.")] = 4,
+    batch_size: Annotated[Optional[int], typer.Option(min=1, max=4096, help="Sequences per step (default: the planner's).")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Write into OUT even if it holds other files.")] = False,
+) -> None:
+    """Phase 3: add thinking tokens, bake reasoning, train Quiet-STaR thoughts; report the ablation."""
+    try:
+        from aegis.forge.quietstar import QuietStarSettings, parity_rows, run_quietstar
+
+        rows = parity_rows(256) if data == "parity" else data
+        s = QuietStarSettings(bake_steps=bake_steps, rl_steps=rl_steps, bake_lr=bake_lr, rl_lr=rl_lr,
+                              num_thoughts=num_thoughts, batch_size=batch_size)
+        r = run_quietstar(model, rows, out, s, log=lambda m: typer.echo(m, err=True), overwrite=overwrite)
+    except (ImportError, Exception) as err:  # noqa: BLE001 - AegisError / missing extra: one line
+        from aegis.errors import AegisError
+
+        if not isinstance(err, (AegisError, ImportError)):
+            raise
+        _fail(err, "`aegis quietstar`")
+    a = r["ablation"]
+    typer.echo(f"quiet-star: held-out accuracy with thoughts {a['accuracy_with_thoughts']:.3f}, without "
+               f"{a['accuracy_without']:.3f} ({a['gain']:+.3f}) -> {out / 'model'}")
+
+
+def forge(
+    config: Annotated[Optional[Path], typer.Argument(metavar="CONFIG.yml", help="Forge YAML (phase1..phase4); omit with --tiny.")] = None,
+    out: Annotated[Optional[Path], typer.Argument(metavar="OUT", help="Folder for phase1_cognate/ .. phase4_bitnet/ and final/.")] = None,
+    tiny: Annotated[bool, typer.Option("--tiny", help="Toy scale on a CPU with bundled data (aegis forge --tiny OUT).")] = False,
+) -> None:
+    """Chain phases 1 -> 4 (Cognate, EvoMerge, Quiet-STaR, BitNet); re-running resumes."""
+    from aegis.errors import InvalidConfigError
+
+    try:
+        from aegis.forge.pipeline import load_forge_config, run_forge, tiny_config
+
+        if tiny and out is None and config is not None:
+            config, out = None, config
+        if out is None or (config is None and not tiny):
+            raise InvalidConfigError("usage: aegis forge CONFIG.yml OUT, or aegis forge --tiny OUT")
+        cfg = tiny_config() if tiny and config is None else load_forge_config(config)  # type: ignore[arg-type]
+        if tiny:
+            cfg["tiny"] = True
+        run_forge(cfg, out, log=lambda m: typer.echo(m, err=True))
+    except (ImportError, Exception) as err:  # noqa: BLE001
+        from aegis.errors import AegisError
+
+        if not isinstance(err, (AegisError, ImportError)):
+            raise
+        _fail(err, "`aegis forge`")
+    typer.echo(f"forge: 4 phases done -> {out / 'final'}")
+
+
+def generate(
+    model: Annotated[Path, typer.Argument(metavar="MODEL", help="HF folder, export, Cognate, Quiet-STaR or compressed model.")],
+    prompt: Annotated[str, typer.Argument(metavar="PROMPT", help="The user message (rendered with the chat template).")],
+    max_new_tokens: Annotated[int, typer.Option(min=1, max=100_000, help="Most tokens to sample.")] = 64,
+    temperature: Annotated[float, typer.Option(min=0.0, max=100.0, help="0: greedy.")] = 0.7,
+    seed: Annotated[int, typer.Option(min=0, max=2**31 - 1, help="Sampling seed.")] = 0,
+    show_thoughts: Annotated[bool, typer.Option("--show-thoughts", help="Print a Quiet-STaR model's thoughts in [ ].")] = False,
+) -> None:
+    """Sample from a model, streaming tokens to stdout."""
+    try:
+        from aegis.forge.generate import generate as run_generate
+
+        r = run_generate(model, prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                         show_thoughts=show_thoughts, on_text=lambda s: typer.echo(s, nl=False))
+    except (ImportError, Exception) as err:  # noqa: BLE001
+        from aegis.errors import AegisError
+
+        if not isinstance(err, (AegisError, ImportError)):
+            raise
+        _fail(err, "`aegis generate`")
+    typer.echo("")
+    extra = f", halting steps {r['halting_steps']}" if r.get("halting_steps") else ""
+    typer.echo(f"({len(r['tokens'])} tokens, {r['kind']}{extra})", err=True)
