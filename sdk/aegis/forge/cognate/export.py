@@ -1,0 +1,91 @@
+"""Save a Cognate model as a Hugging Face folder that transformers loads with its own modeling code, and read it back.
+
+    save_pretrained(params, cfg, "out/model", tokenizer=tok, extra_files={"report.json": text})
+    AutoModelForCausalLM.from_pretrained("out/model", trust_remote_code=True)   # logits == forward()'s (fp32)
+    params, cfg = load_pretrained("out/model")                                   # back into the engine
+
+The folder holds ``config.json`` (``model_type: cognate``, ``auto_map`` naming the two code files),
+``configuration_cognate.py`` and ``modeling_cognate.py`` (copied from this package's ``hf/``), ``model.safetensors``
+(fp32, written by :mod:`aegis.train.safetensors_io`), ``generation_config.json`` and the tokenizer's files. It is
+written as :mod:`aegis._outdir` writes every folder: atomically, refusing a folder of someone else's files.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from aegis.forge.cognate.config import CognateConfig, param_shapes
+
+__all__ = ["save_pretrained", "load_pretrained", "hf_config", "CODE_FILES"]
+
+CODE_FILES = ("configuration_cognate.py", "modeling_cognate.py")
+
+
+def hf_config(cfg: CognateConfig, tokenizer: Any = None) -> dict[str, Any]:
+    """config.json's contents."""
+    data: dict[str, Any] = {
+        "architectures": ["CognateForCausalLM"], "model_type": "cognate",
+        "auto_map": {"AutoConfig": "configuration_cognate.CognateConfig",
+                     "AutoModelForCausalLM": "modeling_cognate.CognateForCausalLM"},
+        **cfg.model_dump(), "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+        "tie_word_embeddings": False, "torch_dtype": "float32", "use_cache": False,
+    }
+    if tokenizer is not None:
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(tokenizer, key, None)
+            if value is not None:
+                data[key] = value
+    return data
+
+
+def save_pretrained(params: dict[str, Any], cfg: CognateConfig, out: str | Path, *, tokenizer: Any = None,
+                    extra_files: dict[str, str] | None = None, overwrite: bool = False,
+                    writer: str = "aegis cognate") -> Path:
+    """Write the folder (see the module docstring); ``extra_files`` (name -> text) go in with it, in the same
+    atomic publish. Returns the folder's absolute path."""
+    import numpy as np
+
+    from aegis._outdir import output_dir
+    from aegis.forge.cognate.model import to_flat
+    from aegis.train.safetensors_io import write_shards
+
+    flat = {k: np.asarray(v, dtype=np.float32) for k, v in to_flat(params).items()}
+    order = list(param_shapes(cfg))
+    tensors = {k: flat[k] for k in order}
+    with output_dir(out, overwrite=overwrite, writer=writer) as tmp:
+        write_shards(tmp, tensors)
+        (tmp / "config.json").write_text(json.dumps(hf_config(cfg, tokenizer), indent=2) + "\n", encoding="utf-8")
+        gen = {"do_sample": False, "use_cache": False}
+        if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+            gen["eos_token_id"] = tokenizer.eos_token_id
+        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n", encoding="utf-8")
+        code = resources.files("aegis.forge.cognate").joinpath("hf")
+        for name in CODE_FILES:
+            (tmp / name).write_text(code.joinpath(name).read_text(encoding="utf-8"), encoding="utf-8")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text, encoding="utf-8")
+    return Path(out).expanduser().absolute()
+
+
+def load_pretrained(folder: str | Path) -> tuple[dict[str, Any], CognateConfig]:
+    """Read an exported folder back into the engine's parameters and config."""
+    from aegis.errors import CheckpointError
+    from aegis.forge.cognate.model import from_flat
+    from aegis.train.safetensors_io import CheckpointReader
+
+    folder = Path(folder)
+    try:
+        data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{folder} is not a Cognate folder ({err}); pass a folder `aegis cognate` wrote") from None
+    if data.get("model_type") != "cognate":
+        raise CheckpointError(f"{folder} holds a {data.get('model_type')!r} model, not a Cognate one")
+    cfg = CognateConfig(**{k: v for k, v in data.items() if k in CognateConfig.model_fields})
+    reader = CheckpointReader(folder)
+    flat = {name: reader.get(name) for name in param_shapes(cfg)}
+    return from_flat(flat, cfg), cfg
