@@ -124,3 +124,19 @@ def test_a_launch_of_clean_processes_exits_as_they_do(code: int) -> None:
 
     assert LaunchResult([code, code]).exit_code == code
     assert LaunchResult([0, -9], failed=1).exit_code == 1
+
+
+def test_a_slurm_or_open_mpi_job_of_several_tasks_is_a_multi_process_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aegis.train.distributed import detect_cluster
+
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "OMPI_"))]:
+        monkeypatch.delenv(key)
+    assert detect_cluster() is None
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "node[007-008]", "SLURM_NTASKS": "2",
+             "SLURM_PROCID": "1", "SLURM_LOCALID": "0"}
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    # jax.distributed.initialize()'s own reading: the first node, a port from the job id
+    assert detect_cluster() == (f"node007:{4242 % 2**12 + 65535 - 2**12 + 1}", 2, 1)
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    assert detect_cluster() is None  # one task: a one-process run

@@ -46,11 +46,15 @@ def _join(
     given one on process 0; on the others ``<run>/processes/<i>``, for their supervisor's bookkeeping and events (a
     resume starts from a copy of the primary's run folder, taken while process 0 waits for everyone to join), their
     checkpoint shards going to process 0's run. Starts the watchdog that ends this process with one line when
-    another is lost (:mod:`aegis.train.watchdog`). No flags: a one-process run, ``runs_dir``."""
-    from aegis.train.distributed import check_flags, follower_of, initialize, share
+    another is lost (:mod:`aegis.train.watchdog`). No flags: the SLURM / Open MPI job's tasks
+    (:func:`aegis.train.distributed.detect_cluster`), else a one-process run, ``runs_dir``."""
+    from aegis.train.distributed import check_flags, detect_cluster, follower_of, initialize, share
 
     if not check_flags(coordinator, num_processes, process_id):
-        return runs_dir
+        cluster = detect_cluster()  # no flags: a SLURM or Open MPI job of several tasks says who is who
+        if cluster is None:
+            return runs_dir
+        coordinator, num_processes, process_id = cluster
     if run_id is None:
         raise InvalidConfigError("a multi-process run needs the same --run-id (or run_id in the config) on every process")
     assert coordinator is not None and num_processes is not None and process_id is not None

@@ -144,7 +144,10 @@ class Supervisor:
                 if initial is None and _interrupted(snap):
                     app.invoke(Command(resume={"resume": implicit_resume}), tc)
                 elif initial is None and not snap.next:
-                    pass  # finished (completed or stopped): nothing to run
+                    run = (snap.values or {}).get("run") or {}
+                    if run.get("status") not in ("completed", "stopped") and any(t.result is not None for t in snap.tasks):
+                        app.invoke(None, tc)  # killed between a node's result and the next checkpoint: go on from it
+                    # else finished (completed or stopped): nothing to run
                 else:
                     app.invoke(initial, tc)
                 while wait_for_commands_s is not None and _interrupted(app.get_state(tc)):

@@ -29,6 +29,7 @@ from aegis.errors import InvalidConfigError, RunError
 
 __all__ = [
     "Topology", "initialize", "topology", "is_primary", "host_to_global", "gather_to_host", "follower_of", "share",
+    "detect_cluster", "device_memory",
 ]
 
 
@@ -64,6 +65,24 @@ def check_flags(coordinator: str | None, num_processes: int | None, process_id: 
             f"--process-id {process_id} must be in 0..{int(num_processes) - 1} for --num-processes {num_processes}"  # type: ignore[arg-type]
         )
     return True
+
+
+def detect_cluster() -> tuple[str, int, int] | None:
+    """``(coordinator, num_processes, process_id)`` of a multi-process job started by SLURM (``srun``) or Open MPI
+    (``mpirun``), read from their environment as ``jax.distributed.initialize()`` does; None outside one, or for a
+    one-process job. (Only clusters told by environment variables: no metadata server or Kubernetes API is asked.)"""
+    import os
+
+    if not any(k in os.environ for k in ("SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri", "OMPI_COMM_WORLD_SIZE")):
+        return None  # no cluster: do not import JAX for nothing
+    from jax._src.clusters.ompi_cluster import OmpiCluster
+    from jax._src.clusters.slurm_cluster import SlurmCluster
+
+    for cluster in (SlurmCluster, OmpiCluster):
+        if cluster.is_env_present() and cluster.get_process_count() > 1:
+            return (cluster.get_coordinator_address(None, None), cluster.get_process_count(),
+                    cluster.get_process_id())
+    return None
 
 
 HEARTBEAT_TIMEOUT_S = 300
