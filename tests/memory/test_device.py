@@ -127,7 +127,9 @@ def test_plan_reports_reserved_beside_allocated():
     text = " ".join(render_text(report).split())
     assert f"{mem.reserved_bytes / 2**30:.2f} GiB reserved" in text
     assert f"Total {mem.total_bytes / 2**30:.2f} GiB" in text  # allocated (live + overhead) beside it
-    assert "Device (reserved)" in " ".join(render_text(report, explain=True).split())
+    explained = " ".join(render_text(report, explain=True).split())
+    assert "Reserved (peak)" in explained and "Device (nvidia-smi)" in explained  # which replay: two fixed steps
+    assert f"two steps of {report.recommended.config.seq_len} tokens replayed" in explained
 
 
 def test_emitted_configs_set_expandable_segments_when_the_plan_needs_them():

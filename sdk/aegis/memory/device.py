@@ -34,7 +34,10 @@ kernel makes (reshapes, masks of the loss, per-op scratch), and one tensor per a
 PyTorch may make several of the same total; `tools/truth/reserved.py` compares it with the allocation
 stream of a traced step replayed through the same allocator model (`tests/data/reserved_truth.json`).
 The CUDA context and the libraries' workspaces are outside the allocator: the GPU's catalog overhead
-(`GPU.overhead_bytes`) is added on top for the device total.
+(`GPU.overhead_bytes`) is added on top for the headroom (`with_device_memory`), and `device_check` records the
+three levels a user can read (`aegis.schema.DeviceLevelMemory`: allocated, reserved, and what nvidia-smi shows:
+reserved + the CUDA context + the cuBLAS workspace, modelled in `aegis.memory.runtime`) with the replay they came
+from (two steps of the configured length, or the dataset's lengths).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from aegis.memory.activations import fixed_saved_by_layer, head_saved_bytes_per_
 from aegis.memory.allocator import AllocatorOutOfMemoryError, CachingAllocator, gc_paused
 from aegis.memory.components import NF4_BLOCK, NF4_BLOCK2, sizes
 from aegis.errors import InvalidConfigError
-from aegis.schema import GPU, MemoryEstimate, ModelProfile, Tier, TrainConfig, lora_selects, lora_target_names
+from aegis.schema import GPU, DeviceLevelMemory, MemoryEstimate, ModelProfile, Tier, TrainConfig, lora_selects, lora_target_names
 
 __all__ = ["DeviceMemory", "RunMemory", "device_memory", "allocation_stream", "with_device_memory", "device_check",
            "run_lengths", "run_memory", "run_check"]
@@ -433,6 +436,18 @@ def with_device_memory(
     }), dev
 
 
+def _device_level(gpu: GPU, dev: DeviceMemory, cfg: TrainConfig, lengths: Sequence[int] | None) -> DeviceLevelMemory:
+    """The three levels of memory of ``dev``'s replay on ``gpu`` (one GPU: no NCCL buffers)."""
+    from aegis.memory.runtime import device_level
+
+    if lengths is None:
+        replay = f"two steps of {cfg.seq_len} tokens"
+    else:
+        replay = f"{len(lengths) - 1} steps of the dataset's lengths, then one of {lengths[-1]} tokens"
+    return device_level(gpu, allocated_bytes=dev.max_allocated_bytes, reserved_bytes=dev.max_reserved_bytes,
+                        replay=replay)
+
+
 def device_check(profile: ModelProfile, gpu: GPU, tier: Tier, row_lengths: Sequence[int] | None = None) -> Tier:
     """``tier`` judged at the device level (headroom = GPU memory - the high end, now at least reserved + context).
 
@@ -462,17 +477,18 @@ def device_check(profile: ModelProfile, gpu: GPU, tier: Tier, row_lengths: Seque
             f"{run.varied_bytes / gib:+.2f} GiB against steps of one length); with "
             f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True it reserves {run.run_expandable.max_reserved_bytes / gib:.2f} GiB"
             + (": set it for this run" if expandable else ""),)
-    mem, _ = with_device_memory(tier.memory, profile, lengths=lengths, expandable_segments=expandable)
+    mem, dev = with_device_memory(tier.memory, profile, lengths=lengths, expandable_segments=expandable)
     capacity = gpu.memory_bytes - tier.memory.overhead_bytes
     fits = tier.fits and gpu.memory_bytes - mem.high_bytes >= 0
     headroom = gpu.memory_bytes - mem.high_bytes
     if tier.fits and not fits:
         for expandable in (False, True):
-            capped, dev = with_device_memory(tier.memory, profile, expandable_segments=expandable, capacity_bytes=capacity,
-                                             lengths=lengths)
-            if not dev.out_of_memory:
-                mem, fits, headroom = capped, True, min(0, gpu.memory_bytes - capped.high_bytes)
+            capped, capped_dev = with_device_memory(tier.memory, profile, expandable_segments=expandable,
+                                                    capacity_bytes=capacity, lengths=lengths)
+            if not capped_dev.out_of_memory:
+                mem, dev, fits, headroom = capped, capped_dev, True, min(0, gpu.memory_bytes - capped.high_bytes)
                 break
     if notes:
         mem = mem.model_copy(update={"notes": mem.notes + notes})
+    mem = mem.model_copy(update={"device_level": _device_level(gpu, dev, tier.memory.config, lengths)})
     return tier.model_copy(update={"memory": mem, "headroom_bytes": min(tier.headroom_bytes, headroom), "fits": fits})

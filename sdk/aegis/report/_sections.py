@@ -475,12 +475,27 @@ def _memory(report: PlanReport, facts: PlanFacts, explain: bool) -> Section:
     else:
         rows.append(Row("Total", format_bytes(f.total_bytes), f"+/- {format_bytes(f.margin_bytes, 1)} margin", emphasis=True))
         rows.append(Row("Predicted range", format_bytes_range(f.low_bytes, f.high_bytes), f"high end = {of_budget}"))
-    if explain and f.reserved_bytes is not None and f.device_bytes is not None:
+    level = mem.device_level
+    if explain and level is not None:  # the three numbers a user can read, each with what it is (aegis.memory.runtime)
+        segments = "expandable segments" if mem.expandable_segments else "caching allocator"
+        rows += [
+            Row("Allocated (peak)", format_bytes(level.allocated_bytes),
+                "live tensors at the peak: torch.cuda.max_memory_allocated"),
+            Row("Reserved (peak)", format_bytes(level.reserved_bytes),
+                f"allocated + {format_bytes(level.cache_bytes)} the {segments} keeps cached: "
+                f"torch.cuda.max_memory_reserved ({level.replay} replayed)"),
+            Row("Device (nvidia-smi)", format_bytes(level.device_bytes),
+                f"reserved + CUDA context {format_bytes(level.context_bytes)} + cuBLAS workspace "
+                f"{format_bytes(level.cublas_workspace_bytes)}"
+                + (f" + NCCL buffers {format_bytes(level.nccl_bytes)}" if level.nccl_bytes else "")
+                + ": what nvidia-smi shows for the process"),
+        ]
+    elif explain and f.reserved_bytes is not None and f.device_bytes is not None:
         segments = "expandable segments" if mem.expandable_segments else "caching allocator"
         rows.append(Row(
             "Device (reserved)", format_bytes(f.device_bytes),
             f"{format_bytes(f.reserved_bytes)} reserved for {format_bytes(mem.tensor_bytes)} of live tensors "
-            f"({segments}: two steps' allocation stream replayed through a model of PyTorch's allocator)",
+            f"({segments}: the allocation stream replayed through a model of PyTorch's allocator)",
         ))
     for c in mem.components:
         if not c.in_peak:

@@ -34,6 +34,7 @@ __all__ = [
     "GPUPrice",
     "GPU",
     "MemoryComponent",
+    "DeviceLevelMemory",
     "MemoryEstimate",
     "TokenStats",
     "DataProblem",
@@ -419,6 +420,21 @@ class MemoryComponent(Frozen):
     in_peak: bool = Field(default=True, description="Counted in the training peak (False: shown for information).")
 
 
+class DeviceLevelMemory(Frozen):
+    """One GPU's memory at the step's peak at three levels (bytes; `aegis.memory.runtime` says where each figure
+    comes from): allocated <= reserved <= what nvidia-smi shows."""
+
+    allocated_bytes: int = Field(description="Peak of live tensor blocks (torch.cuda.max_memory_allocated).")
+    reserved_bytes: int = Field(description="Peak of the caching allocator's segments (torch.cuda.max_memory_reserved).")
+    cache_bytes: int = Field(description="reserved - allocated: freed and split blocks the allocator keeps cached.")
+    context_bytes: int = Field(description="The CUDA context (a published measurement: aegis.memory.runtime).")
+    cublas_workspace_bytes: int = Field(description="PyTorch's cuBLAS workspace of the training stream.")
+    nccl_bytes: int = Field(description="NCCL's communication buffers (0 on one GPU).")
+    device_bytes: int = Field(description="What nvidia-smi shows for the process: reserved + context + cuBLAS + NCCL.")
+    replay: str = Field(description="The allocation stream the reserved figure replayed, e.g. 'two steps of 2048 "
+                                    "tokens' or '16 steps of the dataset's lengths, then one of 2048 tokens'.")
+
+
 class MemoryEstimate(Frozen):
     """Predicted peak memory of one training configuration on one GPU."""
 
@@ -445,6 +461,9 @@ class MemoryEstimate(Frozen):
     expandable_segments: bool = Field(
         default=False, description="reserved_bytes assumes PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."
     )
+    device_level: DeviceLevelMemory | None = Field(
+        default=None, description="Allocated, reserved and device-level (nvidia-smi) memory at the peak, where the "
+        "allocator was replayed (aegis.memory.device); None elsewhere.")
     notes: tuple[str, ...] = ()
     stack_notes: tuple[str, ...] = Field(
         default=(), description="What the configuration's stack profile changed in this estimate, one line each."
