@@ -136,9 +136,9 @@ def test_attention_sees_persistent_tokens_and_a_causal_window():
             assert mask[i, j] == (j < p or (j <= i and i - j < window))
 
 
-def _tiny(**kw):
-    return CognateConfig(**{**TINY_MODEL, "vocab_size": 61, "ltm_slots": 32, "memory_chunk": 4, "window": 6,
-                            "num_layers": 2, **kw})
+TINY = CognateConfig(**{**TINY_MODEL, "vocab_size": 61, "ltm_slots": 32, "memory_chunk": 4, "window": 6,
+                         "num_layers": 2, "act_threshold": 0.9})
+_forward = jax.jit(forward, static_argnums=1)  # one compile for the tests below (same config, same shape)
 
 
 def _noisy_params(cfg, seed=0):
@@ -149,13 +149,12 @@ def _noisy_params(cfg, seed=0):
 
 
 def test_a_token_sees_no_later_token():
-    cfg = _tiny()
-    params = _noisy_params(cfg)
-    ids = np.random.default_rng(5).integers(0, 61, (1, 14))
+    params = _noisy_params(TINY)
+    ids = np.random.default_rng(5).integers(0, 61, (2, 19))
     changed = ids.copy()
     changed[0, 9:] = (changed[0, 9:] + 7) % 61
-    a = np.asarray(forward(params, cfg, jnp.asarray(ids))["logits"])
-    b = np.asarray(forward(params, cfg, jnp.asarray(changed))["logits"])
+    a = np.asarray(_forward(params, TINY, jnp.asarray(ids))["logits"])
+    b = np.asarray(_forward(params, TINY, jnp.asarray(changed))["logits"])
     np.testing.assert_allclose(a[0, :9], b[0, :9], atol=1e-5)
     assert np.abs(a[0, 9:] - b[0, 9:]).max() > 1e-3
 
@@ -170,10 +169,10 @@ def test_export_loads_in_transformers_with_the_engines_logits(tmp_path):
     transformers = pytest.importorskip("transformers")
     from aegis.forge.cognate.export import load_pretrained, save_pretrained
 
-    cfg = _tiny(act_threshold=0.9)
+    cfg = TINY
     params = _noisy_params(cfg)
     ids = np.random.default_rng(6).integers(0, 61, (2, 19))
-    out = forward(params, cfg, jnp.asarray(ids))
+    out = _forward(params, cfg, jnp.asarray(ids))
     folder = save_pretrained(params, cfg, tmp_path / "cognate")
     config = __import__("json").loads((folder / "config.json").read_text())
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_cognate.CognateForCausalLM"
@@ -193,5 +192,5 @@ def test_export_loads_in_transformers_with_the_engines_logits(tmp_path):
             assert int(model(gen[:, :t]).logits[0, -1].argmax()) == int(gen[0, t])
     back, cfg2 = load_pretrained(folder)
     assert cfg2 == cfg
-    np.testing.assert_array_equal(np.asarray(forward(back, cfg2, jnp.asarray(ids))["logits"]),
+    np.testing.assert_array_equal(np.asarray(_forward(back, cfg2, jnp.asarray(ids))["logits"]),
                                   np.asarray(out["logits"]))

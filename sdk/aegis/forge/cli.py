@@ -19,7 +19,7 @@ from typing import Annotated, Optional
 
 import typer
 
-__all__ = ["merge", "compress", "evomerge", "quietstar", "forge", "generate", "parse_size"]
+__all__ = ["merge", "compress", "evomerge", "quietstar", "forge", "generate", "cognate", "parse_size"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -305,3 +305,30 @@ def generate(
     typer.echo("")
     extra = f", halting steps {r['halting_steps']}" if r.get("halting_steps") else ""
     typer.echo(f"({len(r['tokens'])} tokens, {r['kind']}{extra})", err=True)
+
+
+def cognate(
+    config: Annotated[Optional[Path], typer.Argument(metavar="CONFIG.yml", help="Phase-1 YAML (variants, data, curriculum, train); omit with --tiny.")] = None,
+    out: Annotated[Optional[Path], typer.Argument(metavar="OUT", help="Folder: one HF folder per variant, report.json, report.md.")] = None,
+    tiny: Annotated[bool, typer.Option("--tiny", help="CPU-sized models, a few dozen steps, bundled data.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Write into OUT even if it holds other files.")] = False,
+) -> None:
+    """Phase 1: train three Cognate models (TRM x Titans-MAG), check their diversity, export each; re-running resumes."""
+    from aegis.errors import InvalidConfigError
+
+    try:
+        from aegis.forge.cognate.phase1 import load_phase1_config, run_phase1
+
+        if tiny and out is None and config is not None:
+            config, out = None, config
+        if out is None or (config is None and not tiny):
+            raise InvalidConfigError("usage: aegis cognate CONFIG.yml OUT, or aegis cognate --tiny OUT")
+        cfg = load_phase1_config(config, tiny=tiny)
+        folders = run_phase1(cfg, out, tiny=tiny, overwrite=overwrite, log=lambda m: typer.echo(m, err=True))
+    except (ImportError, Exception) as err:  # noqa: BLE001
+        from aegis.errors import AegisError
+
+        if not isinstance(err, (AegisError, ImportError)):
+            raise
+        _fail(err, "`aegis cognate`")
+    typer.echo(f"cognate: {len(folders)} models -> {', '.join(str(f) for f in folders)}")

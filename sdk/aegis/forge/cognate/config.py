@@ -33,7 +33,8 @@ class CognateConfig(BaseModel):
                            description="Long-term memory slots: hidden units of the memory MLP (the seed: 2048-8192).")
     memory_chunk: int = Field(16, ge=1, le=65536,
                               description="Tokens per memory update (momentum and forgetting shared in a chunk).")
-    memory_max_lr: float = Field(0.1, gt=0, le=10.0, description="Largest inner learning rate theta_t.")
+    memory_max_lr: float = Field(0.01, gt=0, le=10.0,
+                                 description="Largest inner learning rate theta_t (titans-pytorch: 1e-2).")
     max_passes: int = Field(3, ge=1, le=16, description="Recursive-reasoning passes (the seed: up to 3).")
     act_threshold: float = Field(0.95, gt=0, le=1.0, description="ACT halts once the summed halting prob. reaches it.")
     ponder_weight: float = Field(0.01, ge=0, le=10.0, description="Weight of the ponder cost N + R in the loss.")

@@ -70,6 +70,9 @@ class TrainSettings(BaseModel):
     lr: float = Field(1e-3, gt=0, le=10, description="Peak LR (the seed's Muon x Grokfast pretrain preset: 1e-3).")
     warmup_steps: int = Field(100, ge=0)
     optimizer: Literal["muon_grokfast", "adamw"] = "muon_grokfast"
+    shared_shape: bool = Field(False, description="Train every variant at the widest LTM, the extra slots held at "
+                               "zero (exact: a zero slot never activates, its gradient is zero), so one program "
+                               "compiles; exported at the variant's own width. For CPU runs.")
     eval_rows: int = Field(8, ge=1, le=4096, description="Held-out sequences for the diversity checks.")
 
 
@@ -112,7 +115,8 @@ class Phase1Config(BaseModel):
 
 TINY: dict[str, Any] = {
     "model": {**TINY_MODEL, "vocab_size": 512},
-    "train": {"steps": 24, "batch_size": 4, "seq_len": 48, "lr": 3e-3, "warmup_steps": 3, "eval_rows": 4},
+    "train": {"steps": 24, "batch_size": 4, "seq_len": 48, "lr": 3e-3, "warmup_steps": 3, "eval_rows": 4,
+              "shared_shape": True},
     "diversity": {"retries": 0},
 }
 """What ``--tiny`` puts under the config: the CPU-sized model, a few dozen steps, no retries."""
@@ -263,8 +267,11 @@ def _train_variant(v: Variant, seed: int, cfg: CognateConfig, p1: Phase1Config, 
 
     s = p1.train
     total = max(len(p1.curriculum), round(s.steps * v.steps_scale))
+    own = cfg.ltm_slots
+    if s.shared_shape:
+        cfg = cfg.model_copy(update={"ltm_slots": max(x.ltm_slots for x in p1.variants)})
     tx, step = _train_step(cfg, s)
-    params = init_params(cfg, jax.random.key(seed))
+    params = _widen(init_params(cfg.model_copy(update={"ltm_slots": own}), jax.random.key(seed)), cfg.ltm_slots)
     opt_state = tx.init(params)
     history: list[dict[str, Any]] = []
     done_steps, first_stage = 0, 0
@@ -303,7 +310,28 @@ def _train_variant(v: Variant, seed: int, cfg: CognateConfig, p1: Phase1Config, 
         if losses:
             log(f"  {v.name}: stage {stage.name} ({hi - lo} steps) CE {losses[0]:.3f} -> {losses[-1]:.3f}")
         _save_state(work / f"stage{i}.npz", params, opt_state, {"seed": seed, "history": history})
-    return params, history
+    return _narrow(params, own), history
+
+
+def _widen(params: dict[str, Any], slots: int) -> dict[str, Any]:
+    """Zero-pad the memory MLP to ``slots`` hidden units (w1 columns, w2 rows)."""
+    import jax.numpy as jnp
+
+    layers = dict(params["layers"])
+    w1, w2 = layers["memory.w1"], layers["memory.w2"]
+    layers["memory.w1"] = jnp.pad(w1, [(0, 0), (0, 0), (0, slots - w1.shape[2])])
+    layers["memory.w2"] = jnp.pad(w2, [(0, 0), (0, slots - w2.shape[1]), (0, 0)])
+    return {**params, "layers": layers}
+
+
+def _narrow(params: dict[str, Any], slots: int) -> dict[str, Any]:
+    """The first ``slots`` memory units; the rest must have stayed exactly zero."""
+    layers = dict(params["layers"])
+    w1, w2 = layers["memory.w1"], layers["memory.w2"]
+    if w1.shape[2] > slots and (bool((w1[:, :, slots:] != 0).any()) or bool((w2[:, slots:] != 0).any())):
+        raise AssertionError("padded memory slots moved; train without train.shared_shape")
+    layers["memory.w1"], layers["memory.w2"] = w1[:, :, :slots], w2[:, :slots]
+    return {**params, "layers": layers}
 
 
 # ----- measurement -----------------------------------------------------------------------------------------------
@@ -390,6 +418,7 @@ def run_phase1(config: dict[str, Any] | Phase1Config | str | Path | None, out: P
     from aegis._outdir import check_output_dir, write_output_file
 
     log = log or (lambda _line: None)
+    _compile_cache()
     p1 = config if isinstance(config, Phase1Config) else load_phase1_config(config, tiny=tiny)
     out = Path(out).expanduser().absolute()
     state_path = out / STATE_FILE
@@ -482,6 +511,18 @@ def run_phase1(config: dict[str, Any] | Phase1Config | str | Path | None, out: P
     for w in warnings:
         log(f"warning: {w}")
     return folders
+
+
+def _compile_cache() -> None:
+    """Reuse compiled programs across processes (a resumed phase starts in seconds), unless the caller set a cache."""
+    import os
+
+    import jax
+
+    if jax.config.jax_compilation_cache_dir is None and not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "aegis" / "jax"
+        jax.config.update("jax_compilation_cache_dir", str(cache))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 def _eval_batch(streams: dict[str, Any], p1: Phase1Config) -> Any:

@@ -11,7 +11,7 @@ class CognateConfig(PretrainedConfig):
     model_type = "cognate"
 
     def __init__(self, vocab_size=8192, hidden_size=512, num_layers=8, num_heads=8, intermediate_size=768,
-                 num_persistent=16, window=256, memory_dim=64, ltm_slots=2048, memory_chunk=16, memory_max_lr=0.1,
+                 num_persistent=16, window=256, memory_dim=64, ltm_slots=2048, memory_chunk=16, memory_max_lr=0.01,
                  max_passes=3, act_threshold=0.95, ponder_weight=0.01, deep_supervision=0.5, rope_theta=10000.0,
                  rms_norm_eps=1e-6, max_position_embeddings=2048, initializer_range=0.02, **kwargs):
         self.vocab_size = vocab_size
