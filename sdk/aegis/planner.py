@@ -352,8 +352,11 @@ def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: d
               "FSDP allows a faster config than DDP: a larger micro batch, or fewer memory savings")
     eff = _DDP_EFFICIENCY if use_ddp else _FSDP_EFFICIENCY
     at = f"micro batch {ref.micro_batch_size}, checkpointing {'ON' if ref.gradient_checkpointing else 'OFF'}"
+    # the engine's mesh for the same choice: data ranks replicate the model as DDP does, fsdp ranks shard it as
+    # FULL_SHARD does (aegis.train.parallel; `aegis run --plan` uses it)
+    mesh = {"data": n} if use_ddp else {"fsdp": n}
     return chosen, MultiGPU(gpu_count=n, ddp_bytes=ddp_bytes, fsdp_bytes=fsdp_bytes, assumed="ddp" if use_ddp else "fsdp",
-                            reason=reason, compared_at=at, efficiency_low=eff[0], efficiency_high=eff[1])
+                            reason=reason, compared_at=at, efficiency_low=eff[0], efficiency_high=eff[1], parallel=mesh)
 
 
 def _nothing_fits(profile: ModelProfile, gpu: GPU, gpu_count: int, solution: Solution, kwargs: dict) -> str:

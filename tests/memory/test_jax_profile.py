@@ -310,8 +310,10 @@ def test_flash_attention_gpus_keep_softmax_stats_not_scores():
 def test_unsupported_settings_raise_errors_that_name_the_fix():
     with pytest.raises(aegis.AegisError, match="q_proj"):
         aegis.estimate_memory("llama-3.2-1b", lora=LoRAConfig(target_modules=("nonexistent",)), framework="jax")
-    with pytest.raises(aegis.AegisError, match="one device"):
-        aegis.estimate_memory("llama-3.2-1b", fsdp_shards=2, framework="jax")
+    with pytest.raises(aegis.AegisError, match="data-parallel"):
+        aegis.estimate_memory("llama-3.2-1b", ddp=True, framework="jax")
+    with pytest.raises(aegis.AegisError, match="framework='jax'"):
+        aegis.estimate_memory("llama-3.2-1b", tensor_shards=2)
 
 
 def test_jax_profile_imports_no_jax():

@@ -78,6 +78,7 @@ def estimate_memory(
     eval_seq_len: int | None = None,
     eval_batch_size: int | None = None,
     fsdp_shards: int = 1,
+    tensor_shards: int = 1,
     ddp: bool = False,
     gradient_accumulation_steps: int = 1,
     framework: Framework = "hf",
@@ -90,7 +91,8 @@ def estimate_memory(
     """Predict the peak memory of a training step. Raises `InvalidConfigError` on impossible settings.
 
     ``fsdp_shards`` > 1 sizes one GPU of a FULL_SHARD FSDP run; ``ddp`` one GPU of a DDP run (the same as one GPU,
-    plus DDP's gradient buckets).
+    plus DDP's gradient buckets). With ``framework="jax"``, ``fsdp_shards`` and ``tensor_shards`` are the run's mesh
+    (`aegis.train.parallel.ParallelConfig`): the estimate is one device's share of the sharded step.
 
     ``stack`` (or its fields ``trainer``/``transformers_version``) names the software the run uses
     (`aegis.schema.StackProfile`; default HF Trainer on transformers 5); ``lora_dropout`` the LoRA dropout;
@@ -122,7 +124,7 @@ def estimate_memory(
     except ValueError as err:
         raise InvalidConfigError(_first_error(err)) from err
     return estimate(profile, cfg, gpu=gpu, eval_seq_len=eval_seq_len, eval_batch_size=eval_batch_size, fsdp_shards=fsdp_shards,
-                    ddp=ddp, framework=framework)
+                    tensor_shards=tensor_shards, ddp=ddp, framework=framework)
 
 
 def _first_error(err: ValueError) -> str:
@@ -142,6 +144,7 @@ def estimate(
     eval_seq_len: int | None = None,
     eval_batch_size: int | None = None,
     fsdp_shards: int = 1,
+    tensor_shards: int = 1,
     ddp: bool = False,
     framework: Framework = "hf",
 ) -> MemoryEstimate:
@@ -149,11 +152,15 @@ def estimate(
     if ddp and fsdp_shards > 1:
         raise InvalidConfigError("ddp and fsdp_shards > 1 are two ways to use several GPUs: choose one")
     if framework == "jax":
-        if fsdp_shards != 1 or ddp:
-            raise InvalidConfigError("the JAX engine runs on one device: drop fsdp_shards or use framework='hf'")
+        if ddp:
+            raise InvalidConfigError("the JAX engine's data-parallel ranks hold what one device holds: drop ddp "
+                                     "(fsdp_shards / tensor_shards size a sharded mesh)")
         from aegis.memory.jax_profile import estimate_jax
 
-        return estimate_jax(profile, cfg, gpu=gpu, eval_seq_len=eval_seq_len, eval_batch_size=eval_batch_size)
+        return estimate_jax(profile, cfg, gpu=gpu, eval_seq_len=eval_seq_len, eval_batch_size=eval_batch_size,
+                            fsdp_shards=fsdp_shards, tensor_shards=tensor_shards)
+    if tensor_shards != 1:
+        raise InvalidConfigError("tensor_shards sizes the JAX engine's mesh: use framework='jax' (HF plans shard with fsdp_shards)")
     if framework != "hf":
         raise InvalidConfigError(f"framework must be 'hf' or 'jax', got {framework!r}")
     profile = profile_for_stack(profile, cfg.stack)  # transformers 4.x: separate expert Linears

@@ -31,8 +31,23 @@ component by component, without importing JAX:
   dequantised weights (rematerialised in the backward pass). Unrolled layers free their residuals
   as their backward consumes them, so only the working set beyond them counts.
 
-The peak is the larger of two moments: the loss and head backward (all residuals, the logits, the
-head) and the backward of the layers (all residuals, one layer's working set).
+- **the optimizer update** under the non-finite skip guard (a ``lax.cond`` over gradients, optimizer
+  state and parameters): XLA copies the conditional's operands, so the gradients, a copy of the
+  trainable parameters and one of the optimizer state sit beside the donated state.
+
+The peak is the largest of three moments: the loss and head backward (all residuals, the logits, the
+head), the backward of the layers (all residuals, one layer's working set) and the optimizer update
+(where parameters and optimizer states dominate, as in full fine-tuning of a small model).
+
+**Sharded runs** (``fsdp_shards`` / ``tensor_shards``, the run's ``parallel`` mesh): every array is
+split by the engine's own rules (`aegis.train.shapes`: logical axes from the architecture registry,
+:data:`~aegis.train.shapes.LOGICAL_AXIS_RULES`, an axis no mesh axis divides stays whole), so
+parameters, LoRA adapters, NF4 codes and absmax, optimizer states and gradients are one device's
+blocks; the batch is one rank's micro batch. A dot whose weight is split on its contracting ``embed``
+axis runs on whichever operand GSPMD gathers more cheaply: the weight (one layer at a time) or the
+fsdp group's batch, whose output (the MLP's intermediates, the logits) is then made for the whole
+group on every device (`_gathered_tokens`). Measured against XLA's per-device analysis on 4 forced
+host devices: full fine-tuning, fp32, hidden 512, {fsdp: 4}: exact (tests/memory/test_jax_fsdp_memory.py).
 
 XLA:CPU has no native bf16 arithmetic: it upcasts bf16 operands to float32, so on CPU the residuals
 and the weights the backward dots read get float32 copies (``platform="cpu"``); XLA:GPU computes in
@@ -47,6 +62,7 @@ bf16 (``platform="gpu"``). ``estimate_jax`` models the GPU layout when a GPU is 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -57,7 +73,16 @@ from aegis.hardware import cudnn_flash_attention, find_gpu
 from aegis.memory.components import check_lora_targets
 from aegis.schema import GPU, MemoryComponent, MemoryEstimate, ModelProfile, TrainConfig, lora_selects, lora_target_names
 from aegis.train.arch_spec import arch_spec
-from aegis.train.shapes import BUFFER_LEAVES, STACKS, ArchSpec, layer_stacks, param_shapes, tree_leaves
+from aegis.train.shapes import (
+    BUFFER_LEAVES,
+    STACKS,
+    ArchSpec,
+    layer_stacks,
+    logical_axes,
+    mesh_axes_of,
+    param_shapes,
+    tree_leaves,
+)
 
 __all__ = ["Platform", "Leaf", "engine_leaves", "nf4_leaf_bytes", "optimizer_state_bytes", "estimate_jax", "UNROLL_MAX_LAYERS"]
 
@@ -106,10 +131,29 @@ class Leaf:
     """A weight the layers multiply by (quantised under QLoRA, in the weight-decay group)."""
     quantizable: bool
     stacked: bool
+    logical: tuple[str | None, ...] = ()
+    """Logical axis names (`aegis.train.shapes.logical_axes`): how the engine's sharding rules split it."""
 
     @property
     def size(self) -> int:
         return math.prod(self.shape)
+
+    def local_shape(self, mesh: Mapping[str, int]) -> tuple[int, ...]:
+        """The shape one device holds on a mesh of these axis sizes (the engine's rules)."""
+        return local_shape(self.shape, self.logical or (None,) * len(self.shape), mesh)
+
+    def local_size(self, mesh: Mapping[str, int]) -> int:
+        return math.prod(self.local_shape(mesh))
+
+
+def local_shape(shape: tuple[int, ...], logical: tuple[str | None, ...], mesh: Mapping[str, int]) -> tuple[int, ...]:
+    """One device's block of an array of ``shape`` named ``logical`` (`aegis.train.shapes.mesh_axes_of`: the rules
+    `aegis.train.sharding` places the engine's arrays by; an axis no mesh axis divides stays whole)."""
+    out = list(shape)
+    for i, entry in enumerate(mesh_axes_of(shape, logical, mesh)):
+        for axis in entry if isinstance(entry, tuple) else (entry,) if entry else ():
+            out[i] //= mesh.get(axis, 1)
+    return tuple(out)
 
 
 def engine_leaves(profile: ModelProfile) -> list[Leaf]:
@@ -117,7 +161,9 @@ def engine_leaves(profile: ModelProfile) -> list[Leaf]:
     engine's own `aegis.train.arch_spec.arch_spec`): embeddings, per-layer tensors stacked over layers, final
     norm, untied head. Buffers (DeepSeek-V3's score correction) are not parameters and not leaves here."""
     out = []
-    for path, shape in tree_leaves(param_shapes(_spec(profile))).items():
+    spec = _spec(profile)
+    axes = logical_axes(profile.config, spec)
+    for path, shape in tree_leaves(param_shapes(spec)).items():
         if path[-1] in BUFFER_LEAVES:
             continue
         stacked = len(path) > 1 and path[0] == "model" and path[1] in STACKS
@@ -126,7 +172,7 @@ def engine_leaves(profile: ModelProfile) -> list[Leaf]:
         matrix = (path[-1] in ("weight", "gate_up_proj", "down_proj") and len(shape) - int(stacked) >= 2
                   and not any(k.endswith("norm") or k in ("embed_tokens", "embed_positions") for k in path))
         quantizable = matrix and not any(k in ENGINE_NF4_SKIP or k == "lm_head" for k in path)
-        out.append(Leaf(".".join(path), shape, matrix=matrix, quantizable=quantizable, stacked=stacked))
+        out.append(Leaf(".".join(path), shape, matrix=matrix, quantizable=quantizable, stacked=stacked, logical=axes[path]))
     return out
 
 
@@ -140,13 +186,29 @@ def _layer_stacks(profile: ModelProfile, layers: list[LayerShape]) -> list[tuple
     return [(count, layers[first]) for _, first, count in layer_stacks(_spec(profile))]
 
 
-def nf4_leaf_bytes(leaf: Leaf) -> int:
+def nf4_leaf_bytes(leaf: Leaf, mesh: Mapping[str, int] | None = None) -> int:
     """Bytes of one stacked weight quantised per layer slice as `train/nf4.py` stores it: packed uint8
-    codes (two per byte), uint8 absmax per 64 weights, float32 scale per 256 absmax, float32 offset."""
+    codes (two per byte), uint8 absmax per 64 weights, float32 scale per 256 absmax, float32 offset. On a
+    ``mesh``, one device's share: the NF4 arrays ``[layers, k]`` are no parameter's shape, so the rules' fsdp
+    fallback splits ``k`` where fsdp divides it (the layer axis stays whole; the offsets are replicated)."""
     layers = leaf.shape[0]
     n = math.prod(leaf.shape[1:])
     blocks = -(-n // NF4_BLOCK)
-    return layers * (-(-n // 2) + blocks + _FP32 * -(-blocks // NF4_BLOCK2) + _FP32)
+    f = (mesh or {}).get("fsdp", 1)
+
+    def share(k: int) -> int:
+        return k // f if k % f == 0 else k
+
+    return layers * (share(-(-n // 2)) + share(blocks) + _FP32 * share(-(-blocks // NF4_BLOCK2)) + _FP32)
+
+
+def _lora_local(shape: tuple[int, ...], hidden: int, mesh: Mapping[str, int]) -> tuple[int, ...]:
+    """One device's block of an adapter matrix: it follows its base weight (`aegis.train.shapes.leaf_logical`):
+    A ``[layers, lora_rank, in]``, B ``[layers, out, lora_rank]``, a hidden-wide side named ``embed``."""
+    _, a, b = shape
+    if a <= b:  # A: [L, rank, in]
+        return local_shape(shape, ("layers", "lora_rank", "embed" if b == hidden else "mlp"), mesh)
+    return local_shape(shape, ("layers", "embed" if a == hidden else "mlp", "lora_rank"), mesh)
 
 
 def _lora_leaves(profile: ModelProfile, cfg: TrainConfig) -> list[tuple[int, ...]]:
@@ -163,6 +225,14 @@ def _lora_leaves(profile: ModelProfile, cfg: TrainConfig) -> list[tuple[int, ...
                 rank = lora.rank * lin.lora_rank_factor * lin.count
                 shapes += [(n, rank, lin.in_features), (n, lin.out_features, rank)]
     return shapes
+
+
+def _gathered_tokens(tokens: int, fsdp: int, width: int) -> int:
+    """Tokens one device computes a ``[tokens, width]`` dot output for under fsdp. The weight ``[width, hidden]``
+    is split on its contracting ``embed`` axis; GSPMD moves the smaller operand: the weight (all-gathered, the
+    output stays at the device's own tokens) or the batch (all-gathered over fsdp: the output is made for the
+    whole fsdp group's tokens, the partial sums all-reduced, on every device)."""
+    return tokens * fsdp if fsdp > 1 and tokens * fsdp < width else tokens
 
 
 def _widths(cfg: TrainConfig) -> tuple[int, int, int]:
@@ -295,12 +365,22 @@ def estimate_jax(
     platform: Platform | None = None,
     eval_seq_len: int | None = None,
     eval_batch_size: int | None = None,
+    fsdp_shards: int = 1,
+    tensor_shards: int = 1,
 ) -> MemoryEstimate:
-    """Predicted peak of the JAX engine's compiled train step for one configuration.
+    """Predicted peak of the JAX engine's compiled train step for one configuration, per device.
 
     ``platform`` defaults to ``gpu`` when a GPU is named and ``cpu`` (XLA:CPU, what
-    `jax_step_memory` measures here) otherwise.
+    `jax_step_memory` measures here) otherwise. ``fsdp_shards`` / ``tensor_shards``: the run's mesh
+    (`aegis.train.parallel.ParallelConfig` ``fsdp`` / ``tensor``; ``data`` ranks hold what one device holds).
+    Parameters, adapters, NF4 blocks, optimizer states and gradients are split by the engine's own sharding
+    rules (`aegis.train.shapes.mesh_axes_of`: an axis no mesh axis divides stays whole), the batch is the
+    micro batch of one rank, and the dots GSPMD runs on a gathered batch (see `_gathered_tokens`) keep
+    their outputs for the global batch.
     """
+    if fsdp_shards < 1 or tensor_shards < 1:
+        raise InvalidConfigError(f"fsdp_shards and tensor_shards must be >= 1, got {fsdp_shards} and {tensor_shards}")
+    mesh = {"data": 1, "fsdp": fsdp_shards, "tensor": tensor_shards}
     gpu_obj = find_gpu(gpu) if isinstance(gpu, str) else gpu
     plat: Platform = platform or ("gpu" if gpu_obj is not None else "cpu")
     comp, pw, aw = _widths(cfg)
@@ -314,34 +394,36 @@ def estimate_jax(
     b, s, accum = cfg.micro_batch_size, cfg.seq_len, cfg.gradient_accumulation_steps
     tokens = b * s
     leaves = engine_leaves(profile)
-    total_params = sum(x.size for x in leaves)
+    local_params = sum(x.local_size(mesh) for x in leaves)  # one device's share (all of it on one device)
     matrices = [x for x in leaves if x.matrix]
-    layer_matrix_params = sum(x.size for x in matrices if x.stacked)
-    head_params = sh.vocab * sh.d  # the head dot reads the lm_head (or the tied embedding)
+    layer_matrix_params = sum(x.local_size(mesh) for x in matrices if x.stacked)
+    head_leaf = next((x for x in leaves if x.path in ("lm_head.weight", "model.embed_tokens.weight")), None)
+    head_params = head_leaf.local_size(mesh) if head_leaf is not None else sh.vocab * sh.d
 
     # ----- static arguments -------------------------------------------------------------------
     if cfg.method == "full":
-        trainable_shapes = [x.shape for x in leaves]
+        trainable_shapes = [x.local_shape(mesh) for x in leaves]
         trainable_stacked = [x.stacked for x in leaves]
-        weights, weights_formula = total_params * pw, f"{total_params:,} params x {pw} B"
+        weights, weights_formula = local_params * pw, f"{local_params:,} params x {pw} B"
         adapters = adapter_params = 0
-        trainable_params, tw = total_params, pw
+        trainable_params, tw = local_params, pw
     else:
         check_lora_targets(profile, cfg.lora_config)
-        trainable_shapes = _lora_leaves(profile, cfg)
+        trainable_shapes = [_lora_local(x, sh.d, mesh) for x in _lora_leaves(profile, cfg)]
         trainable_stacked = [True] * len(trainable_shapes)
         adapter_params = sum(math.prod(x) for x in trainable_shapes)
         adapters, trainable_params, tw = adapter_params * aw, adapter_params, aw
         if cfg.method == "lora":
-            weights, weights_formula = total_params * pw, f"{total_params:,} params x {pw} B (frozen)"
+            weights, weights_formula = local_params * pw, f"{local_params:,} params x {pw} B (frozen)"
         else:
             quant = [x for x in leaves if x.quantizable]
             q_params = sum(x.size for x in quant)
-            nf4 = sum(nf4_leaf_bytes(x) for x in quant)
-            weights = nf4 + (total_params - q_params) * pw
+            nf4 = sum(nf4_leaf_bytes(x, mesh) for x in quant)
+            unquantised = sum(x.local_size(mesh) for x in leaves if not x.quantizable)
+            weights = nf4 + unquantised * pw
             weights_formula = (
                 f"NF4 {q_params:,} x (0.5 B + 1 B/64 uint8 absmax + 4 B/16,384 scales) per layer slice; "
-                f"{total_params - q_params:,} unquantised (embeddings, head, norms) x {pw} B"
+                f"{unquantised:,} unquantised (embeddings, head, norms) x {pw} B"
             )
     optimizer, optimizer_formula = optimizer_state_bytes(cfg, trainable_shapes, tw, trainable_stacked)
     batch = accum * tokens * BATCH_ARRAYS * 4
@@ -366,7 +448,7 @@ def estimate_jax(
     # for full fine-tuning, the embedding's float32 scatter-add gradient (zeros broadcast early, added into
     # at the end). The head's dot gradient is made after the logits' buffers are freed.
     stacked_trainable = sum(math.prod(x) for x, st in zip(trainable_shapes, trainable_stacked, strict=True) if st)
-    embed_grad = sh.vocab * sh.d * grad_width if cfg.method == "full" else 0
+    embed_grad = head_params * grad_width if cfg.method == "full" else 0
     loss_gradients = (stacked_trainable * grad_width if scanned else 0) + embed_grad + accumulators
 
     # ----- activations ------------------------------------------------------------------------
@@ -398,9 +480,12 @@ def estimate_jax(
         recompute = tokens * per_layer
         act_formula = f"remat: {sh.n} layer inputs x {tokens:,} tokens x {sh.d:,} x {kept_width} B"
     else:
-        activations = sh.n * tokens * per_layer
+        mlp_tokens = _gathered_tokens(tokens, fsdp_shards, sh.inter)
+        activations = sh.n * (tokens * per_layer + (mlp_tokens - tokens) * terms["mlp"])
         detail = ", ".join(f"{k} {v:,}" for k, v in terms.items())
         act_formula = f"{sh.n} layers x {tokens:,} tokens x {per_layer:,} B ({detail})"
+        if mlp_tokens != tokens:
+            act_formula += f"; the MLP's for the gathered batch ({mlp_tokens:,} tokens)"
         if cpu_unrolled_bf16 and cfg.method == "full":
             # outside the layers: the embedding lookup's bf16 output and its float32 copy (the first norm's
             # input), and the final norm's float32 output the head-gradient dot reads
@@ -417,6 +502,7 @@ def estimate_jax(
     scaled = 1 if sh.fam.logits_scaling(profile.config) else 0
     logit_buffers += scaled
     logit_width = logit_buffers * _FP32
+    logit_tokens = _gathered_tokens(tokens, fsdp_shards, sh.vocab)  # the head: weight split on embed, like the MLP's
     if cfg.chunked_cross_entropy:
         # step._chunked_nll_sum: OptimizerSettings.ce_chunk_tokens per chunk under lax.map, which also
         # materialises the transposed float32 head weight it reads
@@ -426,8 +512,8 @@ def estimate_jax(
         logits_formula = (f"chunked: {chunk:,}-token chunk x {sh.vocab:,} vocab x {logit_width} B + fp32 hidden grads "
                           f"+ transposed fp32 head {head_params:,} x 4 B")
     else:
-        logits = tokens * sh.vocab * logit_width
-        logits_formula = (f"{tokens:,} tokens x {sh.vocab:,} vocab x {logit_width} B (fp32 logits, their gradient"
+        logits = logit_tokens * sh.vocab * logit_width
+        logits_formula = (f"{logit_tokens:,} tokens x {sh.vocab:,} vocab x {logit_width} B (fp32 logits, their gradient"
                           + (", its transposed copy" if cfg.method == "full" and plat == "cpu" else "")
                           + (", the scaled logits" if scaled else "") + ")")
 
@@ -446,6 +532,12 @@ def estimate_jax(
     layer_copies = layer_matrix_params * _FP32 if upcast and cfg.method != "qlora" else 0
     dequant = (layer_matrix_params // sh.n) * (_FP32 + comp) if cfg.method == "qlora" else 0  # one layer's dense weights
 
+    # The optimizer update runs under the non-finite skip guard (`step.make_train_step`: ``lax.cond(skip, keep,
+    # update, (grads, opt_state, params))``): XLA copies the conditional's operands, the trainable parameters and
+    # the optimizer state, beside the donated originals and the gradients it reads. When parameters and optimizer
+    # states dominate (full fine-tuning) this is the step's peak (measured: XLA's temporaries are exactly
+    # gradients + parameters + AdamW moments, on one device and per device of {fsdp: 4}).
+    guard_copies = (weights if cfg.method == "full" else adapters) + optimizer
     static = {"weights": weights, "adapters": adapters, "optimizer": optimizer, "batch": batch + scalars}
     moments = {
         "loss and head backward": {
@@ -456,6 +548,7 @@ def estimate_jax(
             **static, "activations": activations, "backward temporaries": backward + dequant,
             "weight copies": layer_copies, "gradients": gradients,
         },
+        "optimizer update": {**static, "update copies": guard_copies, "gradients": gradients},
     }
     peak_name, parts = max(moments.items(), key=lambda kv: sum(kv[1].values()))
     tensor = sum(parts.values())
@@ -468,7 +561,7 @@ def estimate_jax(
         "batch": ("Batch + state scalars", f"{accum} x {tokens:,} tokens x {BATCH_ARRAYS} arrays x 4 B",
                   "input_ids, targets, loss_mask, segment_ids, positions"),
         "gradients": ("Gradients", grad_formula, "all layers' gradients live at the end of backward")
-        if peak_name == "backward of the layers" else
+        if peak_name in ("backward of the layers", "optimizer update") else
         ("Gradients", ("scanned layers' stacked gradients" if scanned and stacked_trainable else "")
          + (" + " if scanned and stacked_trainable and embed_grad else "")
          + (f"embedding scatter gradient {sh.vocab * sh.d:,} x {grad_width} B" if embed_grad else "")
@@ -485,6 +578,8 @@ def estimate_jax(
         "weight copies": ("Weight copies (fp32)", f"{layer_matrix_params:,} layer weights x 4 B",
                           "XLA:CPU upcasts the bf16 weights the dots read"),
         "head copy": ("Head weight copy (fp32)", f"{head_params:,} x 4 B", "XLA:CPU upcasts the bf16 head for its two dots"),
+        "update copies": ("Skip guard's copies", "trainable parameters + optimizer state, copied",
+                          "the optimizer update's conditional takes them as operands"),
     }
     components = tuple(
         MemoryComponent(name=labels[k][0], key=k, bytes=int(v), formula=labels[k][1], note=labels[k][2])

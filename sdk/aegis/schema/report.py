@@ -196,6 +196,11 @@ class MultiGPU(Frozen):
                                                      "'micro batch 1, checkpointing ON' (the recommended tier may differ).")
     efficiency_low: float = Field(description="Scaling efficiency range used for time estimates.")
     efficiency_high: float
+    parallel: dict[str, int] = Field(
+        default_factory=dict,
+        description="The JAX engine's mesh for this plan (`aegis run --plan`, `aegis.train.parallel`): every GPU a "
+        "data rank ({data: N}) where DDP is assumed, the model sharded over them ({fsdp: N}) where FSDP is.",
+    )
 
 
 class PlanReport(Frozen):

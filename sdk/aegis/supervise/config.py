@@ -533,7 +533,8 @@ def run_config_from_report(
 
     From the plan: its model (a local folder made absolute, else the canonical Hub id; weights are loaded when the
     run starts), its dataset, its recommended config (method, precision, seq len, LoRA rank and targets) and
-    fallback chain, and ``total_steps`` = the plan's epochs over its dataset rows at the global batch (micro batch
+    fallback chain, the mesh of its multi-GPU section (``parallel``: data ranks for DDP, fsdp ranks for FSDP), and
+    ``total_steps`` = the plan's epochs over its dataset rows at the global batch (micro batch
     x accumulation x the plan's GPUs), as transformers' Trainer counts them for the emitted script. The learning
     rate, warm-up, cosine floor, clip and seed are the recipe's for the method (:mod:`aegis.recipe`), the values
     the emitted scripts use. ``sections`` (a run YAML's or a chat template's mapping) wins over all of this:
@@ -559,6 +560,8 @@ def run_config_from_report(
         data["data"] = local_or_id(report.request.dataset)
     data.setdefault("train_config", report.recommended.config.model_dump(mode="json"))
     data.setdefault("fallbacks", [t.config.model_dump(mode="json") for t in report.fallbacks])
+    if report.multi_gpu is not None and report.multi_gpu.parallel:
+        data.setdefault("parallel", dict(report.multi_gpu.parallel))  # the plan's mesh: data (DDP) or fsdp ranks
     training = data.get("training")
     training = dict(training) if isinstance(training, dict) else training
     if isinstance(training, dict) or training is None:

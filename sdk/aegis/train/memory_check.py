@@ -5,8 +5,10 @@ the arguments it is called with (the train state, the frozen base, a ``[accum, g
 seq]`` batch in the trainer's shardings) and reads ``compiled.memory_analysis()``. The peak is the
 one `aegis.train.benchmark.jax_step_memory` and ``tools/jax_memory.py`` use: arguments + outputs -
 aliased (the donated state) + temporaries. Next to it goes ``aegis.memory.estimate(...,
-framework="jax")`` for the same model config and :class:`~aegis.schema.TrainConfig` (XLA:CPU's
-layout on a CPU, the device's GPU layout otherwise).
+framework="jax", fsdp_shards=..., tensor_shards=...)`` for the same model config, :class:`~aegis.schema.TrainConfig`
+and mesh (XLA:CPU's layout on a CPU, the device's GPU layout otherwise). On a sharded mesh both are per device:
+XLA's analysis of the SPMD-partitioned step is one device's program, and the planner divides parameters, optimizer
+states and gradients by the engine's own sharding rules.
 
 JAX caches lowerings and compiled executables by function, argument shapes and shardings, so the
 compile here is the one the trainer's first step reuses (called after training has started, it is
@@ -45,6 +47,10 @@ class MemoryCheck(Frozen):
         description="The planner's framework='jax' tensor bytes for the same model config and TrainConfig."
     )
     ratio: float = Field(description="planned_peak_bytes / compiled_peak_bytes (1.0 = the plan was exact).")
+    parallel: dict[str, int] = Field(
+        default_factory=lambda: {"data": 1, "fsdp": 1, "tensor": 1},
+        description="The run's mesh (devices per axis: data, fsdp, tensor); both peaks are per device of it.",
+    )
     detail: dict[str, int] = Field(
         description="XLA's components in bytes: argument_bytes, output_bytes, alias_bytes, temp_bytes, "
         "generated_code_bytes, and the argument split frozen_bytes, trainable_bytes, opt_state_bytes, batch_bytes."
@@ -80,12 +86,13 @@ def _planned_estimate(trainer: Trainer) -> MemoryEstimate:
     config, model_id = resolve_config(trainer.model_config)
     profile = profile_from_config(config, model_id=model_id, source="path")
     device = trainer.devices[0]
+    shards = {"fsdp_shards": trainer.parallel.fsdp, "tensor_shards": trainer.parallel.tensor}
     if device.platform == "cpu":
-        return estimate(profile, trainer.train_config, framework="jax")
+        return estimate(profile, trainer.train_config, framework="jax", **shards)
     try:
-        return estimate(profile, trainer.train_config, gpu=detect_gpu_id(device), framework="jax")
+        return estimate(profile, trainer.train_config, gpu=detect_gpu_id(device), framework="jax", **shards)
     except LookupError:  # UnknownGPUError: a GPU the catalog does not list: XLA:GPU layout, no flash attention
-        return estimate_jax(profile, trainer.train_config, platform="gpu")
+        return estimate_jax(profile, trainer.train_config, platform="gpu", **shards)
 
 
 def check_memory(trainer: Trainer) -> MemoryCheck:
@@ -105,5 +112,6 @@ def check_memory(trainer: Trainer) -> MemoryCheck:
     )
     planned = _planned_estimate(trainer).tensor_bytes
     return MemoryCheck(
-        compiled_peak_bytes=compiled_peak, planned_peak_bytes=planned, ratio=planned / compiled_peak, detail=detail
+        compiled_peak_bytes=compiled_peak, planned_peak_bytes=planned, ratio=planned / compiled_peak, detail=detail,
+        parallel=dict(zip(("data", "fsdp", "tensor"), trainer.parallel.shape, strict=True)),
     )
