@@ -21,6 +21,7 @@ from aegis.errors import DatasetError
 from aegis.render import ChatRenderer
 from aegis.train.data import load_examples
 from tests.hf_folders import CHATML, corpus, make_tokenizer
+from tests.demo_model import TINY_RUN
 
 SEQ = 128
 GOOD = 12
@@ -230,7 +231,7 @@ def test_the_run_says_what_the_plan_said_live_in_its_events_and_in_its_summary(t
     path = tmp_path / "messy.jsonl"
     expected = _write_jsonl(path)
     plan = analyze_dataset(str(path), model=str(chatml), seq_len=SEQ)
-    cfg = {"model": "tiny-llama", "data": str(path), "export": False,
+    cfg = {**TINY_RUN, "data": str(path), "export": False,
            "train_config": {"method": "full", "micro_batch_size": 1, "seq_len": 256, "precision": "fp32"},
            "training": {"total_steps": 1, "steps_per_window": 1}}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))

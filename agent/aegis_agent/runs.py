@@ -14,9 +14,9 @@ fallback chain, for the plan's epochs, at the recipe's learning rate — the sam
 the same plan. A template (``settings.run_template``) adds only what it says about supervision; its
 injected faults never reach a user's run; without one the recipe's defaults supervise. The weights must
 already be on this machine: `start` refuses with the download command otherwise, and a plan without a
-dataset asks for one. The demo (tiny-llama on toy data: random weights, byte tokens) runs only when asked
-for: ``start(None)`` (no plan), or a run template that itself names the demo model (``model: tiny-llama``
-or an inline config).
+dataset asks for one. The demo (the bundled tiny llama on its data: random weights, byte tokens) runs only when
+asked for: ``start(None)`` (no plan), or a run template that itself names a random model to train (a model with
+``init: random``, as the demo's, or an inline config): a drill, run as the template says.
 
     runs = RunManager(AgentSettings(runs_dir="runs"))
     runs.add_listener(lambda notice: print(notice.kind, notice.run_id))
@@ -105,11 +105,11 @@ class RunManager:
 
     def run_config(self, report: PlanReport | None, run_id: str) -> RunConfig:
         """The run's config: the plan's, translated as `aegis run --plan` does, with the template's supervision
-        (module docstring); the demo for ``report=None`` or a template naming the demo model. DatasetError without
+        (module docstring); the demo for ``report=None`` or a template naming a random model. DatasetError without
         a dataset, NothingFitsError without a recommended config, PathNotAllowedError for a path the policy
         refuses."""
         template = self._template()
-        if report is None or _names_demo_model(template):
+        if report is None or _names_random_model(template):
             if report is None and "model" not in template:
                 from aegis.supervise.demo import demo_config
 
@@ -147,8 +147,8 @@ class RunManager:
 
     def check_weights(self, cfg: RunConfig) -> None:
         """Raise (WeightsNotFoundError: the `hf download …` command) unless ``cfg.model``'s weights are here."""
-        if not isinstance(cfg.model, str) or cfg.model == "tiny-llama":
-            return  # the demo's random models
+        if not isinstance(cfg.model, str):
+            return  # an inline config: random weights
         from aegis.supervise.engine import resolve_model_input
 
         resolve_model_input(cfg.model, cfg.init)
@@ -288,6 +288,8 @@ class RunManager:
             thread.join(timeout_s)
 
 
-def _names_demo_model(template: dict) -> bool:
-    """A template that says which model to train, and names the demo's random one: settings asking for demo runs."""
-    return template.get("model") == "tiny-llama" or isinstance(template.get("model"), dict)
+def _names_random_model(template: dict) -> bool:
+    """A template that says which model to train, with random weights (``init: random``, as the demo's, or an
+    inline config): settings asking for drills, not for the plan's fine-tune."""
+    model = template.get("model")
+    return isinstance(model, dict) or (model is not None and template.get("init") == "random")

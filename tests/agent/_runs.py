@@ -8,9 +8,11 @@ from typing import Any
 
 import yaml
 
+from tests.demo_model import TINY_RUN, TOY_DATA
+
 FAST_TEMPLATE = {
-    "model": "tiny-llama",
-    "data": "toy",
+    **TINY_RUN,
+    "data": TOY_DATA,
     "train_config": {"method": "full", "micro_batch_size": 8, "seq_len": 64, "precision": "fp32"},
     "training": {"steps_per_window": 10, "total_steps": 30, "lr": 3e-3, "grad_clip": 1.0, "min_lr_ratio": 1.0,
                  "warmup_steps": 0, "seed": 0},

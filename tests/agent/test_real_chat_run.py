@@ -149,4 +149,4 @@ def test_the_run_config_takes_the_plan_and_leaves_the_template_faults(
     assert cfg.train_config.method == "lora" and cfg.training.lr == 2e-4  # the recipe's LoRA rate
     assert cfg.training.total_steps == math.ceil(report.epochs * report.steps_per_epoch)  # the plan's epochs
     assert cfg.monitoring != demo_config().monitoring and cfg.checkpoints != demo_config().checkpoints
-    assert bundled.run_config(None, "demo").model == "tiny-llama"  # no plan: the demo, as asked
+    assert bundled.run_config(None, "demo").model == demo_config().model  # no plan: the demo, as asked

@@ -299,8 +299,9 @@ def _paused_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, anomaly: Any, d
     from aegis.supervise.repair import apply_repair, plan_repair
     from aegis.supervise.runs import RunPaths
     from aegis.supervise.state import RunState
+    from tests.demo_model import TINY_RUN, TOY_DATA
 
-    cfg = RunConfig(run_id="r1", model="tiny-llama", data="toy", training={"total_steps": 100})
+    cfg = RunConfig(run_id="r1", **TINY_RUN, data=TOY_DATA, training={"total_steps": 100})
     state = RunState.new("r1", lr=1e-3, grad_clip=1.0, weights={}).update(
         step=40, anomaly=anomaly, diagnosis=diagnosis, repair_attempts=cfg.recovery.max_retries, last_checkpoint_step=40
     )

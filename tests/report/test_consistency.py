@@ -38,7 +38,7 @@ from aegis.schema import PlanRequest
 from aegis.throughput import flops_per_token
 
 GIB = 2**30
-TINY_LLAMA = str(Path(aegis.__file__).parent / "data" / "tiny_llama.json")
+TINY_LLAMA = str(Path(aegis.__file__).parent / "data" / "demo" / "tiny-llama" / "config.json")
 TINY = [TINY_LLAMA, "EleutherAI/pythia-14m", "EleutherAI/pythia-70m", "distilbert/distilgpt2",
         "HuggingFaceTB/SmolLM2-135M", "facebook/opt-125m"]
 MODELS = [m.id for m in catalog.models()]

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.demo_model import TINY_RUN
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _jax_compile_cache(request: pytest.FixtureRequest) -> None:
@@ -46,7 +48,7 @@ def write_arith_dataset(path: Path, n_clean: int, n_toxic: int, seed: int = 0) -
 
 
 BASE = {
-    "model": "tiny-llama",
+    **TINY_RUN,
     "train_config": {"method": "full", "micro_batch_size": 8, "seq_len": 64, "precision": "fp32"},
     "training": {"steps_per_window": 20, "total_steps": 60, "lr": 3e-3, "grad_clip": 1.0, "min_lr_ratio": 1.0,
                  "warmup_steps": 0, "seed": 0},
@@ -57,8 +59,11 @@ BASE = {
 
 
 def run_config(tmp_path: Path, **sections: dict) -> dict:
-    """BASE with sections merged in (one level deep), data defaulting to a small arithmetic set."""
+    """BASE with sections merged in (one level deep), data defaulting to a small arithmetic set; another model
+    takes the config's own init (pretrained unless it says)."""
     cfg = json.loads(json.dumps(BASE))
+    if "model" in sections:
+        cfg.pop("init")
     if "data" not in sections:
         data = tmp_path / "arith.jsonl"
         if not data.exists():

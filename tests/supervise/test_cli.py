@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 
 from aegis.supervise.cli import app
 
+from tests.demo_model import TINY_LLAMA, TOY_DATA
+
 runner = CliRunner()
 
 
@@ -58,7 +60,8 @@ def test_run_from_a_plan_with_a_config_for_the_other_sections(tmp_path):
     report = aegis.plan("full llama-3.2-1b on h100", seq_len=64, precision="fp32")
     (tmp_path / "plan.json").write_text(report.model_dump_json())
     (tmp_path / "over.yaml").write_text(
-        "model: tiny-llama\ndata: toy\ntraining: {steps_per_window: 2, total_steps: 4, lr: 1.0e-3}\n"
+        f"model: {TINY_LLAMA}\ninit: random\ndata: {TOY_DATA}\n"
+        "training: {steps_per_window: 2, total_steps: 4, lr: 1.0e-3}\n"
     )
     runs = tmp_path / "runs"
     result = runner.invoke(

@@ -9,6 +9,8 @@ import pytest
 
 from aegis.supervise import Supervisor, parse_run_config
 
+from tests.demo_model import TINY_RUN
+
 
 @pytest.mark.slow
 def test_degraded_domain_gets_more_weight_and_recovers(tmp_path):
@@ -24,7 +26,7 @@ def test_degraded_domain_gets_more_weight_and_recovers(tmp_path):
     cfg = parse_run_config(
         {
             "run_id": "cur",
-            "model": "tiny-llama",
+            **TINY_RUN,
             "data": str(tmp_path / "two.jsonl"),
             "train_config": {"method": "full", "micro_batch_size": 8, "seq_len": 64, "precision": "fp32"},
             "training": {"steps_per_window": 10, "total_steps": 60, "lr": 3e-3, "min_lr_ratio": 1.0, "warmup_steps": 0,

@@ -30,6 +30,8 @@ from aegis.supervise.runs import RunPaths, _pid_alive, _proc_start, liveness, tr
 from aegis.supervise.state import Anomaly, RunState
 from aegis.supervise.status import build_status, render_status, status_markdown
 
+from tests.demo_model import TINY_LLAMA, TINY_RUN, TOY_DATA
+
 from .conftest import run_config
 
 runner = CliRunner()
@@ -38,7 +40,7 @@ runner = CliRunner()
 def _run(tmp_path: Path, state: RunState | None, monkeypatch: pytest.MonkeyPatch) -> RunPaths:
     paths = RunPaths(tmp_path / "runs" / "r1")
     paths.root.mkdir(parents=True)
-    paths.config.write_text(RunConfig(run_id="r1", model="tiny-llama", data="toy", training={"total_steps": 150}).model_dump_json(by_alias=True))
+    paths.config.write_text(RunConfig(run_id="r1", **TINY_RUN, data=TOY_DATA, training={"total_steps": 150}).model_dump_json(by_alias=True))
     raw = state.model_dump(mode="json") if state is not None else None
     monkeypatch.setattr("aegis.supervise.status.read_state", lambda p: raw)
     monkeypatch.setattr("aegis.supervise.runner.read_state", lambda p: raw)
@@ -176,7 +178,7 @@ def test_a_seq_len_past_learned_positions_or_any_memory_is_refused_before_the_ru
     check_feasible(parse_run_config(run_config(tmp_path, model=_gpt2(), train_config={"seq_len": 32})), _gpt2())
     huge = parse_run_config(run_config(tmp_path, run_id="huge", train_config={"seq_len": 100_000_000_000}))
     with pytest.raises(InvalidConfigError, match=r"train_config cannot run here: micro batch 8 x seq_len 100,000,000,000"):
-        check_feasible(huge, resolve_model_config("tiny-llama"))
+        check_feasible(huge, resolve_model_config(TINY_LLAMA))
 
     runs = tmp_path / "runs"
     t0 = time.monotonic()

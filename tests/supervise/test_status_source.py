@@ -13,6 +13,8 @@ from aegis.supervise.runs import RunPaths, write_json_atomic
 from aegis.supervise.status import RunStatusReport, build_status, render_status, status_markdown
 from rich.console import Console
 
+from tests.demo_model import TINY_LLAMA, TINY_RUN, TOY_DATA
+
 
 def _run(tmp_path: Path, **config: object) -> RunPaths:
     paths = RunPaths(tmp_path / "runs" / "r1")
@@ -75,12 +77,12 @@ def test_a_local_folder_without_hub_id_and_a_merged_export(tmp_path: Path) -> No
 
 
 def test_the_demo_says_random_init(tmp_path: Path) -> None:
-    paths = _run(tmp_path, model="tiny-llama", data="toy")  # the demo's model and data
+    paths = _run(tmp_path, **TINY_RUN, data=TOY_DATA)  # the demo's model folder (no weights) and data
     st = build_status(paths)
-    assert (st.model, st.data, st.init) == ("tiny-llama", "toy", "random")
-    assert "tiny-llama (full, random init)" in _text(st)
+    assert (st.model, st.data, st.init) == (TINY_LLAMA, TOY_DATA, "random")
+    assert f"{TINY_LLAMA} (full, random init)" in _text(st)
     write_json_atomic(paths.source, {"model": "llama", "folder": None, "hub_id": None, "init": "random", "data": "toy"})
-    assert build_status(paths).model == "tiny-llama"  # the config's name, not the config's model_type
+    assert build_status(paths).model == TINY_LLAMA  # the config's name, not the config's model_type
     inline = _run(tmp_path / "inline", model={"model_type": "llama", "hidden_size": 8}, data="toy")
     assert build_status(inline).model == "inline llama config"
 

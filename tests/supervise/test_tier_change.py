@@ -15,6 +15,8 @@ from aegis.supervise.engine import Engine, load_examples, resolve_model_config
 from aegis.supervise.state import RunState
 from aegis.train.optim8bit import QuantizedArray, ScaleByAdam8bitState
 
+from tests.demo_model import TINY_LLAMA, TINY_RUN, TOY_DATA
+
 from .conftest import run_config
 
 TIER0 = {"method": "full", "micro_batch_size": 4, "seq_len": 64, "precision": "fp32"}
@@ -23,8 +25,8 @@ TIER1 = {**TIER0, "precision": "fp16_mixed", "optimizer": "paged_adamw_8bit"}
 
 @pytest.mark.slow
 def test_an_adamw_checkpoint_restores_into_an_8bit_fp16_tier(tmp_path):
-    cfg = RunConfig(model="tiny-llama", data="toy", train_config=TrainConfig(**TIER0), fallbacks=[TrainConfig(**TIER1)])
-    examples, model_config = load_examples(cfg)[0], resolve_model_config("tiny-llama")
+    cfg = RunConfig(**TINY_RUN, data=TOY_DATA, train_config=TrainConfig(**TIER0), fallbacks=[TrainConfig(**TIER1)])
+    examples, model_config = load_examples(cfg)[0], resolve_model_config(TINY_LLAMA)
     store = CheckpointStore(tmp_path / "checkpoints", interval=10, keep_last_n=3, async_save=False)
     run = RunState(run_id="t", lr=1e-3, grad_clip=1.0)
     first = Engine.build(cfg, model_config, examples, 0)

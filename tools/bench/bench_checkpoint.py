@@ -28,7 +28,7 @@ MODELS = {
 
 
 def _engine(size: str, seed: int = 0):
-    from aegis.data import tiny_llama_config
+    from aegis.data import tiny_llama_config, toy_dataset_path
     from aegis.supervise.config import parse_run_config
     from aegis.supervise.engine import Engine, load_examples
 
@@ -36,7 +36,7 @@ def _engine(size: str, seed: int = 0):
     cfg = parse_run_config(
         {
             "model": model,
-            "data": "toy",
+            "data": str(toy_dataset_path()),
             "train_config": {"method": "full", "micro_batch_size": 8, "seq_len": 64, "precision": "fp32"},
             "training": {"lr": 1e-3, "min_lr_ratio": 1.0, "seed": seed},
         }

@@ -13,11 +13,13 @@ stand-in wherever a real tokenizer is not at hand.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 from aegis.errors import DatasetError
 
-__all__ = ["ByteTokenizer", "SPECIAL_TOKENS"]
+__all__ = ["ByteTokenizer", "SPECIAL_TOKENS", "names_byte_tokenizer"]
 
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<|pad|>",
@@ -35,6 +37,16 @@ _ROLE_TOKENS = {
     "system": ("<|user_start|>", "<|user_end|>"),
     "assistant": ("<|assistant_start|>", "<|assistant_end|>"),
 }
+
+
+def names_byte_tokenizer(folder: str | Path) -> bool:
+    """Whether a model folder's tokenizer_config.json names this module's tokenizer (``"tokenizer_class":
+    "ByteTokenizer"``, as the bundled tiny llama's does): its tokens are bytes, it has no vocabulary file."""
+    try:
+        config = json.loads((Path(folder) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("tokenizer_class") == "ByteTokenizer"
 
 
 class ByteTokenizer:

@@ -233,17 +233,17 @@ class RunConfig(Frozen):
     run_id: str | None = Field(default=None, description="Run folder name (None: generated).")
     model: str | dict[str, Any] = Field(
         description="The model to fine-tune (required): a Hugging Face model folder (config.json, safetensors, "
-        "tokenizer), a config.json inside one, a Hub id in the local cache, or a bundled alias; 'tiny-llama' or an "
-        "inline config dict for the demo and tests (random weights, byte tokens).",
+        "tokenizer), a config.json inside one, a Hub id in the local cache, or a bundled alias; an "
+        "inline config dict for tests (random weights, byte tokens).",
     )
     data: str = Field(
         description="The dataset (required): a JSONL/JSON/CSV/Parquet file or a `datasets` id, in any format the "
-        "planner detects (Alpaca, ShareGPT, messages, prompt/completion, text); 'toy' for the bundled demo data.",
+        "planner detects (Alpaca, ShareGPT, messages, prompt/completion, text).",
     )
     init: Literal["pretrained", "random"] = Field(
         default="pretrained",
         description="'pretrained': load the model folder's weights (an error when it has none); 'random': "
-        "initialise from config.json only. Inline configs and 'tiny-llama' are always random.",
+        "initialise from config.json only. Inline configs are always random.",
     )
     chat_template: str | None = Field(
         default=None, description="A Jinja chat template (text or a .jinja path) for a tokenizer that has none."
@@ -485,7 +485,7 @@ def read_run_yaml(path: str | Path) -> dict[str, Any]:
         )
     for key in ("model", "data"):
         value = data.get(key)
-        if isinstance(value, str) and value not in ("tiny-llama", "toy") and not Path(value).is_absolute():
+        if isinstance(value, str) and not Path(value).is_absolute():
             local = p.parent / Path(value).expanduser()
             if local.exists() or value.startswith((".", "~")):  # a Hub id or a `datasets` id stays as written
                 data[key] = str(local.resolve())

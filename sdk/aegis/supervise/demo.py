@@ -33,6 +33,7 @@ def demo_dir() -> Path:
 
 
 def demo_config() -> RunConfig:
-    """The demo's RunConfig (data path resolved inside the installed package): the bundled random tiny llama
-    (``model: tiny-llama``) on ``demo.jsonl``, with its own training numbers and injected LR spike."""
+    """The demo's RunConfig (model and data paths resolved inside the installed package): the bundled tiny llama
+    folder (``model: tiny-llama``, ``init: random``) on ``demo.jsonl``, with its own training numbers and
+    injected LR spike."""
     return load_run_config(demo_dir() / "demo.yaml")

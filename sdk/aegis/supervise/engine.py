@@ -147,9 +147,9 @@ class ModelInput:
 def resolve_model_input(model: str | dict[str, Any], init: str = "pretrained", *, download: bool = False) -> ModelInput:
     """The config, weights and tokenizer a RunConfig's ``model`` names.
 
-    'tiny-llama' and inline dicts are the demo's and tests' random models (byte tokens). Anything else
-    is a model folder / config.json / Hub id / alias whose weights must be on this machine, unless
-    ``init == 'random'`` (config.json and tokenizer only).
+    Inline dicts are the tests' random models (byte tokens). Anything else is a model folder / config.json /
+    Hub id / alias whose weights must be on this machine, unless ``init == 'random'`` (config.json and
+    tokenizer only: the bundled demo folder, :func:`aegis.data.tiny_llama_path`, is one).
     """
     import json
     from pathlib import Path
@@ -159,10 +159,6 @@ def resolve_model_input(model: str | dict[str, Any], init: str = "pretrained", *
 
     if isinstance(model, dict):
         return ModelInput(dict(model))
-    if model == "tiny-llama":
-        from aegis.data import tiny_llama_config
-
-        return ModelInput(tiny_llama_config())
     if init == "random":
         p = Path(model).expanduser()
         folder = p if p.is_dir() else p.parent
@@ -184,10 +180,11 @@ def resolve_model_config(model: str | dict[str, Any]) -> dict[str, Any]:
 
 
 def make_renderer(cfg: RunConfig, model: ModelInput) -> Any:
-    """The model's own tokenizer and chat template (the demo's byte tokenizer for random demo models)."""
-    if model.tokenizer_folder is None:
-        from aegis.data import ByteTokenizer
+    """The model's own tokenizer and chat template; the byte tokenizer for an inline config or a folder whose
+    tokenizer_config.json names it (the bundled demo model's)."""
+    from aegis.data.tokenizer import ByteTokenizer, names_byte_tokenizer
 
+    if model.tokenizer_folder is None or names_byte_tokenizer(model.tokenizer_folder):
         return ByteTokenizer()
     from aegis.render import ChatRenderer
 
@@ -201,22 +198,8 @@ def load_examples(
     from aegis.train.data import load_examples as render_examples
 
     model = model or resolve_model_input(cfg.model, cfg.init)
-    if cfg.data == "toy" and model.tokenizer_folder is None:  # the demo: mixed text/messages rows, byte tokens
-        from aegis.data import ByteTokenizer, toy_dataset_path
-        from aegis.train.data import DataReport, load_jsonl
-
-        examples = load_jsonl(toy_dataset_path(), ByteTokenizer())
-        report = DataReport(source="toy", format="mixed", rows=len(examples), examples=len(examples),
-                            tokens=sum(len(e) for e in examples))
-        return examples, report
-    if cfg.data == "toy":
-        from aegis.data import toy_dataset_path
-
-        data = str(toy_dataset_path())
-    else:
-        data = cfg.data
     return render_examples(
-        data, make_renderer(cfg, model), seq_len=cfg.tiers[0].seq_len, overlong=cfg.overlong, on_progress=on_progress
+        cfg.data, make_renderer(cfg, model), seq_len=cfg.tiers[0].seq_len, overlong=cfg.overlong, on_progress=on_progress
     )
 
 

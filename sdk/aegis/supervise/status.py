@@ -103,7 +103,7 @@ class RunStatusReport(Frozen):
         default=None,
         description="What the run trains: the Hub id or folder of its weights (source.json), else the config's model.",
     )
-    data: str | None = Field(default=None, description="The dataset it trains on: a file, a `datasets` id or 'toy'.")
+    data: str | None = Field(default=None, description="The dataset it trains on: a file or a `datasets` id.")
     init: str | None = Field(
         default=None, description="'pretrained' (the model's weights loaded) or 'random' (demo, `init: random`)."
     )
@@ -162,7 +162,7 @@ def _source(paths: RunPaths, cfg: RunConfig) -> dict[str, Any]:
     if isinstance(src, dict):
         model = src.get("hub_id") or src.get("folder") or named
         return {"model": model, "data": src.get("data") or cfg.data, "init": src.get("init")}
-    random_init = cfg.init == "random" or not isinstance(cfg.model, str) or cfg.model == "tiny-llama"
+    random_init = cfg.init == "random" or not isinstance(cfg.model, str)
     return {"model": named, "data": cfg.data, "init": "random" if random_init else "pretrained"}
 
 
