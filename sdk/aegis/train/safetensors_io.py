@@ -3,6 +3,7 @@
     DTYPES["BF16"], code_of("bfloat16"), code_of(jnp.bfloat16), numpy_dtype("bfloat16")   # codes <-> dtypes
     reader = CheckpointReader("ckpt/")          # folder (single file or index + shards) or one file; lazy
     reader.get(name), reader.read_into(name, out)   # memory-mapped view / one ``readinto`` into ``out``
+    reader.read_slice(name, (slice(0, 8), slice(None)), out)   # only those bytes (a device's shard)
     weights = ModelWeights("a", locate_model("./a"))   # forge's reader: ``safetensors.safe_open``, by name
     write_file(path, {name: array}, metadata)   # one file, tensors in name order
     write_shards(folder, {name: array}, max_shard_bytes)   # model.safetensors, or shards + index
@@ -19,7 +20,9 @@ tensor with one ``readinto`` straight into the parameter buffer (:meth:`Checkpoi
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import struct
 from functools import cache
 from pathlib import Path
@@ -196,6 +199,46 @@ class CheckpointReader:
                     done += n
             return
         out[...] = self.get(name)
+
+    def read_slice(self, name: str, index: tuple[slice, ...], out: np.ndarray) -> None:
+        """Copy ``tensor[index]`` (``index``: one step-1 slice per axis, as a sharding's device indices are) into
+        ``out``, reading only those bytes: one ``readinto`` per contiguous run of the file (a row range is one run,
+        a column range one run per row), cast into ``out``'s dtype through a buffer of the slice's size."""
+        import numpy as np
+
+        f, info, start = self._where[name]
+        stored = _floating(info["dtype"])
+        shape = tuple(int(d) for d in info["shape"])
+        if stored is None or not shape:  # get() refuses an unsupported dtype; a scalar is one read
+            out[...] = self.get(name)[index]
+            return
+        bounds = [s.indices(n) for s, n in zip(index, shape, strict=True)]
+        if any(step != 1 for _, _, step in bounds):
+            raise ValueError(f"read_slice takes step-1 slices, got {index}")
+        if tuple(b - a for a, b, _ in bounds) != tuple(out.shape):
+            raise ValueError(f"slice {index} of {name!r} {list(shape)} does not fit an output of shape {out.shape}")
+        buf = out if out.dtype == stored and out.flags.c_contiguous else np.empty(out.shape, stored)
+        if buf.size:
+            k = len(shape) - 1  # the runs: axes after k are whole, so each run spans axis k's range
+            while k > 0 and bounds[k][:2] == (0, shape[k]):
+                k -= 1
+            strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+            run = (bounds[k][1] - bounds[k][0]) * strides[k]
+            width = stored.itemsize
+            flat = memoryview(buf.reshape(-1).view(np.uint8))
+            outer = itertools.product(*(range(a, b) for a, b, _ in bounds[:k]))
+            with open(f, "rb", buffering=0) as fh:
+                for n, ids in enumerate(outer):
+                    first = sum(i * s for i, s in zip(ids, strides, strict=False)) + bounds[k][0] * strides[k]
+                    fh.seek(start + info["data_offsets"][0] + first * width)
+                    view, done = flat[n * run * width : (n + 1) * run * width], 0
+                    while done < run * width:
+                        got = fh.readinto(view[done:])
+                        if not got:
+                            raise CheckpointError(f"{f} ends inside tensor {name!r}; re-download it.")
+                        done += got
+        if buf is not out:
+            out[...] = buf
 
     def dtype_name(self, name: str) -> str:
         """The safetensors dtype tag of tensor ``name`` ('F32', 'BF16', ...)."""

@@ -7,6 +7,8 @@ Tensor names are transformers' on-disk names (per-expert MoE weights, Mixtral's
 in-memory tree. Saving writes the same on-disk names, so ``from_pretrained`` reads the result.
 
     params = load_checkpoint(model, "ckpt/")                 # dtype: model.param_dtype
+    params = load_checkpoint(model, "ckpt/", place=Placement(lambda path, shape: NamedSharding(mesh, spec)))
+                                                             # each device's slices streamed into its shards
     save_checkpoint(model, params, "out/", max_shard_bytes=2**30)
     save_lora_adapter(model, lora, "adapter/")              # PeftModel.from_pretrained(hf_model, "adapter/")
     lora = load_lora_adapter(model, "adapter/")
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,7 @@ import numpy as np
 from aegis.errors import CheckpointError
 from aegis.train.lora import LoRAWeights, peft_parameter_name
 from aegis.train.models import Model, get_family
-from aegis.train.shapes import layer_stacks
+from aegis.train.models.families import Recipe
 from aegis.train.nf4 import NF4Tensor, dequantize
 from aegis.train.safetensors_io import (
     ADAPTER_FILE,
@@ -40,16 +43,20 @@ from aegis.train.safetensors_io import (
     write_file,
     write_shards,
 )
+from aegis.train.shapes import layer_stacks
 
 __all__ = [
     "read_header",
     "CheckpointReader",
     "load_checkpoint",
+    "Placement",
     "save_checkpoint",
     "to_hf_state_dict",
     "save_lora_adapter",
     "load_lora_adapter",
 ]
+
+_log = logging.getLogger(__name__)
 
 ADAPTER_CONFIG = "adapter_config.json"
 PEFT_PREFIX = "base_model.model."
@@ -97,6 +104,20 @@ def _get(tree: dict[str, Any], path: tuple[str, ...]) -> Any:
     return tree
 
 
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """``place=`` for :func:`load_checkpoint` that streams each parameter into its shards.
+
+    ``sharding(tree path, global shape)``: the parameter's sharding (a run's ``NamedSharding`` from its rules). A
+    parameter the sharding splits is built one device at a time from only the checkpoint slices that device holds;
+    a replicated one is read whole and put on the devices (as a plain ``place`` does)."""
+
+    sharding: Callable[[tuple[str, ...], tuple[int, ...]], Any]
+
+    def __call__(self, path: tuple[str, ...], array: np.ndarray) -> Any:
+        return jax.device_put(array, self.sharding(path, tuple(array.shape)))
+
+
 def load_checkpoint(
     model: Model,
     path: str | Path,
@@ -108,14 +129,16 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Read a safetensors checkpoint into the params tree (cast to ``dtype``, default ``model.param_dtype``).
 
-    ``place(tree path, host array)``: puts each parameter on the devices (a sharded run passes
-    ``jax.device_put`` with the parameter's sharding, so each device receives only its shard); default
-    ``jnp.asarray`` (the default device).
+    ``place(tree path, host array)``: puts each parameter on the devices; default ``jnp.asarray`` (the default
+    device). A :class:`Placement` (a sharded run's) streams each parameter the sharding splits straight into its
+    shards: each device's slice is read from the files alone (each process reads only what its devices hold), so
+    the host holds about one shard, never the stacked parameter. Other ``place`` callables get the whole
+    parameter, stacked over layers.
 
-    Tensors stream one parameter (all layers) at a time from the memory-mapped shards, so the host holds
-    about one stacked parameter beside the growing tree. ``nf4``: linear weights are quantised to NF4 as
-    they arrive (QLoRA), by the rule of :func:`aegis.train.nf4.quantize_params`. ``on_progress(bytes
-    read, total bytes)`` after each parameter.
+    Tensors stream one parameter (all layers) at a time, so the host holds at most one stacked parameter beside
+    the growing tree. ``nf4``: linear weights are quantised to NF4 as they arrive (QLoRA), by the rule of
+    :func:`aegis.train.nf4.quantize_params`, on the devices holding them. ``on_progress(bytes read, total bytes)``
+    after each parameter.
     """
     from aegis.train.nf4 import quantize_leaf
 
@@ -131,8 +154,8 @@ def load_checkpoint(
     for path_, template, shape in _memory_names(model):
         layer_ids = _stack_layers(model, path_) if "{i}" in template else [None]
         stacked = layer_ids != [None]
-        arr = np.empty((len(layer_ids), *shape) if stacked else shape, np_target)  # one copy: cast while filling
-        for j, i in enumerate(layer_ids):
+        parts: list[tuple[str, Recipe]] = []
+        for i in layer_ids:
             name = template.format(i=i) if i is not None else template
             r = recipe(name, model.spec)
             if prefix and not all(key in reader for key in r.keys):  # GPT-2's Hub files: h.0.*, not transformer.h.0.*
@@ -145,25 +168,79 @@ def load_checkpoint(
                         "check that the checkpoint and config.json belong to the same model."
                     )
                 done_bytes += reader.nbytes(key)
-            slot = arr[j] if stacked else arr
-            if r.stored_as_kept and reader.shape(r.keys[0]) == shape:  # stored as kept: read straight into place
-                reader.read_into(r.keys[0], slot)
-                continue
-            joined = r.join([reader.get(key, packed=r.packed) for key in r.keys])
-            if tuple(joined.shape) != shape:
-                bad = r.keys[0] if len(r.keys) == 1 else name
-                raise CheckpointError(
-                    f"tensor {bad!r} has shape {tuple(joined.shape)}, expected {shape} from config.json; "
-                    "the checkpoint and config.json belong to different models."
-                )
-            slot[...] = joined
-        leaf = jnp.asarray(arr) if place is None else place(path_, arr)
-        del arr
+            parts.append((name, r))
+        full = (len(layer_ids), *shape) if stacked else shape
+        sharding = place.sharding(path_, full) if isinstance(place, Placement) else None
+        if sharding is not None and not sharding.is_fully_replicated:
+            leaf = _load_sharded(reader, parts, shape, stacked, np_target, full, sharding, path_)
+        else:
+            arr = np.empty(full, np_target)  # one copy: cast while filling
+            for j, (name, r) in enumerate(parts):
+                _fill(reader, name, r, shape, arr[j] if stacked else arr, None)
+            leaf = jnp.asarray(arr) if place is None else place(path_, arr)
+            del arr
         _set(params, path_, quantize_leaf(path_, leaf) if nf4 else leaf)
         if on_progress is not None:
             on_progress(min(done_bytes, total_bytes), total_bytes)
     _check_nothing_left_out(reader, consumed)
     return params
+
+
+def _fill(
+    reader: CheckpointReader, name: str, r: Recipe, shape: tuple[int, ...], out: np.ndarray,
+    index: tuple[slice, ...] | None,
+) -> None:
+    """Write ``index`` (None: all) of one layer's tensor ``name`` (per-layer ``shape``) into ``out``, cast to its
+    dtype: a tensor stored as kept is read slice by slice from the file; a recipe that joins or transforms
+    tensors (fused experts, Conv1D, MXFP4) is joined whole for this layer, then sliced."""
+    if r.stored_as_kept and reader.shape(r.keys[0]) == shape:
+        if index is None:
+            reader.read_into(r.keys[0], out)
+        else:
+            reader.read_slice(r.keys[0], index, out)
+        return
+    joined = r.join([reader.get(key, packed=r.packed) for key in r.keys])
+    if tuple(joined.shape) != shape:
+        bad = r.keys[0] if len(r.keys) == 1 else name
+        raise CheckpointError(
+            f"tensor {bad!r} has shape {tuple(joined.shape)}, expected {shape} from config.json; "
+            "the checkpoint and config.json belong to different models."
+        )
+    out[...] = joined if index is None else joined[index]
+
+
+def _load_sharded(
+    reader: CheckpointReader, parts: list[tuple[str, Recipe]], shape: tuple[int, ...], stacked: bool,
+    np_target: np.dtype, full: tuple[int, ...], sharding: Any, path: tuple[str, ...],
+) -> jax.Array:
+    """One parameter built shard by shard: for each distinct slice this process's devices hold, read it from the
+    files, put it on those devices and drop it; the global array is assembled from the per-device arrays.
+
+    ``jax.make_array_from_callback`` would do the same with a callback per device, but it computes every local
+    shard (replicas included) on the host before one transfer, which holds the whole parameter on a host with
+    all its devices; here the host holds one slice at a time."""
+    if not all(r.stored_as_kept and reader.shape(r.keys[0]) == shape for _, r in parts):
+        _log.debug(
+            "%s: its recipe joins or transforms checkpoint tensors (not sliceable in the file), so each layer is "
+            "joined whole and then sliced for each shard", ".".join(path),
+        )
+    groups: dict[tuple[tuple[int, int], ...], tuple[tuple[slice, ...], list[Any]]] = {}
+    for device, index in sharding.addressable_devices_indices_map(full).items():
+        bounds = tuple(s.indices(n)[:2] for s, n in zip(index, full, strict=True))
+        groups.setdefault(bounds, (tuple(slice(a, b) for a, b in bounds), []))[1].append(device)
+    arrays = []
+    for bounds, (index, devices) in groups.items():
+        host = np.empty(tuple(b - a for a, b in bounds), np_target)
+        if stacked:
+            for j, layer in enumerate(range(*index[0].indices(full[0]))):
+                name, r = parts[layer]
+                _fill(reader, name, r, shape, host[j], index[1:])
+        else:
+            name, r = parts[0]
+            _fill(reader, name, r, shape, host, index)
+        arrays += [jax.device_put(host, device) for device in devices]
+        del host
+    return jax.make_array_from_single_device_arrays(full, sharding, arrays)
 
 
 def _base_model_prefix(model: Model) -> str | None:
