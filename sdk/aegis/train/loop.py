@@ -198,9 +198,12 @@ class Trainer:
         rng = jax.random.PRNGKey(seed)
         init_rng, lora_rng, state_rng = jax.random.split(rng, 3)
         if params is None and load_params is not None:  # pretrained weights, streamed in the params dtype
-            # on a sharded mesh each parameter goes straight to its shards (a load_params that takes ``place``)
+            # on a sharded mesh each parameter streams into its shards (a load_params that takes ``place``): each
+            # device's slices are read from the files alone
             sharded = self.parallel.devices != self.parallel.data
-            params = load_params(self.model, dtypes.params, **({"place": self._place_leaf} if sharded else {}))
+            from aegis.train.weights import Placement
+
+            params = load_params(self.model, dtypes.params, **({"place": Placement(self._leaf_sharding)} if sharded else {}))
         if params is None:
             params = self.model.init(init_rng)
         else:  # e.g. fp32 weights from a checkpoint, trained in bf16 (NF4 weights stay as they are)
@@ -253,9 +256,9 @@ class Trainer:
             "global_batch_size": self.global_batch_size,
         }
 
-    def _place_leaf(self, path: tuple[str, ...], array: Any) -> jax.Array:
-        """One parameter of the params tree at ``path`` on the mesh, sharded by the rules."""
-        return jax.device_put(array, NamedSharding(self.mesh, self.rules.spec(path, array.shape)))
+    def _leaf_sharding(self, path: tuple[str, ...], shape: tuple[int, ...]) -> NamedSharding:
+        """The sharding of the parameter at ``path`` (of ``shape``) of the params tree on the mesh, by the rules."""
+        return NamedSharding(self.mesh, self.rules.spec(path, shape))
 
     def place_state(self, state: TrainState) -> TrainState:
         """``state`` (e.g. converted from another tier's checkpoint) on this run's mesh, sharded by its rules."""
