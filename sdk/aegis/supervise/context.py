@@ -159,7 +159,7 @@ class RunContext:
             "weight_files": list(model.source.weight_files) if model.source is not None else [],
             "fingerprint": fingerprint,
             "init": "random" if model.random_init else "pretrained",
-            "tokenizer": str(model.tokenizer_folder) if model.tokenizer_folder is not None else "byte (demo)",
+            "tokenizer": str(model.tokenizer_folder) if model.tokenizer_folder is not None else "byte (inline config)",
             "data": self.cfg.data,
         }
         write_json_atomic(self.paths.source, info)
