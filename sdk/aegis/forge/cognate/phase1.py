@@ -20,9 +20,11 @@ is the variant's completion marker (the folder is published atomically), so a re
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -118,8 +120,10 @@ TINY: dict[str, Any] = {
     "train": {"steps": 24, "batch_size": 4, "seq_len": 48, "lr": 3e-3, "warmup_steps": 3, "eval_rows": 4,
               "shared_shape": True},
     "diversity": {"retries": 0},
+    "variants": [v.model_copy(update={"ltm_slots": v.ltm_slots // 8}).model_dump() for v in SEED_VARIANTS],
 }
-"""What ``--tiny`` puts under the config: the CPU-sized model, a few dozen steps, no retries."""
+"""What ``--tiny`` puts under the config: the CPU-sized model (memory 16 wide), a few dozen steps, no retries, and
+the seed's variants with an eighth of the LTM slots (256, 1024, 256: the same 1 : 4 contrast, at CPU cost)."""
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -480,6 +484,7 @@ def run_phase1(config: dict[str, Any] | Phase1Config | str | Path | None, out: P
 
         save_pretrained(params, cfg, folder, tokenizer=tok, overwrite=True,
                         extra_files={"report.json": json.dumps(report, indent=1) + "\n"})
+        shutil.rmtree(out / WORK / f"{v.name}-{seed}", ignore_errors=True)  # its stage checkpoints are spent
         log(f"{v.name}: perplexity {m['perplexity']}, halting {m['halting_steps']}, memory {m['memory_usage']}, "
             f"{m['latency_ms']} ms -> {folder}")
         return folder, m, report
@@ -506,6 +511,8 @@ def run_phase1(config: dict[str, Any] | Phase1Config | str | Path | None, out: P
     summary = {"phase": "phase1_cognate", "config": digest, "tiny": tiny,
                "variants": reports, "diversity": checks, "retries": state["retries"], "warnings": warnings,
                "folders": [str(f) for f in folders]}
+    with contextlib.suppress(OSError):
+        (out / WORK).rmdir()
     write_output_file(out / "report.json", json.dumps(summary, indent=1) + "\n", overwrite=True)
     write_output_file(out / "report.md", _markdown(summary), overwrite=True)
     for w in warnings:
