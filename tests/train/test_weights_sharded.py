@@ -14,6 +14,7 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
+from aegis.train import safetensors_io
 from aegis.train.models import build_model
 from aegis.train.safetensors_io import CheckpointReader
 from aegis.train.weights import Placement, load_checkpoint, save_checkpoint
@@ -22,12 +23,17 @@ from jax.sharding import PartitionSpec as P
 from safetensors.numpy import save_file
 
 
-def test_read_slice_reads_what_numpy_slicing_gives(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("page", "chunk"), [(4096, 8 << 20), (0, 8 << 20), (4096, 8)])
+def test_read_slice_reads_what_numpy_slicing_gives(page: int, chunk: int, tmp_path: Path, monkeypatch) -> None:
+    # short runs as whole rows (in one chunk, or one row at a time), and every run read on its own
+    monkeypatch.setattr(safetensors_io, "_PAGE_BYTES", page)
+    monkeypatch.setattr(safetensors_io, "_CHUNK_BYTES", chunk)
     rng = np.random.default_rng(0)
     tensors = {
         "a": rng.standard_normal((4, 6, 5)).astype(np.float32),
         "b": rng.standard_normal((7, 3)).astype(ml_dtypes.bfloat16),
         "c": rng.standard_normal((9,)).astype(np.float16),
+        "d": rng.standard_normal((3, 4, 2, 5)).astype(np.float32),
     }
     save_file(tensors, str(tmp_path / "model.safetensors"))  # safetensors' own writer
     reader = CheckpointReader(tmp_path)

@@ -3,7 +3,7 @@
 For each checkpoint folder on the command line: the streamed sharded load (``place=Placement(...)``) on
 ``{fsdp: 4}`` and ``{data: 2, fsdp: 2}`` equals, leaf for leaf and bit for bit, the whole-parameter load on one
 device and the whole-parameter load put on the same shardings (``place=jax.device_put``), with the same shardings;
-each device's slice of a tensor stored as kept is read from the file alone (every byte once per process,
+each device's slice of a tensor stored as kept is read by ``read_slice`` (every element once per process,
 replicas not read again, no read larger than a shard). Also a cast on load (``--cast``) and NF4 (``--nf4``: its
 absmax is within 1e-6 of the one-device load, bit-identical to the sharded whole-parameter load).
 Prints ``OK`` and what it checked.

@@ -5,13 +5,19 @@
    ``jax.device_put`` so it too ends on the device), on a random llama checkpoint written once with
    transformers' ``save_pretrained`` (cached in a temp folder). GB/s of checkpoint bytes, the median of
    interleaved rounds read from a warm page cache, and the host peak RSS growth of one load.
-2. Tokenisation of ShareGPT-style chats (2-6 turns, generated here): ``ChatRenderer.render`` on a template
+2. Sharded loading (``--only sharded``, on ``--devices`` forced host devices, ``--mesh fsdp=4``): each parameter read
+   whole, stacked over layers, then ``jax.device_put`` on its sharding (the loader before streaming) vs
+   ``load_checkpoint(place=Placement(...))``, which reads each device's slice from the files alone. Seconds, the
+   host peak RSS / anonymous growth of one load in a fresh process (the loaded arrays included: on CPU the devices
+   are host memory), and the numpy memory the load held only while it ran (tracemalloc: a stacked parameter, or a
+   shard and a read chunk).
+3. Tokenisation of ShareGPT-style chats (2-6 turns, generated here): ``ChatRenderer.render`` on a template
    with ``{% generation %}`` tags and on one without (the prefix-rendering path), ``ChatRenderer.lengths``
    (batched), vs transformers' ``apply_chat_template`` with and without the assistant mask, on a byte-level
    BPE trained here with a ChatML template. Rows/s, the median over interleaved chunks of the rows.
 
-    python -m tools.bench.bench_loading [--size small|medium] [--rows 10000] [--only weights|tokenize]
-                                        [--dtype bf16|fp32] [--shards 2] [--repeat 3]
+    python -m tools.bench.bench_loading [--size small|medium] [--rows 10000] [--only weights|sharded|tokenize]
+                                        [--dtype bf16|fp32] [--shards 2] [--repeat 3] [--devices 4 --mesh fsdp=4]
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ SIZES: dict[str, dict[str, int]] = {
 }
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 BASELINE_WEIGHTS = "safe_open + jax.device_put"
+BASELINE_SHARDED = "whole parameter, then device_put (before)"
 BASELINE_TOKENIZE = "transformers apply_chat_template + mask"
 
 # Renders the same text as CHATML (tools.hf_folders; the newline after each turn is an expression: a literal one right after
@@ -287,6 +294,102 @@ def weights_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# ----- sharded loading ----------------------------------------------------------------------------------
+
+
+def sharded_loaders(folder: Path, mesh_axes: dict[str, int]) -> dict[str, Callable[[], Any]]:
+    """Name -> a callable loading ``folder`` onto a mesh of ``mesh_axes``: whole parameters then ``device_put``
+    (before) and streamed into the shards (:class:`aegis.train.weights.Placement`)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+
+    from aegis.train.models import build_model
+    from aegis.train.parallel import ParallelConfig
+    from aegis.train.sharding import ShardingRules, make_mesh
+    from aegis.train.weights import Placement, load_checkpoint
+
+    config = json.loads((Path(folder) / "config.json").read_text())
+    stored = jnp.dtype(config.get("torch_dtype") or config.get("dtype") or "float32")
+    model = build_model(config, dtype=stored, param_dtype=stored)
+    mesh, _ = make_mesh(ParallelConfig(**mesh_axes))
+    rules = ShardingRules.for_model(model, mesh)
+
+    def sharding(path: tuple[str, ...], shape: tuple[int, ...]) -> NamedSharding:
+        return NamedSharding(mesh, rules.spec(path, shape))
+
+    def whole() -> Any:
+        return jax.block_until_ready(load_checkpoint(model, folder, place=lambda p, a: jax.device_put(a, sharding(p, a.shape))))
+
+    def streamed() -> Any:
+        return jax.block_until_ready(load_checkpoint(model, folder, place=Placement(sharding)))
+
+    return {BASELINE_SHARDED: whole, "streamed into shards (Placement)": streamed}
+
+
+def _sharded_peak(folder: str, mesh_axes: dict[str, int], name: str) -> tuple[float, float, float]:
+    """In a fresh process, loads by loader ``name`` after an untimed one: :func:`peak_rss_growth`, and the numpy
+    memory the load held only while it ran (tracemalloc's peak above what it ends holding: the loaded arrays that
+    alias host buffers on CPU excluded)."""
+    import tracemalloc
+
+    fn = sharded_loaders(Path(folder), mesh_axes)[name]
+    fn()
+    rss, anon = peak_rss_growth(fn)
+    _trim_heap()
+    tracemalloc.start()
+    try:
+        result = fn()
+        held, peak = tracemalloc.get_traced_memory()
+        del result
+    finally:
+        tracemalloc.stop()
+    return rss, anon, float(peak - held)
+
+
+def bench_sharded(folder: Path, mesh_axes: dict[str, int], *, repeat: int = 3) -> list[dict[str, Any]]:
+    """One row per loader: median seconds over ``repeat`` interleaved rounds; from a fresh process each, the peak
+    RSS / anonymous growth of a load and the numpy memory it held only while loading, with that transient's ratio
+    to :data:`BASELINE_SHARDED`'s."""
+    warm_page_cache(checkpoint_files(folder))
+    loaders = sharded_loaders(folder, mesh_axes)
+    for fn in loaders.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in loaders}
+    for _ in range(repeat):
+        for name, fn in loaders.items():
+            _trim_heap()
+            t0 = time.perf_counter()
+            result = fn()
+            times[name].append(time.perf_counter() - t0)
+            del result
+    del loaders
+    rows = []
+    for name in times:
+        import multiprocessing
+
+        # a fresh process per loader (spawned: it inherits XLA_FLAGS), so no loader's peak hides in the heap another
+        # one left behind; one untimed load there first
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            rss, anon, transient = pool.apply(_sharded_peak, (str(folder), mesh_axes, name))
+        rows.append({"loader": name, "seconds": statistics.median(times[name]), "peak_rss_bytes": rss,
+                     "peak_anon_bytes": anon, "transient_bytes": transient})
+    base = next(r for r in rows if r["loader"] == BASELINE_SHARDED)
+    for r in rows:
+        r["transient_ratio"] = r["transient_bytes"] / base["transient_bytes"]
+    return rows
+
+
+def sharded_table(rows: list[dict[str, Any]]) -> str:
+    mb = 1 / 2**20
+    lines = [f"{'loader':<40}{'median s':>10}{'peak RSS +MiB':>15}{'peak anon +MiB':>16}{'numpy transient MiB':>21}"
+             f"{'vs before':>11}"]
+    for r in rows:
+        lines.append(f"{r['loader']:<40}{r['seconds']:>10.3f}{r['peak_rss_bytes'] * mb:>15.0f}"
+                     f"{r['peak_anon_bytes'] * mb:>16.0f}{r['transient_bytes'] * mb:>21.1f}{r['transient_ratio']:>10.2f}x")
+    return "\n".join(lines)
+
+
 # ----- tokenisation -------------------------------------------------------------------------------------
 
 
@@ -434,14 +537,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=3, help="interleaved timing rounds per loader (median)")
     ap.add_argument("--rows", type=int, default=10_000, help="chat rows to tokenise")
     ap.add_argument("--chunks", type=int, default=5, help="interleaved slices of the rows (median)")
-    ap.add_argument("--only", choices=["weights", "tokenize"], help="run one half")
+    ap.add_argument("--only", choices=["weights", "sharded", "tokenize"], help="run one part")
+    ap.add_argument("--devices", type=int, default=4, help="forced host devices for the sharded part (default 4)")
+    ap.add_argument("--mesh", default="fsdp=4", help="mesh axes of the sharded part, e.g. data=2,fsdp=2")
     ap.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "aegis-bench-loading",
                     help="where the checkpoint is built once and reused")
     args = ap.parse_args(argv)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"CPU ({os.cpu_count()} cores, load average {load})")
 
-    if args.only != "tokenize":
+    if args.only == "sharded":  # XLA reads the device count when JAX starts: before the first import of jax
+        flag = f"--xla_force_host_platform_device_count={args.devices}"
+        os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), flag]).strip()
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if args.only in (None, "weights", "sharded"):
         import jax
 
         folder = args.cache_dir / f"llama-{args.size}-{args.dtype}-{args.shards}shards"
@@ -459,9 +568,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"files read once before timing (page cache warm: no loader pays the disk); median of {args.repeat} "
               "interleaved rounds after one warm-up; peak RSS growth of one more load, the loaded arrays included "
               "(on CPU the device is host memory), anon = allocated, the rest mapped file pages")
-        print(weights_table(bench_weights(folder, repeat=args.repeat)))
+        if args.only != "sharded":
+            print(weights_table(bench_weights(folder, repeat=args.repeat)))
+        if args.only == "sharded" or (args.only is None and len(jax.devices()) > 1):
+            mesh_axes = {k: int(v) for k, v in (part.split("=") for part in args.mesh.split(","))}
+            print(f"\nsharded load on {len(jax.devices())} {jax.devices()[0].platform} devices, mesh {mesh_axes}")
+            print(sharded_table(bench_sharded(folder, mesh_axes, repeat=args.repeat)))
 
-    if args.only != "weights":
+    if args.only in (None, "tokenize"):
         import transformers
 
         print(f"\ntokenisation: {args.rows:,} ShareGPT rows (2-6 turns), byte-level BPE (4,096 tokens, trained here), "

@@ -81,6 +81,8 @@ FLOATING = frozenset({"F64", "F32", "F16", "BF16"})
 
 SINGLE_FILE = "model.safetensors"
 ADAPTER_FILE = "adapter_model.safetensors"
+_PAGE_BYTES = 4096
+_CHUNK_BYTES = 8 * 2**20
 MAX_SHARD_BYTES = 5 * 2**30
 """Largest shard written by default (transformers' default ``max_shard_size`` is 5 GB)."""
 
@@ -202,8 +204,9 @@ class CheckpointReader:
 
     def read_slice(self, name: str, index: tuple[slice, ...], out: np.ndarray) -> None:
         """Copy ``tensor[index]`` (``index``: one step-1 slice per axis, as a sharding's device indices are) into
-        ``out``, reading only those bytes: one ``readinto`` per contiguous run of the file (a row range is one run,
-        a column range one run per row), cast into ``out``'s dtype through a buffer of the slice's size."""
+        ``out``, reading only the file's bytes of those rows: one ``readinto`` per contiguous run (a row range is one
+        run, a column range one per row); runs shorter than a page (the disk reads whole pages anyway) come from
+        whole rows read in chunks of at most 8 MiB. Cast into ``out``'s dtype through a buffer of the slice's size."""
         import numpy as np
 
         f, info, start = self._where[name]
@@ -223,20 +226,35 @@ class CheckpointReader:
             while k > 0 and bounds[k][:2] == (0, shape[k]):
                 k -= 1
             strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
-            run = (bounds[k][1] - bounds[k][0]) * strides[k]
-            width = stored.itemsize
-            flat = memoryview(buf.reshape(-1).view(np.uint8))
-            outer = itertools.product(*(range(a, b) for a, b, _ in bounds[:k]))
+            width, base = stored.itemsize, start + info["data_offsets"][0]
+            lo, hi = bounds[k][:2]
             with open(f, "rb", buffering=0) as fh:
-                for n, ids in enumerate(outer):
-                    first = sum(i * s for i, s in zip(ids, strides, strict=False)) + bounds[k][0] * strides[k]
-                    fh.seek(start + info["data_offsets"][0] + first * width)
-                    view, done = flat[n * run * width : (n + 1) * run * width], 0
-                    while done < run * width:
+
+                def read_at(element: int, into: np.ndarray) -> None:
+                    fh.seek(base + element * width)
+                    view, done = memoryview(into.reshape(-1).view(np.uint8)), 0
+                    while done < into.nbytes:
                         got = fh.readinto(view[done:])
                         if not got:
                             raise CheckpointError(f"{f} ends inside tensor {name!r}; re-download it.")
                         done += got
+
+                if k > 0 and (hi - lo) * strides[k] * width < _PAGE_BYTES:  # whole rows of axis k - 1, in chunks
+                    r_lo, r_hi = bounds[k - 1][:2]
+                    rows = buf.reshape(-1, r_hi - r_lo, hi - lo, strides[k])
+                    per = max(1, _CHUNK_BYTES // (strides[k - 1] * width))
+                    outer = itertools.product(*(range(a, b) for a, b, _ in bounds[: k - 1]))
+                    for n, ids in enumerate(outer):
+                        first = sum(i * s for i, s in zip(ids, strides, strict=False))
+                        for r in range(r_lo, r_hi, per):
+                            chunk = np.empty((min(per, r_hi - r), shape[k], strides[k]), stored)
+                            read_at(first + r * strides[k - 1], chunk)
+                            rows[n, r - r_lo : r - r_lo + len(chunk)] = chunk[:, lo:hi]
+                else:
+                    runs = buf.reshape(-1, (hi - lo) * strides[k])
+                    outer = itertools.product(*(range(a, b) for a, b, _ in bounds[:k]))
+                    for n, ids in enumerate(outer):
+                        read_at(sum(i * s for i, s in zip(ids, strides, strict=False)) + lo * strides[k], runs[n])
         if buf is not out:
             out[...] = buf
 
