@@ -15,7 +15,7 @@ from aegis.memory._dtypes import Placement
 from aegis.schema import LoRAConfig, ModelProfile, TrainConfig, lora_selects, lora_target_names
 
 __all__ = ["NF4_BLOCK", "NF4_BLOCK2", "nf4_bytes", "Sizes", "sizes", "optimizer_state_bytes", "optimizer_temp_bytes",
-           "check_lora_targets", "layer_storage_bytes"]
+           "check_lora_targets", "layer_storage_bytes", "root_storage_bytes"]
 
 NF4_BLOCK = 64
 """Elements per NF4 quantisation block (one absmax each)."""
@@ -133,6 +133,16 @@ def layer_storage_bytes(layer: LayerShape, cfg: TrainConfig, place: Placement) -
             total += lin.count * elements * unq
         total += lin.count * lin.out_features * unq if lin.bias else 0
     return total
+
+
+def root_storage_bytes(profile: ModelProfile, cfg: TrainConfig, place: Placement) -> int:
+    """Bytes of FSDP's root unit as it all-gathers it: every parameter outside the decoder layers (embeddings,
+    final norm, an untied head), which a transformer-based wrap policy leaves to the root, at the gathered element
+    size (`layer_storage_bytes`'s rule: never quantised)."""
+    unq = place.unquantized_bytes if cfg.method == "qlora" else place.base_bytes
+    if place.autocast:
+        unq = 2
+    return (profile.total_params - sum(profile.layer_params)) * unq
 
 
 def optimizer_state_bytes(cfg: TrainConfig, trainable: int, state_bytes: int) -> tuple[int, str]:

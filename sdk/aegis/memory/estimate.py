@@ -24,7 +24,8 @@ from aegis.memory.activations import (
     Setting, fixed_saved_by_layer, head_saved_bytes_per_token, loss_bytes_per_token, terms_by_layer,
 )
 from aegis.memory.components import (
-    check_lora_targets, layer_storage_bytes, optimizer_state_bytes, optimizer_temp_bytes, selects_any, sizes,
+    check_lora_targets, layer_storage_bytes, optimizer_state_bytes, optimizer_temp_bytes, root_storage_bytes,
+    selects_any, sizes,
 )
 from aegis.memory.stack import (
     backward_width, check_stack, checkpoint_keeps_inputs, fused_loss, profile_for_stack, stack_notes, stack_setting,
@@ -80,6 +81,7 @@ def estimate_memory(
     fsdp_shards: int = 1,
     tensor_shards: int = 1,
     ddp: bool = False,
+    fsdp_reshard: bool = True,
     gradient_accumulation_steps: int = 1,
     framework: Framework = "hf",
     stack: StackProfile | None = None,
@@ -90,8 +92,13 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """Predict the peak memory of a training step. Raises `InvalidConfigError` on impossible settings.
 
-    ``fsdp_shards`` > 1 sizes one GPU of a FULL_SHARD FSDP run; ``ddp`` one GPU of a DDP run (the same as one GPU,
-    plus DDP's gradient buckets). With ``framework="jax"``, ``fsdp_shards`` and ``tensor_shards`` are the run's mesh
+    ``fsdp_shards`` > 1 sizes rank 0 of a FULL_SHARD FSDP run as the Trainer wraps it (decoder layers and, for PEFT,
+    each LoRA Linear their own units; BACKWARD_PRE prefetch; bf16 MixedPrecision for LoRA/QLoRA): parameters,
+    gradients and states sharded, the root unit (embeddings, final norm, head) gathered from forward to the end of
+    backward, one layer gathered at the loss and two in a layer's backward (checked against FSDP1 and FSDP2 steps
+    traced by tools/truth/sharded.py). ``fsdp_reshard=False`` is SHARD_GRAD_OP (FSDP2: ``reshard_after_forward=False``):
+    a layer stays gathered from its forward to the end of its backward. ``ddp`` one GPU of a DDP run (the same as
+    one GPU, plus DDP's gradient buckets). With ``framework="jax"``, ``fsdp_shards`` and ``tensor_shards`` are the run's mesh
     (`aegis.train.parallel.ParallelConfig`): the estimate is one device's share of the sharded step.
 
     ``stack`` (or its fields ``trainer``/``transformers_version``) names the software the run uses
@@ -124,7 +131,7 @@ def estimate_memory(
     except ValueError as err:
         raise InvalidConfigError(_first_error(err)) from err
     return estimate(profile, cfg, gpu=gpu, eval_seq_len=eval_seq_len, eval_batch_size=eval_batch_size, fsdp_shards=fsdp_shards,
-                    tensor_shards=tensor_shards, ddp=ddp, framework=framework)
+                    tensor_shards=tensor_shards, ddp=ddp, framework=framework, fsdp_reshard=fsdp_reshard)
 
 
 def _first_error(err: ValueError) -> str:
@@ -147,6 +154,7 @@ def estimate(
     tensor_shards: int = 1,
     ddp: bool = False,
     framework: Framework = "hf",
+    fsdp_reshard: bool = True,
 ) -> MemoryEstimate:
     """`estimate_memory` for a resolved profile and a full `TrainConfig`."""
     if ddp and fsdp_shards > 1:
@@ -230,13 +238,28 @@ def estimate(
     states //= n
     grads_total //= n
     temp //= n
-    head_grad //= n
-    gathered = gathered_layer = 0
-    if n > 1:  # the current and the prefetched layer, unsharded, in their storage dtype
+    gathered = gathered_layer = root_gathered = layer_grad = 0
+    if n > 1:
+        # FSDP1 FULL_SHARD, BACKWARD_PRE (traced, tools/truth/sharded.py): the root unit (embeddings, final norm,
+        # head) is gathered at the start of forward and kept unsharded until its post-backward (the end of
+        # backward); each layer is gathered for its forward and again, with the next one prefetched, for its
+        # backward. At the loss the root's pre-backward has prefetched the last layer: root + one layer.
         gathered_layer = max(layer_storage_bytes(layer, cfg, place) for layer in {id(x): x for x in layers}.values())
-        gathered = 2 * gathered_layer
+        root_gathered = root_storage_bytes(profile, cfg, place)
+        gathered = root_gathered + gathered_layer
+        if not fsdp_reshard:  # SHARD_GRAD_OP: every layer still gathered at the loss, freed by its own backward,
+            # and with it its LoRA units (their own FSDP units, gathered in the bf16 compute dtype)
+            adapters_gathered = [0] * len(layers) if cfg.method == "full" else [2 * t for t in trainable_per_layer]
+            kept = [layer_storage_bytes(layer, cfg, place) + a for layer, a in zip(layers, adapters_gathered)]
+            gathered = root_gathered + sum(kept)
+        if cfg.method == "full":
+            # the layer's flat gradient, unsharded until its reduce-scatter; the head's, unsharded in the root's
+            # flat gradient until the embedding's (last) is made
+            layer_grad = gathered_layer
     casts = head_cast = 0  # bf16 copies autocast keeps through forward and backward
-    if cfg.autocast_effective and cfg.method == "lora":
+    if n > 1 and cfg.method == "lora":
+        pass  # FSDP's bf16 MixedPrecision gathers the adapters in bf16 and frees them: nothing to cast or keep
+    elif cfg.autocast_effective and cfg.method == "lora":
         casts = sz.adapter_params * 2 // n
     elif cfg.autocast_effective and cfg.method == "qlora" and (place.embedding_bytes or place.unquantized_bytes) != 2:
         # the frozen fp32 head's bf16 copy: autocast caches only leaf weights that require grad, so this one is the
@@ -257,7 +280,9 @@ def estimate(
         below = tokens * sum(saved[:i]) + (0 if cfg.gradient_checkpointing else sum(fixed[:i]))
         recompute = tokens * per_layer[i] + fixed[i]
         moments.append(_Moment(f"backward of layer {i}", {
-            "weights": weights, "adapters": adapters, "optimizer": states, "gathered": gathered, "casts": casts,
+            "weights": weights, "adapters": adapters, "optimizer": states,
+            "gathered": (root_gathered + sum(kept[:i + 1]) + layer_grad if n > 1 and not fsdp_reshard
+                         else gathered + (gathered_layer + layer_grad if i else layer_grad)), "casts": casts,
             "buckets": buckets, "activations": int(below + recompute + tokens * (ckpt_saved if cfg.gradient_checkpointing else 0)),
             "masks": masks,
             "gradients": grads_so_far,
@@ -317,9 +342,13 @@ def estimate(
                   "torch.autocast casts fp32 weights per forward"),
         "buckets": ("DDP gradient buckets", f"{sz.trainable_params:,} trainable x {gb} B",
                     "DDP's all-reduce buffers, as large as the gradients (gradient_as_bucket_view off)"),
-        "gathered": ("FSDP gathered layers", f"2 x {gathered_layer:,} B: the largest layer's parameters as stored"
-                     + (" (NF4 packed 2 per byte in bf16 storage; norms and biases bf16)" if cfg.method == "qlora" else ""),
-                     "the current and the prefetched layer, unsharded"),
+        "gathered": ("FSDP gathered parameters", f"root unit {root_gathered:,} B (embeddings, final norm, head) + "
+                     f"{gathered_layer:,} B per gathered layer: the largest layer's parameters as stored"
+                     + (" (NF4 packed 2 per byte in bf16 storage; norms and biases bf16)" if cfg.method == "qlora" else "")
+                     + (f"; in a layer's backward also its unsharded gradient ({layer_grad:,} B)" if layer_grad else ""),
+                     ("FSDP FULL_SHARD, BACKWARD_PRE: the root stays gathered from forward to the end of backward; a "
+                      "layer's backward holds it and the prefetched next one; at the loss the last layer is prefetched"
+                      if fsdp_reshard else "SHARD_GRAD_OP: every layer stays gathered from its forward to its backward")),
     }
     components = tuple(
         MemoryComponent(name=labels[key][0], key=key, bytes=int(value), formula=labels[key][1], note=labels[key][2])
