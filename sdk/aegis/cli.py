@@ -256,17 +256,22 @@ def gpus(json_: JsonOpt = False, markdown: MarkdownOpt = False) -> None:
 
 @app.command()
 def benchmark(
-    model: Annotated[str, typer.Argument(help="Model alias, Hub id or config.json path.")],
+    model: Annotated[str, typer.Argument(help="Model alias, Hub id, local model folder or config.json path.")],
     method: Annotated[str, typer.Option(help="full, lora or qlora.")] = "lora",
     batch: Annotated[int, typer.Option(min=1, max=_max("micro_batch_size"), help="Micro batch size.")] = 1,
     seq: Annotated[int, typer.Option(min=2, max=_max("seq_len"), help="Sequence length.")] = 512,
     steps: Annotated[int, typer.Option(min=1, max=100_000, help="Measured steps after warm-up.")] = 10,
     gpu: Annotated[Optional[str], typer.Option(help="Catalog GPU id to file the result under (default: detected).")] = None,
+    precision: Annotated[str, typer.Option(help="fp32, bf16, bf16_mixed or fp16_mixed.")] = "bf16",
+    remat: Annotated[bool, typer.Option(help="Gradient checkpointing (recompute each layer's forward).")] = False,
     json_: JsonOpt = False,
 ) -> None:
-    """Run real training steps on this machine and store tokens/s and peak memory for `aegis plan`."""
+    """Run real training steps on this machine and store tokens/s and peak memory for `aegis plan`; report the
+    compiled step's FLOPs against the model's, how full the packed batches are and the host time the device waited on."""
     if method not in ("full", "lora", "qlora"):  # checked before JAX is imported
         raise typer.BadParameter(f"--method {method!r}: use full, lora or qlora")
+    if precision not in ("fp32", "bf16", "bf16_mixed", "fp16_mixed"):
+        raise typer.BadParameter(f"--precision {precision!r}: use fp32, bf16, bf16_mixed or fp16_mixed")
     from aegis.hub import resolve_model
 
     resolve_model(model)  # an unknown model is one line before JAX is imported
@@ -276,7 +281,8 @@ def benchmark(
         gpu = find_gpu(gpu).id
     from aegis.train.benchmark import run_benchmark
 
-    result = run_benchmark(model, method=method, micro_batch_size=batch, seq_len=seq, steps=steps, gpu_id=gpu)
+    result = run_benchmark(model, method=method, micro_batch_size=batch, seq_len=seq, steps=steps, gpu_id=gpu,
+                           precision=precision, gradient_checkpointing=remat)
     typer.echo(result.model_dump_json(indent=2) if json_ else _benchmark_text(result))
 
 
@@ -293,8 +299,14 @@ def _targets(text: str | None) -> tuple[str, ...] | None:
 def _benchmark_text(result) -> str:
     rec = getattr(result, "record", result)
     mfu = f", MFU {rec.mfu:.0%} of the catalog bf16 peak" if rec.mfu is not None else ""
-    return (f"{rec.model_id} {rec.method} on {rec.device}: {rec.tokens_per_s:,.0f} tokens/s{mfu}, "
+    line = (f"{rec.model_id} {rec.method} on {rec.device}: {rec.tokens_per_s:,.0f} tokens/s{mfu}, "
             f"peak {rec.peak_memory_bytes / 1e9:.2f} GB -- stored for GPU '{rec.gpu_id}'")
+    ratio = getattr(result, "flops_ratio", None)
+    if ratio is None:
+        return line
+    return (f"{line}\ncompiled step {result.compiled_flops_per_token / 1e6:,.2f} MFLOP/token = {ratio:.2f}x the "
+            f"model's {result.model_flops_per_token / 1e6:,.2f}; packed batches {result.useful_token_fraction:.0%} "
+            f"tokens ({result.loss_token_fraction:.0%} trained on); host wait {result.host_wait_s * 1e3:.1f} ms/step")
 
 
 def _mount_missing(names: tuple[str, ...], err: ImportError) -> None:

@@ -1,17 +1,20 @@
-"""Measure the JAX engine: real steps for throughput and peak memory, XLA's compiled memory analysis.
+"""Measure the JAX engine: real steps for throughput and peak memory, XLA's compiled memory and cost analysis.
 
-:func:`run_benchmark` builds the model, compiles the train step, runs warmup steps, times
-``steps`` more on synthetic full-length batches (throughput does not depend on token values),
-reads the device's allocator peak (``device.memory_stats()``; XLA:CPU has none, so the compiled
-memory analysis stands in) and stores the result in the calibration store, keyed by GPU id,
-model id and method, for the planner to use.
+:func:`run_benchmark` runs real steps through a :class:`~aegis.train.loop.Trainer`: the step a run takes
+(one builder, :func:`aegis.train.step.build_train_step`, with the trainer's mesh, sharding, packing and
+prefetch) on packed batches of long-tailed synthetic examples (throughput does not depend on token values)
+or on the examples given. It reads the device's allocator peak (``device.memory_stats()``; XLA:CPU has
+none, so the compiled memory analysis stands in), and reports where the time goes: the model's FLOPs per
+token (:func:`aegis.throughput.token_flops`), the compiled step's (XLA's cost analysis) and their ratio,
+the packed batches' useful-token fraction, the host time per step the device waited on, MFU on a catalog
+GPU. The record goes to the calibration store, keyed by GPU id, model id and method, for the planner.
 
 :func:`jax_step_memory` compiles the train step for a configuration from shapes only (no
 parameter is allocated, so an 8B model costs nothing but compile time) and returns XLA's
 memory analysis: arguments + outputs - aliased (donated state) + temporaries.
 
     res = run_benchmark("meta-llama/Llama-3.2-1B", "lora", micro_batch_size=4, seq_len=2048)
-    print(res.record.tokens_per_s, res.record.peak_memory_bytes, res.record.mfu)
+    print(res.record.tokens_per_s, res.record.peak_memory_bytes, res.record.mfu, res.flops_ratio)
     mem = jax_step_memory(config_dict, TrainConfig(method="qlora", micro_batch_size=1, seq_len=1024))
 """
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +34,22 @@ from pydantic import Field
 
 from aegis.calibration import CalibrationRecord, CalibrationStore
 from aegis.errors import InvalidConfigError, UnknownModelError
-from aegis.schema import Frozen, LoRAConfig, Method, ModelProfile, Optimizer, Precision, TrainConfig
+from aegis.schema import (
+    Frozen,
+    LoRAConfig,
+    Method,
+    ModelProfile,
+    Optimizer,
+    Precision,
+    TrainConfig,
+)
 from aegis.train.loop import build_trainable
 from aegis.train.step import (
     LossScaleSettings,
     OptimizerSettings,
+    build_train_step,
     init_state,
     make_optimizer,
-    make_train_step,
     precision_dtypes,
 )
 
@@ -49,6 +60,8 @@ __all__ = [
     "detect_gpu_id",
     "resolve_config",
     "synthetic_batch",
+    "synthetic_examples",
+    "compiled_flops",
 ]
 
 
@@ -60,6 +73,27 @@ class BenchmarkResult(Frozen):
     losses: tuple[float, ...] = Field(description="Loss of each timed step.")
     compiled_memory: dict[str, int] = Field(description="XLA memory analysis of the step (see jax_step_memory).")
     stored_at: str | None = Field(default=None, description="Calibration file written, None when not recorded.")
+    model_flops_per_token: float | None = Field(
+        default=None, description="The planner's training FLOPs per token (aegis.throughput.token_flops)."
+    )
+    compiled_flops_per_token: float = Field(
+        default=0.0, description="FLOPs of the compiled step (XLA's cost analysis) per position of its batch."
+    )
+    flops_ratio: float | None = Field(
+        default=None, description="compiled / model FLOPs per token: compute beyond the model's own (recompute, "
+        "adapters, full attention scores, the loss, the optimizer)."
+    )
+    flops_source: str = Field(default="", description="How the compiled FLOPs were counted.")
+    useful_token_fraction: float = Field(
+        default=1.0, description="Share of the packed batches' positions holding example tokens (not padding)."
+    )
+    loss_token_fraction: float = Field(
+        default=1.0, description="Share of the packed batches' positions whose target the loss is taken over."
+    )
+    host_wait_s: float = Field(
+        default=0.0, description="Median host time per step that the device waited on (between steps)."
+    )
+    packing: bool = Field(default=True, description="Examples packed several per row (False: one per row).")
 
 
 def resolve_config(model: str | Mapping[str, Any] | ModelProfile, model_id: str | None = None) -> tuple[dict, str]:
@@ -138,8 +172,7 @@ def _abstract_setup(config: dict, tc: TrainConfig, settings: OptimizerSettings) 
     batch = jax.eval_shape(
         lambda: {k: jnp.asarray(v) for k, v in synthetic_batch(2, tc.gradient_accumulation_steps, tc.micro_batch_size, tc.seq_len).items()}
     )
-    step = make_train_step(model, tx, settings, chunked_cross_entropy=tc.chunked_cross_entropy, loss_scale=scaler)
-    return model, step, state, frozen, batch
+    return model, build_train_step(model, tc, settings), state, frozen, batch
 
 
 def _memory_dict(compiled: Any) -> dict[str, int]:
@@ -167,7 +200,7 @@ def jax_step_memory(
     """
     settings = optimizer or OptimizerSettings()
     _, step, state, frozen, batch = _abstract_setup(dict(config), train_config, settings)
-    compiled = jax.jit(step, donate_argnums=0).lower(state, frozen, batch).compile()
+    compiled = step.lower(state, frozen, batch).compile()
     out = _memory_dict(compiled)
     out.update(
         frozen_bytes=_tree_bytes(frozen) if frozen is not None else 0,
@@ -186,6 +219,70 @@ def _gpu(gpu_id: str) -> Any:
         return find_gpu(gpu_id)
     except (ImportError, LookupError):
         return None
+
+
+def synthetic_examples(
+    vocab_size: int, seq_len: int, count: int, *, seed: int = 0, median_len: int | None = None
+) -> list[Any]:
+    """``count`` chat-shaped examples of random tokens whose lengths are long-tailed (log-normal around
+    ``median_len``, default a quarter of ``seq_len``, clipped to ``[8, seq_len]``): a prompt of a third of the
+    tokens is context, the answer is trained on. What the benchmark packs when no data is given."""
+    from aegis.train.data import Example
+
+    rng = np.random.default_rng(seed)
+    median = median_len or max(seq_len // 4, 8)
+    lengths = np.clip(np.exp(rng.normal(np.log(median), 0.9, count)).astype(int), 8, seq_len)
+    out = []
+    for i, n in enumerate(lengths):
+        mask = np.zeros(n, bool)
+        mask[n // 3 :] = True
+        ids = rng.integers(0, vocab_size, size=n, dtype=np.int32)
+        out.append(Example(sample_id=f"synthetic-{seed}-{i}", domain="synthetic", input_ids=ids, loss_mask=mask))
+    return out
+
+
+def _model_flops_per_token(config: dict, model_id: str, tc: TrainConfig) -> float | None:
+    """The planner's FLOPs per token (:func:`aegis.throughput.token_flops`), None for a config it cannot profile."""
+    try:
+        from aegis.profiles import profile_from_config
+        from aegis.throughput import token_flops
+
+        profile = profile_from_config(dict(config), model_id=model_id, source="path")
+    except Exception:  # noqa: BLE001 - a config the planner does not know still benchmarks
+        return None
+    return token_flops(profile, tc.method, tc.seq_len, recompute=tc.gradient_checkpointing).training
+
+
+def _abstract(tree: Any) -> Any:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def compiled_flops(trainer: Any, arrays: Mapping[str, Any]) -> tuple[float, str]:
+    """``(FLOPs of one train step, how counted)`` from XLA's cost analysis of the step ``trainer`` runs.
+
+    XLA counts a ``while`` loop's body once, so a model whose layers run under ``lax.scan`` is counted
+    on its unrolled twin (same program otherwise, compiled from shapes, nothing allocated). On a mesh
+    the compiled module is one device's share: its count times the devices."""
+    import dataclasses
+
+    from aegis.train.step import build_train_step
+
+    model = trainer.model
+    args = (trainer.state, trainer.frozen, arrays)
+    if model.scans_layers(trainer.frozen if trainer.frozen is not None else trainer.state.trainable):
+        unrolled = dataclasses.replace(model, scan_layers=False)
+        step = build_train_step(unrolled, trainer.train_config, trainer.settings)
+        compiled = step.lower(*_abstract(args)).compile()
+        how = "xla cost analysis of the unrolled layer loop"
+        devices = 1
+    else:
+        compiled = trainer._step.lower(*args).compile()
+        how = "xla cost analysis"
+        devices = trainer.parallel.devices
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, list):  # older JAX: one dict per module
+        analysis = analysis[0]
+    return float(analysis.get("flops", 0.0)) * devices, how
 
 
 def run_benchmark(
@@ -207,14 +304,20 @@ def run_benchmark(
     store: CalibrationStore | None = None,
     record: bool = True,
     seed: int = 0,
+    examples: Sequence[Any] | None = None,
+    packing: bool = True,
+    devices: Sequence[jax.Device] | None = None,
 ) -> BenchmarkResult:
-    """Run ``warmup_steps`` + ``steps`` real train steps on the first local device and measure them.
+    """Run ``warmup_steps`` + ``steps`` real train steps through a :class:`~aegis.train.loop.Trainer` (its
+    step builder, mesh, sharding, packing and prefetch: the step a run takes) and measure them.
 
-    Returns the :class:`BenchmarkResult`; when ``record`` is true the :class:`CalibrationRecord`
-    is written to ``store`` (default: ``$AEGIS_HOME/calibration.json``). ``gpu_id`` defaults to
-    the catalog id matching the device (``cpu`` on XLA:CPU).
+    ``examples``: the data to pack (default: :func:`synthetic_examples`, long-tailed lengths). ``devices``:
+    the trainer's mesh (default: the first local device). Returns the :class:`BenchmarkResult`; when
+    ``record`` is true the :class:`CalibrationRecord` is written to ``store`` (default:
+    ``$AEGIS_HOME/calibration.json``). ``gpu_id`` defaults to the catalog id matching the device (``cpu``
+    on XLA:CPU).
     """
-    from aegis.train.models import build_model, engine_attention
+    from aegis.train.loop import Trainer
 
     if steps < 1 or warmup_steps < 1:
         raise InvalidConfigError("a benchmark needs steps >= 1 and warmup_steps >= 1 (the first step compiles)")
@@ -230,45 +333,28 @@ def run_benchmark(
         optimizer=optimizer,
         lora=lora if method != "full" else None,
     )
-    device = jax.devices()[0]
+    devices = list(devices or jax.devices()[:1])
+    device = devices[0]
     gpu_id = gpu_id or detect_gpu_id(device)
     settings = OptimizerSettings(total_steps=steps + warmup_steps)
-    dtypes = precision_dtypes(precision)
-    mdl = build_model(config, dtype=dtypes.compute, param_dtype=dtypes.params, remat=gradient_checkpointing,
-                      attention=engine_attention(tc.attention))
-    tx = make_optimizer(tc, settings)
-    scaler = LossScaleSettings() if dtypes.loss_scaling else None
-    with jax.default_device(device):
-        k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
-        params = mdl.init(k1)
-        trainable, frozen = build_trainable(mdl, params, tc, k2, dtypes.lora)
-        del params
-        state = init_state(trainable, tx, settings, k3, loss_scale=scaler)
-        vocab = int(config["vocab_size"])
-        batches = [
-            jax.device_put(synthetic_batch(vocab, gradient_accumulation_steps, micro_batch_size, seq_len, seed + i), device)
-            for i in range(2)
-        ]
-        step = make_train_step(mdl, tx, settings, chunked_cross_entropy=chunked_cross_entropy, loss_scale=scaler)
-        step_fn = jax.jit(step, donate_argnums=0)
-        compiled = step_fn.lower(state, frozen, batches[0]).compile()
-        compiled_memory = _memory_dict(compiled)
+    if examples is None:
+        per_step = micro_batch_size * gradient_accumulation_steps * len(devices) * 8
+        examples = synthetic_examples(int(config["vocab_size"]), seq_len, per_step * (steps + warmup_steps), seed=seed)
+    trainer = Trainer(config, tc, examples, optimizer=settings, seed=seed, packing=packing, devices=devices)
 
-        t0 = time.perf_counter()
-        for i in range(warmup_steps):
-            state, metrics = compiled(state, frozen, batches[i % 2])
-        jax.block_until_ready(metrics)
-        compile_s = time.perf_counter() - t0
-        all_metrics = []
-        t0 = time.perf_counter()
-        for i in range(steps):
-            state, metrics = compiled(state, frozen, batches[i % 2])
-            all_metrics.append(metrics)
-        jax.block_until_ready((state, all_metrics))
-        elapsed = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in trainer.train(warmup_steps):
+        pass
+    compile_s = time.perf_counter() - t0
+    arrays = trainer._device_batch(trainer.last_batch)
+    compiled = trainer._step.lower(trainer.state, trainer.frozen, arrays).compile()  # the jit cache's program
+    compiled_memory = _memory_dict(compiled)
+    t0 = time.perf_counter()
+    infos = list(trainer.train(steps))
+    elapsed = time.perf_counter() - t0
 
     step_time = elapsed / steps
-    positions = gradient_accumulation_steps * micro_batch_size * seq_len
+    positions = trainer.global_batch_size * seq_len
     tokens_per_s = positions / step_time
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and stats.get("peak_bytes_in_use"):
@@ -282,12 +368,15 @@ def run_benchmark(
         from aegis.throughput import model_flops_utilisation
 
         profile = profile_from_config(dict(config), model_id=model_id, source="path")
-        mfu = model_flops_utilisation(tokens_per_s, profile, tc, gpu)
+        mfu = model_flops_utilisation(tokens_per_s / len(devices), profile, tc, gpu)
+    step_flops, flops_source = compiled_flops(trainer, arrays)
+    model_flops = _model_flops_per_token(config, model_id, tc)
+    compiled_per_token = step_flops / positions
     rec = CalibrationRecord(
         gpu_id=gpu_id,
         model_id=model_id,
         method=method,
-        tokens_per_s=tokens_per_s,
+        tokens_per_s=tokens_per_s / len(devices),
         peak_memory_bytes=peak,
         memory_source=source,
         device=str(getattr(device, "device_kind", device.platform)),
@@ -303,10 +392,19 @@ def run_benchmark(
     stored = None
     if record:
         stored = str((store or CalibrationStore()).record(rec))
+    target = sum(i.tokens for i in infos)
     return BenchmarkResult(
         record=rec,
         compile_s=compile_s,
-        losses=tuple(float(m["loss"]) for m in jax.device_get(all_metrics)),
+        losses=tuple(i.loss for i in infos),
         compiled_memory=compiled_memory,
         stored_at=stored,
+        model_flops_per_token=model_flops,
+        compiled_flops_per_token=compiled_per_token,
+        flops_ratio=compiled_per_token / model_flops if model_flops else None,
+        flops_source=flops_source,
+        useful_token_fraction=float(np.mean([i.useful_token_fraction for i in infos])),
+        loss_token_fraction=target / (positions * steps),
+        host_wait_s=float(np.median([i.host_wait_s for i in infos])),
+        packing=packing,
     )

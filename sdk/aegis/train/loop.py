@@ -50,10 +50,10 @@ from aegis.train.step import (
     LossScaleSettings,
     OptimizerSettings,
     TrainState,
+    build_train_step,
     init_state,
     make_eval_step,
     make_optimizer,
-    make_train_step,
     precision_dtypes,
 )
 
@@ -95,6 +95,12 @@ class StepInfo(Frozen):
         default=False,
         description="fp16 loss scaling overflowed (finite loss, non-finite scaled grads at a scale > 1): the "
         "update was skipped and the scale halved, as GradScaler does. Routine, not a divergence.",
+    )
+    useful_token_fraction: float = Field(
+        default=1.0, description="Share of the batch's positions holding an example's tokens (not padding)."
+    )
+    host_wait_s: float = Field(
+        default=0.0, description="Host time between the previous step's end and this step's dispatch (device idle)."
     )
 
     @property
@@ -226,15 +232,14 @@ class Trainer:
         self.state: TrainState = jax.device_put(state, self._state_shardings)
         self.frozen = self.rules.place(frozen) if frozen is not None else None
 
-        step = make_train_step(
+        self._step = build_train_step(  # the one step builder (aegis.train.benchmark measures this step)
             self.model,
-            self.tx,
+            train_config,
             self.settings,
-            chunked_cross_entropy=train_config.chunked_cross_entropy,
-            loss_scale=self.loss_scaler,
-            grad_shardings=None if self.parallel.devices == self.parallel.data else self._state_shardings.trainable,
+            state_shardings=self._state_shardings,
+            metrics_sharding=self._replicated,
+            shard_grads=self.parallel.devices != self.parallel.data,
         )
-        self._step = jax.jit(step, donate_argnums=0, out_shardings=(self._state_shardings, self._replicated))
         self._eval = jax.jit(
             make_eval_step(
                 self.model,
@@ -317,12 +322,14 @@ class Trainer:
             self.sampler.load_state_dict(self._prefetched[0])
             self._prefetched = None
 
-    def _take_batch(self) -> Batch:
+    def _take_batch(self) -> tuple[Batch, dict[str, jax.Array]]:
+        """The next batch and its arrays on the devices (prefetched while the previous step ran, when it was)."""
         if self._prefetched is not None:
-            batch = self._prefetched[1]
+            _, batch, arrays = self._prefetched
             self._prefetched = None
-            return batch
-        return self.sampler.next_batch()
+            return batch, arrays
+        batch = self.sampler.next_batch()
+        return batch, self._device_batch(batch)
 
     def _device_batch(self, batch: Batch) -> dict[str, jax.Array]:
         accum = self.train_config.gradient_accumulation_steps
@@ -332,16 +339,19 @@ class Trainer:
     def train(self, num_steps: int) -> Iterator[StepInfo]:
         """Run ``num_steps`` optimizer steps, yielding a :class:`StepInfo` after each."""
         positions = self.sampler.batch_size * self.sampler.seq_len
+        ready = None  # when the previous step's metrics reached the host (the device was done)
         for i in range(num_steps):
-            batch = self._take_batch()
-            arrays = self._device_batch(batch)
+            batch, arrays = self._take_batch()
             t0 = time.perf_counter()
+            host_wait = 0.0 if ready is None else t0 - ready  # hooks, the caller, batch building: device idle
             self.state, metrics = self._step(self.state, self.frozen, arrays)
-            if i + 1 < num_steps:  # build the next batch while the device computes
+            if i + 1 < num_steps:  # build the next batch and put it on the devices while this step computes
                 snapshot = self.sampler.state_dict()
-                self._prefetched = (snapshot, self.sampler.next_batch())
+                nxt = self.sampler.next_batch()
+                self._prefetched = (snapshot, nxt, self._device_batch(nxt))
             m = jax.device_get(metrics)
-            dt = time.perf_counter() - t0
+            ready = time.perf_counter()
+            dt = ready - t0
             self.last_batch = batch
             info = StepInfo(
                 step=int(jax.device_get(self.state.step)),
@@ -359,6 +369,8 @@ class Trainer:
                 sample_ids=batch.sample_ids,
                 loss_scale=float(m["loss_scale"]),
                 scaler_overflow=bool(m["overflow"]),
+                useful_token_fraction=float((batch.segment_ids > 0).mean()),
+                host_wait_s=host_wait,
             )
             for fn, every in self._hooks:
                 if info.step % every == 0:
