@@ -74,3 +74,69 @@ def test_forge_config_errors_are_one_line(tmp_path):
     bad.write_text("phase5: {}\n")
     with pytest.raises(InvalidConfigError, match="phase1, phase2"):
         pipeline.load_forge_config(bad)
+
+
+def test_phase2_pads_cognate_memories_to_one_slot_count_without_changing_the_logits(tmp_path):
+    """The tiny variants differ in LTM slots (256 / 1024); EvoMerge needs equal shapes. Zero slots are inactive:
+    the padded model's logits equal the original's, and the memory's test-time updates leave the slots at zero."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import numpy as np
+
+    from aegis.forge.cognate.config import TINY_MODEL, CognateConfig, param_shapes
+    from aegis.forge.cognate.export import load_pretrained, save_pretrained
+    from aegis.forge.cognate.model import forward, from_flat, memory_scan
+
+    def random_params(cfg, seed):  # numpy: eager init_params costs seconds on a loaded CPU
+        rng = np.random.default_rng(seed)
+        flat = {}
+        for name, shape in param_shapes(cfg).items():
+            scale = 0.2 if len(shape) == 1 else shape[-1] ** -0.5
+            centre = 1.0 if name.endswith(("norm.weight", "attn_weight", "mem_weight")) else 0.0
+            flat[name] = (centre + scale * rng.standard_normal(shape)).astype(np.float32)
+        return from_flat(flat, cfg)
+
+    base = {**TINY_MODEL, "vocab_size": 61, "memory_chunk": 4, "window": 6, "num_layers": 2}
+    folders, params = [], {}
+    for name, slots in (("reasoning", 8), ("memory", 32), ("speed", 8)):
+        cfg = CognateConfig(**base, ltm_slots=slots)
+        params[name] = (random_params(cfg, slots), cfg)
+        folders.append(str(save_pretrained(params[name][0], cfg, tmp_path / "p1" / name)))
+
+    inputs, aligned = pipeline._align_memory(folders, tmp_path / "inputs", lambda s: None)
+    assert aligned == {"reasoning": {"ltm_slots": 8, "padded_to": 32}, "speed": {"ltm_slots": 8, "padded_to": 32}}
+    assert inputs[1] == folders[1] and inputs[0] != folders[0]
+    shapes = [{k: v["shape"] for k, v in _header(f).items()} for f in inputs]
+    assert shapes[0] == shapes[1] == shapes[2]
+
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 61, (2, 19)))
+    p, cfg = params["reasoning"]
+    wide, wcfg = load_pretrained(inputs[0])
+    assert wcfg.ltm_slots == 32 and wcfg.model_copy(update={"ltm_slots": 8}) == cfg
+    fwd = jax.jit(forward, static_argnums=1)
+    want, got = fwd(p, cfg, ids), fwd(wide, wcfg, ids)
+    np.testing.assert_allclose(np.asarray(got["logits"]), np.asarray(want["logits"]), rtol=0, atol=2e-5)  # fp32 sums
+    np.testing.assert_array_equal(np.asarray(got["steps"]), np.asarray(want["steps"]))
+
+    # the mechanism: through a layer's test-time memory updates (momentum, forgetting) the added slots stay zero
+    # and the real ones move exactly as in the narrow memory
+    narrow = {k: v[0] for k, v in p["layers"].items()}
+    lp = {k: v[0] for k, v in wide["layers"].items()}
+    x = jax.random.normal(jax.random.key(3), (4, 3, 16))
+    x = x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # the model's keys and queries are L2-normalised
+    theta, eta, alpha = jnp.full((4, 3), 0.05), jnp.full((4,), 0.9), jnp.full((4,), 0.1)
+    outs, (w1, w2, s1, s2) = memory_scan(lp["memory.w1"], lp["memory.w2"], x, x[::-1], x * 2, theta, eta, alpha)
+    ref_outs, ref = memory_scan(narrow["memory.w1"], narrow["memory.w2"], x, x[::-1], x * 2, theta, eta, alpha)
+    for t in (w1[:, 8:], s1[:, 8:], w2[8:], s2[8:]):
+        assert float(jnp.abs(t).max()) == 0.0
+    for got_t, want_t in zip((w1[:, :8], w2[:8], s1[:, :8], s2[:8], outs), (*ref, ref_outs)):
+        np.testing.assert_allclose(np.asarray(got_t), np.asarray(want_t), rtol=1e-5, atol=1e-6)
+    assert float(jnp.abs(s1).max()) > 0  # the memory did learn at test time
+
+
+def _header(folder):
+    from aegis.train.safetensors_io import read_header
+
+    header, _ = read_header(Path(folder) / "model.safetensors")
+    header.pop("__metadata__", None)
+    return header

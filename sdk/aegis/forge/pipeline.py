@@ -4,7 +4,7 @@
     run_forge(tiny_config(), "out/")           # what `aegis forge --tiny out/` runs (CPU, bundled data)
 
 OUT/phase1_cognate/ (three Cognate models, :func:`aegis.forge.cognate.run_phase1`), OUT/phase2_evomerge/ (EvoMerge of
-the three), OUT/phase3_quietstar/ (Quiet-STaR on the merged model), OUT/phase4_bitnet/ (BitNet b1.58 packing),
+the three, their memories first zero-padded to one slot count), OUT/phase3_quietstar/ (Quiet-STaR on the merged model), OUT/phase4_bitnet/ (BitNet b1.58 packing),
 each with ``report.json`` and ``report.md``; OUT/final is the compressed model. A phase that finished writes
 ``.complete``; re-running the command skips finished phases and resumes the unfinished one from its own state
 (EvoMerge's generations, Quiet-STaR's steps). Every phase reads its input model's size from the files it gets.
@@ -125,13 +125,15 @@ def run_forge(config: dict[str, Any], out: str | Path, *, log: Callable[[str], N
         log("phase 2: EvoMerge")
         t = time.time()
         models = results[PHASES[0]]["models"]
+        inputs, aligned = _align_memory(models, p2 / "inputs", log)
         section = dict(config.get("phase2") or {})
         if "eval_data" not in section:
             section["eval_data"] = str(_bundled_eval(out / "data"))
-        section.setdefault("base_model", models[0])
-        section.setdefault("models", models[1:] if section["base_model"] == models[0] else models)
+        section.setdefault("base_model", inputs[0])
+        section.setdefault("models", inputs[1:] if section["base_model"] == inputs[0] else inputs)
         r = evomerge(section, p2 / "run", resume=None, log=log)
         report = {"phase": "evomerge", "input_sizes": {Path(m).name: model_size(m) for m in models},
+                  "memory_padding": aligned,
                   "best_model": str(r.best_model), "best_combo": f"{r.best_combo} ({r.best_combo_name})",
                   "best_fitness": r.best_fitness, "best_parent_fitness": r.best_parent_fitness,
                   "improvement": r.improvement, "generations_run": r.generations_run,
@@ -189,6 +191,31 @@ def run_forge(config: dict[str, Any], out: str | Path, *, log: Callable[[str], N
     shutil.copytree(results[PHASES[3]]["model"], final)
     (out / "report.json").write_text(json.dumps(results, indent=2, default=str))
     return results
+
+
+def _align_memory(models: list[str], folder: Path, log: Callable[[str], None]) -> tuple[list[str], dict[str, Any]]:
+    """EvoMerge's inputs: Cognate variants whose long-term memories differ in slots (the seed's 2048 / 8192) are
+    copied into ``folder`` with their memory zero-padded to the largest count
+    (:func:`aegis.forge.cognate.export.widen_memory`: inactive slots, the same logits), so the three merge tensor by
+    tensor; any other model goes in as it is (EvoMerge still refuses real shape mismatches). Returns the input
+    folders and ``{name: {"ltm_slots": own, "padded_to": largest}}`` for the padded ones."""
+    from aegis.forge.cognate.export import memory_slots, widen_memory
+
+    slots = {m: memory_slots(m) for m in models}
+    if None in slots.values() or len(set(slots.values())) == 1:
+        return list(models), {}
+    top = max(s for s in slots.values() if s is not None)
+    inputs, aligned = [], {}
+    for m in models:
+        if slots[m] == top:
+            inputs.append(m)
+            continue
+        name = Path(m).name
+        dst = widen_memory(m, folder / name, top)  # atomic; a re-run rewrites the same bytes
+        log(f"  {name}: memory {slots[m]} -> {top} slots (the added slots are zero and stay inactive)")
+        aligned[name] = {"ltm_slots": slots[m], "padded_to": top}
+        inputs.append(str(dst))
+    return inputs, aligned
 
 
 def _bundled_eval(folder: Path) -> Path:

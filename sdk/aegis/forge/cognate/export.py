@@ -3,6 +3,7 @@
     save_pretrained(params, cfg, "out/model", tokenizer=tok, extra_files={"report.json": text})
     AutoModelForCausalLM.from_pretrained("out/model", trust_remote_code=True)   # logits == forward()'s (fp32)
     params, cfg = load_pretrained("out/model")                                   # back into the engine
+    widen_memory("out/model", "out/wide", slots=1024)   # the same function with inactive (zero) memory slots added
 
 The folder holds ``config.json`` (``model_type: cognate``, ``auto_map`` naming the two code files),
 ``configuration_cognate.py`` and ``modeling_cognate.py`` (copied from this package's ``hf/``), ``model.safetensors``
@@ -19,7 +20,7 @@ from typing import Any
 
 from aegis.forge.cognate.config import CognateConfig, param_shapes
 
-__all__ = ["save_pretrained", "load_pretrained", "hf_config", "CODE_FILES"]
+__all__ = ["save_pretrained", "load_pretrained", "hf_config", "widen_memory", "memory_slots", "CODE_FILES"]
 
 CODE_FILES = ("configuration_cognate.py", "modeling_cognate.py")
 
@@ -89,3 +90,57 @@ def load_pretrained(folder: str | Path) -> tuple[dict[str, Any], CognateConfig]:
     reader = CheckpointReader(folder)
     flat = {name: reader.get(name) for name in param_shapes(cfg)}
     return from_flat(flat, cfg), cfg
+
+
+def memory_slots(folder: str | Path) -> int | None:
+    """The long-term memory slots (``ltm_slots``) of the Cognate folder; None for any other model."""
+    try:
+        data = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return int(data["ltm_slots"]) if data.get("model_type") == "cognate" and "ltm_slots" in data else None
+
+
+def widen_memory(src: str | Path, out: str | Path, slots: int, *, writer: str = "aegis forge") -> Path:
+    """Copy the Cognate folder ``src`` to ``out`` with its memory MLP zero-padded to ``slots`` hidden units (each
+    layer's ``memory.w1`` gains zero columns, ``memory.w2`` zero rows; config.json's ``ltm_slots`` follows).
+
+    The copy computes the same function: a zero slot j has W1[:, j] = 0 and W2[j] = 0, so its activation is
+    silu(0) = 0 and it adds nothing to M(x); its share of the associative loss's gradient is a_j * r = 0 for W2[j]
+    and (r . W2[j]) * silu'(0) * k = 0 for W1[:, j], so the test-time update (momentum and forgetting included)
+    leaves it at zero, and every other slot's update is unchanged. Models with different slot counts can then be
+    merged tensor by tensor (EvoMerge); their extra slots merge with zeros."""
+    import shutil
+
+    import numpy as np
+
+    from aegis._outdir import MARKER, output_dir
+    from aegis.errors import CheckpointError
+    from aegis.train.safetensors_io import CheckpointReader, write_shards
+
+    src = Path(src)
+    have = memory_slots(src)
+    if have is None:
+        raise CheckpointError(f"{src} is not a Cognate folder; pass a folder `aegis cognate` wrote")
+    if slots < have:
+        raise CheckpointError(f"{src} has {have} memory slots; widening to {slots} would drop slots")
+    data = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    cfg = CognateConfig(**{k: v for k, v in data.items() if k in CognateConfig.model_fields})
+    reader = CheckpointReader(src)
+    tensors = {}
+    for name in param_shapes(cfg):
+        t = np.asarray(reader.get(name))
+        if name.endswith(".memory.w1"):
+            t = np.pad(t, [(0, 0), (0, slots - have)])
+        elif name.endswith(".memory.w2"):
+            t = np.pad(t, [(0, slots - have), (0, 0)])
+        tensors[name] = t
+    data["ltm_slots"] = slots
+    weights = {"model.safetensors", "model.safetensors.index.json", "config.json", MARKER}
+    with output_dir(out, overwrite=False, writer=writer) as tmp:
+        write_shards(tmp, tensors)
+        (tmp / "config.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        for f in src.iterdir():
+            if f.is_file() and f.name not in weights and not f.name.endswith(".safetensors"):
+                shutil.copy2(f, tmp / f.name)
+    return Path(out).expanduser().absolute()
