@@ -478,11 +478,6 @@ def token_loss_sum(
     return total, jnp.sum(mask)
 
 
-def _global_norm(tree: Any) -> jax.Array:
-    """``optax.global_norm`` with the squares summed in float32 whatever the leaves' dtype."""
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
-
-
 def _all_finite(tree: Any) -> jax.Array:
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
@@ -562,23 +557,23 @@ def make_train_step(
             (grads, total, count), _ = jax.lax.scan(body, init, (batch, jnp.arange(accum)))
         denom = jnp.maximum(count, 1.0)
         loss = total / denom
-        # The summed gradients are scaled once, by 1 / tokens (or 1 / loss scale) times the clip factor, inside
-        # the optimizer's own elementwise pass: the norm is read off the raw sums (norm(g) / d = norm(g / d)),
-        # so no scaled copy of the gradients is written and read back.
-        unscale = 1.0 / (scale if loss_scale is not None else denom)
-        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.trainable)
+        if loss_scale is not None:
+            grads = jax.tree.map(lambda g, p: (g.astype(jnp.float32) / scale).astype(p.dtype), grads, state.trainable)
+        else:
+            grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state.trainable)
         grads = _constrain(grads, grad_shardings)
-        grad_norm = _global_norm(grads) * unscale
+        grad_norm = optax.global_norm(grads)
         clip = state.clip_norm
         clip_scale = jnp.where((clip > 0) & (grad_norm > clip), clip / jnp.maximum(grad_norm, 1e-12), 1.0)
-        factor = unscale * clip_scale
-        grads = jax.tree.map(lambda g: (g * factor).astype(g.dtype), grads)
+        grads = jax.tree.map(lambda g: (g * clip_scale).astype(g.dtype), grads)
 
         lr = lr_schedule(state.step, state.peak_lr, settings)
         hp = state.opt_state.hyperparams
         opt_state = state.opt_state._replace(
             hyperparams={**hp, "learning_rate": lr.astype(jnp.asarray(hp["learning_rate"]).dtype)}
         )
+        updates, new_opt = tx.update(grads, opt_state, state.trainable)
+        new_trainable = optax.apply_updates(state.trainable, updates)
 
         loss_finite = jnp.isfinite(loss)
         grads_finite = jnp.isfinite(grad_norm)
@@ -589,17 +584,9 @@ def make_train_step(
             overflow = loss_finite & jnp.logical_not(grads_finite) & (scale > 1.0)
         else:
             new_scale, new_good, overflow = state.loss_scale, state.good_steps, jnp.array(False)
-
-        def update(operands: tuple) -> tuple:
-            grads, opt_state, trainable = operands
-            updates, new_opt = tx.update(grads, opt_state, trainable)
-            return optax.apply_updates(trainable, updates), new_opt
-
-        def keep(operands: tuple) -> tuple:
-            return operands[2], operands[1]
-
-        # a skipped step keeps params and optimizer state: a branch, not a select over every leaf of both
-        new_trainable, new_opt = jax.lax.cond(skip, keep, update, (grads, opt_state, state.trainable))
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(skip, b, a), new, old)  # noqa: E731
+        new_trainable = keep(new_trainable, state.trainable)
+        new_opt = keep(new_opt, opt_state)
         new_state = dataclasses.replace(
             state,
             step=state.step + 1,
