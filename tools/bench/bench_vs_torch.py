@@ -157,10 +157,9 @@ def torch_side(cfg: dict, method: str, rows: np.ndarray, precision: str, loop: s
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             run()
         live = top = 0
-        for ev in sorted(prof.events(), key=lambda e: e.time_range.start):  # allocations (+) and frees (-) in order
-            if ev.name == "[memory]":
-                live += ev.cpu_memory_usage
-                top = max(top, live)
+        for ev in sorted(prof.events(), key=lambda e: e.time_range.start):  # each op's own allocations, frees
+            live += ev.self_cpu_memory_usage
+            top = max(top, live)
         state = sum(t.numel() * t.element_size() for p in model.parameters() for t in (p, p.grad) if t is not None)
         state += sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
                      if torch.is_tensor(v))
