@@ -42,7 +42,7 @@ def test_estimate_path_skips_what_it_does_not_use():
     code = (
         "import sys, json, aegis\n"
         "aegis.estimate_memory('llama-3.1-8b', method='qlora', micro_batch_size=4, seq_len=1024)\n"
-        "print(json.dumps([m for m in ('asyncio', 'aegis.schema.report', 'aegis.planner') if m in sys.modules]))\n"
+        "print(json.dumps([m for m in ('asyncio', 'aegis.schema.report', 'aegis.planning.planner') if m in sys.modules]))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == []

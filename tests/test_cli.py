@@ -49,7 +49,7 @@ def test_gpus_and_models_json():
 
 
 def test_models_architectures_lists_the_registry():
-    from aegis.architectures import registry
+    from aegis.models.architectures import registry
 
     rows = json.loads(runner.invoke(app, ["models", "--architectures", "--json"]).output)
     assert [r["model_type"] for r in rows] == [e.model_type for e in registry.all_entries()]
@@ -61,7 +61,7 @@ def test_models_architectures_lists_the_registry():
 
 
 def test_models_table_names_a_github_source_by_repo_and_short_commit():
-    from aegis import catalog
+    from aegis.models import catalog
 
     entry = next(m for m in catalog.models() if m.source.library == "github")
     out = runner.invoke(app, ["models", entry.id, "--markdown"]).output
@@ -110,12 +110,12 @@ def test_targets_flag_sets_the_lora_modules():
 
 
 def test_an_unexpected_error_is_one_line_and_its_traceback_goes_to_a_log(monkeypatch, tmp_path, capsys):
-    import aegis.planner
+    import aegis.planning.planner
 
     def boom(*args, **kwargs):
         raise RuntimeError("something\nnobody expected")
 
-    monkeypatch.setattr(aegis.planner, "plan", boom)
+    monkeypatch.setattr(aegis.planning.planner, "plan", boom)
     monkeypatch.setenv("AEGIS_LOG_DIR", str(tmp_path / "logs"))
     with pytest.raises(SystemExit) as info:
         main(["plan", "qlora llama-3.1-8b on 3090"])
@@ -148,12 +148,12 @@ def test_the_crash_log_falls_back_to_the_temporary_folder(monkeypatch, tmp_path)
 
 
 def test_ctrl_c_exits_130_without_a_traceback(monkeypatch, capsys):
-    import aegis.planner
+    import aegis.planning.planner
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(aegis.planner, "plan", interrupted)
+    monkeypatch.setattr(aegis.planning.planner, "plan", interrupted)
     with pytest.raises(SystemExit) as info:
         main(["plan", "qlora llama-3.1-8b on 3090"])
     assert info.value.code == 130 and "Traceback" not in capsys.readouterr().err

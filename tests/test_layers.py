@@ -144,7 +144,7 @@ def _explain(cycles: list[list[str]], edges: dict[Edge, tuple[Site, ...]]) -> st
 def test_the_graph_is_read() -> None:
     """The checker sees the SDK's real edges (a graph with no edges would pass every test below)."""
     edges = _sdk_edges()
-    assert ("supervise", "train") in edges and ("cli", "planner") in edges
+    assert ("supervise", "train") in edges and ("cli", "planning") in edges
     assert any(not inside for sites in edges.values() for *_, inside in sites)
     assert any(inside for sites in edges.values() for *_, inside in sites)
     assert _cycles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [["a", "b", "c"]]
@@ -163,18 +163,37 @@ def test_no_cycles_between_packages() -> None:
     assert not cycles, "import cycles (imports inside functions count):\n" + _explain(cycles, edges)
 
 
+def _module_edges(package: str) -> dict[Edge, tuple[Site, ...]]:
+    """Edges between the modules of one SDK package (``aegis.data``), and from them to other top-level nodes."""
+    edges: dict[Edge, list[Site]] = defaultdict(list)
+    root = SDK / package
+    for path in sorted(root.rglob("*.py")):
+        module = _module_name(path, SDK.parent)
+        src = module.split(".")[2] if module.count(".") >= 2 else package
+        for target, line, inside in _imports(path, module):
+            parts = target.split(".")
+            if parts[:2] == ["aegis", package] and len(parts) > 2 and (root / parts[2]).with_suffix(".py").is_file():
+                dst = parts[2]
+            else:
+                dst = _node(target)
+            if dst is not None and dst != src:
+                edges[(src, dst)].append((str(path.relative_to(SDK)), line, inside))
+    return {k: tuple(v) for k, v in edges.items()}
+
+
 def test_the_data_layer_has_no_cycle() -> None:
-    """The data layer is one direction, bottom to top: reading rows (datasets) -> rendering (render) -> token
-    counting for plans (_tokenizers) -> dataset statistics (dataset_profile); the engine's examples and batches
-    (train.data) render through it. No edge runs the other way."""
-    order = ["datasets", "render", "_tokenizers", "dataset_profile"]
-    edges = _sdk_edges()
+    """The data layer (``aegis.data``) is one direction, bottom to top: reading rows (reading) -> rendering
+    (render) -> token counting for plans (tokenizers) -> dataset statistics (profile); the engine's examples and
+    batches (train.data) render through it. No edge runs the other way."""
+    order = ["reading", "render", "tokenizers", "profile"]
+    edges = _module_edges("data")
     above = {a: {"train", *order[order.index(a) + 1:]} for a in order}
     upward = [(a, b) for a, b in edges if b in above.get(a, ())]
     assert not upward, "the data layer imports upward:\n" + "\n".join(
         f"  {a} -> {b}: " + ", ".join(f"{f}:{n}" for f, n, _ in sorted(set(edges[a, b]))[:3]) for a, b in sorted(upward)
     )
-    assert ("train", "render") in edges and ("dataset_profile", "render") in edges  # the graph is the real one
+    assert ("profile", "render") in edges and ("tokenizers", "render") in edges  # the graph is the real one
+    assert ("train", "data") in _sdk_edges()
     cycles = _cycles(set(edges))
     assert not cycles, "import cycles:\n" + _explain(cycles, edges)
 
@@ -209,10 +228,10 @@ def test_the_checks_can_fail(tmp_path: Path) -> None:
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "m.py").write_text(
-        "import aegis_apps.cli\nfrom . import y\nfrom ..z import w\n\ndef f():\n    from tests.hf_folders import corpus\n"
+        "import aegis_apps.launchers\nfrom . import y\nfrom ..z import w\n\ndef f():\n    from tests.hf_folders import corpus\n"
     )
     found = _imports(pkg / "m.py", "aegis.x.m")
-    assert ("aegis_apps.cli", 1, False) in found
+    assert ("aegis_apps.launchers", 1, False) in found
     assert ("aegis.x.y", 2, False) in found and ("aegis.z.w", 3, False) in found
     assert ("tests.hf_folders.corpus", 6, True) in found
 
@@ -241,10 +260,10 @@ def test_chat_and_slack_are_entry_points_of_the_apps(fresh_app) -> None:
 
     cli, app = fresh_app
     declared = {ep.name: ep.value for ep in entry_points(group=cli.COMMANDS_GROUP)}
-    assert declared == {"chat": "aegis_apps.cli:chat", "slack": "aegis_apps.cli:slack"}
+    assert declared == {"chat": "aegis_apps.launchers:chat", "slack": "aegis_apps.launchers:slack"}
     cli._mount_run_commands()
     mounted = _mounted(app)
-    assert mounted["chat"] == mounted["slack"] == "aegis_apps.cli" and mounted["run"] == "aegis.supervise.cli"
+    assert mounted["chat"] == mounted["slack"] == "aegis_apps.launchers" and mounted["run"] == "aegis.cli.supervised"
 
 
 @pytest.mark.parametrize("declared", [False, True], ids=["apps-not-installed", "apps-extra-missing"])
@@ -285,8 +304,8 @@ def test_the_supervisor_finds_the_quantizer_through_its_entry_point() -> None:
     """Every ``quantize`` method a run config accepts has a model wrapper, found without supervise importing forge."""
     import typing
 
-    from aegis.supervise.config import QuantizeSection, RunConfig
-    from aegis.supervise.engine import _quantize_wrapper
+    from aegis.supervise.run_config import QuantizeSection, RunConfig
+    from aegis.supervise.engine_handle import _quantize_wrapper
 
     from aegis.forge.bitnet_train import BitNetModel
 
@@ -305,9 +324,29 @@ def test_a_quantizer_without_an_entry_point_is_one_line(monkeypatch: pytest.Monk
     import importlib.metadata
 
     from aegis.errors import MissingExtraError
-    from aegis.supervise.config import RunConfig
-    from aegis.supervise.engine import _quantize_wrapper
+    from aegis.supervise.run_config import RunConfig
+    from aegis.supervise.engine_handle import _quantize_wrapper
 
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kw: importlib.metadata.EntryPoints([]))
     with pytest.raises(MissingExtraError, match="bitnet_b158 has no installed implementation.*reinstall aegis-ml"):
         _quantize_wrapper(RunConfig(model="tiny-llama", data="toy", quantize="bitnet_b158"))
+
+
+def test_the_sdk_top_level_is_the_architecture() -> None:
+    """sdk/aegis reads as the design: packages for model knowledge, data, planning, the engine, runs, forge and the
+    commands; beside them only modules every layer shares (schema's recipe, errors, units, the output-folder rule).
+    A new loose module belongs in one of the packages."""
+    packages = {p.name for p in SDK.iterdir() if (p / "__init__.py").is_file()}
+    modules = {p.stem for p in SDK.glob("*.py")}
+    assert packages == {"models", "data", "planning", "train", "supervise", "forge", "cli", "schema"}
+    assert modules == {"__init__", "recipe", "errors", "units", "access", "_extras", "_outdir", "_validation"}
+
+
+def test_no_two_sdk_modules_share_a_name() -> None:
+    """One name per concept: two modules called ``cli.py`` or ``config.py`` in different packages read as one."""
+    seen: dict[str, list[str]] = defaultdict(list)
+    for path in _python_files(SDK):
+        if path.name not in {"__init__.py", "__main__.py"}:
+            seen[path.name].append(str(path.relative_to(SDK)))
+    twice = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not twice, twice

@@ -1,7 +1,7 @@
 """Check the bundled model configs against published parameter counts and transformers.
 
-For every entry of ``sdk/aegis/catalog/models.json``: the planner's count from shapes
-(`aegis.profiles.profile_from_config`) is compared with each parameter count the entry says is published
+For every entry of ``sdk/aegis/models/catalog/models.json``: the planner's count from shapes
+(`aegis.models.profiles.profile_from_config`) is compared with each parameter count the entry says is published
 (model card, paper, Hub safetensors total) — total, non-embedding or active — within one unit of the
 published figure's last digit (exact for an exact figure). A figure the entry marks as known to
 disagree (with the reason) is reported, not failed. With transformers installed, the model is also
@@ -12,7 +12,7 @@ anything transformers logs or warns while reading a config is printed under the 
     python tools/check_catalog.py --only qwen   # ids containing "qwen"
     python tools/check_catalog.py --no-meta     # published counts only (no torch/transformers)
 
-The same checks run in tests/test_catalog.py.
+The same checks run in tests/models/test_catalog.py.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import sys
 import warnings
 from dataclasses import dataclass
 
-from aegis import catalog
-from aegis.profiles import profile_from_config
+from aegis.models import catalog
+from aegis.models.profiles import profile_from_config
 
 
 @dataclass(frozen=True)

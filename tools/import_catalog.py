@@ -1,4 +1,4 @@
-"""Rebuild the bundled model catalog from library data: ``sdk/aegis/catalog/models.json`` and ``models/*.json``.
+"""Rebuild the bundled model catalog from library data: ``sdk/aegis/models/catalog/models.json`` and ``models/*.json``.
 
 The rows are in `tools.catalog_sources`. A vendored row is a real Hub config.json, kept byte for byte;
 every other row is converted here from a pinned library's model table into the config.json transformers
@@ -38,7 +38,7 @@ from typing import Any
 
 from tools.catalog_sources import GITHUB, LITGPT, ROWS, TORCHTUNE, VENDORED
 
-CATALOG = Path(__file__).resolve().parents[1] / "sdk" / "aegis" / "catalog"
+CATALOG = Path(__file__).resolve().parents[1] / "sdk" / "aegis" / "models" / "catalog"
 PINS = {LITGPT: "0.5.13", TORCHTUNE: "0.6.1"}
 
 _ARCH_BY_FAMILY = {
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="only rewrite names.json (the name index) for the committed models.json")
     args = parser.parse_args(argv)
     if args.names:
-        from aegis import catalog
+        from aegis.models import catalog
 
         text = catalog.name_index((CATALOG / "models.json").read_text())
         (CATALOG / "names.json").write_text(text)
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     index, files = build(litgpt, torchtune)
     committed = CATALOG / "models.json"
     index = merge(index, json.loads(committed.read_text()) if committed.is_file() else [])
-    from aegis import catalog
+    from aegis.models import catalog
 
     wanted = {CATALOG / "models.json": _dump(index), **{CATALOG / "models" / n: _dump(c) for n, c in files.items()}}
     wanted[CATALOG / "names.json"] = catalog.name_index(wanted[CATALOG / "models.json"])

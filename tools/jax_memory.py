@@ -47,14 +47,14 @@ def _model(name: str | None) -> tuple[dict[str, Any], str]:
 
 
 def _profile(config: dict[str, Any], model_id: str) -> ModelProfile:
-    from aegis.profiles import profile_from_config
+    from aegis.models.profiles import profile_from_config
 
     return profile_from_config(config, model_id=model_id, source="path")
 
 
 def measure(config: dict[str, Any], model_id: str, tc: TrainConfig) -> tuple[dict[str, int], int, float]:
     """(XLA memory analysis, planner tensor bytes, compile seconds) for one configuration."""
-    from aegis.memory import estimate
+    from aegis.planning.memory import estimate
     from aegis.train.benchmark import jax_step_memory
 
     t0 = time.perf_counter()

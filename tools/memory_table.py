@@ -4,7 +4,7 @@
     python -m tools.memory_table --model gemma   # rows whose model id contains this
 
 Truth: tests/data/memory_truth.json (peak live tensor bytes of real HF training steps, traced by
-tools/truth). Prediction: `aegis.memory.estimate` for the same configuration, `tensor_bytes` (the
+tools/truth). Prediction: `aegis.planning.memory.estimate` for the same configuration, `tensor_bytes` (the
 tensor-level peak — CUDA context and allocator overhead are added on top only for device totals).
 """
 
@@ -16,8 +16,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from aegis.hub import resolve_model
-from aegis.memory import estimate
+from aegis.models.resolve import resolve_model
+from aegis.planning.memory import estimate
 from aegis.schema import LoRAConfig, ModelProfile, StackProfile, TrainConfig
 
 TABLE = Path(__file__).resolve().parents[1] / "tests" / "data" / "memory_truth.json"

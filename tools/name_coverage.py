@@ -8,7 +8,7 @@ the message), and the verdict below. The summary gives the share resolved offlin
 names, the families issue 12 names, and over all), the wrong answers and the disagreements.
 
 A **wrong** answer is a model that is not the one the name names. The check is written from the name alone, not
-from how `aegis.hub` reads names; the resolved model is described by its Hub id, the checkpoint the match names
+from how `aegis.models.resolve` reads names; the resolved model is described by its Hub id, the checkpoint the match names
 (an -Instruct sibling) and its catalog entry's ``family``, ``size`` and ``variant``:
 
 - *family*: the name's family word (``llama``, ``qwen``, ``gemma``, ... ; ``Meta-`` dropped) is the resolved model's,
@@ -237,10 +237,10 @@ def read_names(path: Path = NAMES) -> list[tuple[str, str]]:
 
 
 def check(name: str, scope: str = "in-scope") -> Row:
-    from aegis import catalog
+    from aegis.models import catalog
     from aegis.errors import OfflineError, UnknownModelError
-    from aegis.hub import match_model, resolve_model
-    from aegis.parse import parse_request_lenient
+    from aegis.models.resolve import match_model, resolve_model
+    from aegis.planning.parse import parse_request_lenient
 
     result = parse_request_lenient(f"lora {name} on h100")
     parsed = result.request.model
@@ -264,7 +264,7 @@ def check(name: str, scope: str = "in-scope") -> Row:
 
 def _parser_wrong(name: str, parsed: str | None, notes: tuple[str, ...]) -> str:
     """Why the parser's model is not the one ``name`` names (its catalog entry's fields when bundled)."""
-    from aegis import catalog
+    from aegis.models import catalog
 
     if parsed is None:
         return ""

@@ -1,6 +1,6 @@
 """Measure what autograd saves in one decoder layer of a tiny PEFT LoRA model, per token, on CPU.
 
-The stack-profile mechanisms the planner models (`aegis.memory.stack`) are checked against this: LoRA dropout,
+The stack-profile mechanisms the planner models (`aegis.planning.memory.stack_effects`) are checked against this: LoRA dropout,
 and the transformers 4.x loop-over-experts MoE layout. Dropout is routed through ``torch.native_dropout``, which is
 what ``F.dropout`` dispatches to on CUDA (aten ``Dropout.cpp``: ``is_fused_kernel_acceptable``); on CPU it would
 save an input-sized noise tensor instead of the bool mask.

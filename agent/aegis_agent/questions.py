@@ -18,8 +18,8 @@ from collections.abc import Callable
 from typing import Literal
 
 from aegis.errors import AegisError
-from aegis.report._facts import breakdown_tier
-from aegis.report.format import format_bytes, format_hours_range, format_usd
+from aegis.planning.report._facts import breakdown_tier
+from aegis.planning.report.format import format_bytes, format_hours_range, format_usd
 from aegis.schema import Frozen, PlanReport, PlanRequest
 from pydantic import Field
 

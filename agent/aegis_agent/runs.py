@@ -8,7 +8,7 @@ Commands go through ``Supervisor.command`` (the one grammar and validation); a `
 run no process is running (after a restart) starts ``Supervisor.resume`` in a thread.
 
 What a run trains is the plan's, through the one plan -> run translation that `aegis run --plan` uses
-(:func:`aegis.supervise.config.run_config_from_report`): its model (a local folder as the user named it,
+(:func:`aegis.supervise.run_config.run_config_from_report`): its model (a local folder as the user named it,
 made absolute, or the Hub id) with its weights loaded, on its dataset, with its recommended config and
 fallback chain, for the plan's epochs, at the recipe's learning rate — the same RunConfig as the CLI's for
 the same plan. A template (``settings.run_template``) adds only what it says about supervision; its
@@ -38,7 +38,7 @@ from typing import Literal
 from aegis.errors import AegisError, DatasetError, NothingFitsError, RunError
 from aegis.schema import Frozen, PlanReport
 from aegis.supervise import CommandReceipt, RunConfig, RunStatusReport, Supervisor, parse_run_config
-from aegis.supervise.config import read_run_yaml, run_config_from_report
+from aegis.supervise.run_config import read_run_yaml, run_config_from_report
 from aegis.supervise.runs import list_runs, open_run
 from aegis.supervise.status import status_markdown
 from pydantic import Field
@@ -149,7 +149,7 @@ class RunManager:
         """Raise (WeightsNotFoundError: the `hf download …` command) unless ``cfg.model``'s weights are here."""
         if not isinstance(cfg.model, str):
             return  # an inline config: random weights
-        from aegis.supervise.engine import resolve_model_input
+        from aegis.supervise.engine_handle import resolve_model_input
 
         resolve_model_input(cfg.model, cfg.init)
 

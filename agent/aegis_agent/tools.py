@@ -25,7 +25,7 @@ from typing import Any
 from aegis.access import PathPolicy
 from aegis.errors import AegisError
 from aegis.units import gib
-from aegis.report._facts import breakdown_tier
+from aegis.planning.report._facts import breakdown_tier
 from aegis.schema import Frozen, MemoryComponent, PlanReport, PlanRequest
 from langchain_core.tools import StructuredTool
 from pydantic import Field
@@ -149,7 +149,7 @@ class AegisToolkit:
     def report_for(self, request: PlanRequest) -> PlanReport:
         """The plan of ``request`` (cached: follow-ups and front ends re-read it for free); PathNotAllowedError
         when the policy refuses its model or dataset, before anything is read."""
-        from aegis.planner import plan_request
+        from aegis.planning.planner import plan_request
 
         self.policy.check_request(request)
         key = request.model_dump_json(exclude_none=True)
@@ -177,7 +177,7 @@ class AegisToolkit:
     def plan_finetune(self, **fields: Any) -> tuple[str, dict[str, Any]]:
         """Plan a fine-tune: memory breakdown, recommended / aggressive / fallback configs, time, cost and risks.
         Give the model, method (full, lora, qlora) and GPU; optionally dataset, rank, batch, seq_len, epochs, optimizer."""
-        from aegis.report import render_markdown
+        from aegis.planning.report import render_markdown
 
         req = PlanRequest(**fields)
         try:
@@ -195,7 +195,7 @@ class AegisToolkit:
 
     def compare_gpus(self, **fields: Any) -> tuple[str, dict[str, Any]]:
         """Plan the same job on every catalog GPU and list which fit, cheapest first."""
-        from aegis.compare import compare_gpus, render_comparison
+        from aegis.planning.compare import compare_gpus, render_comparison
 
         req = PlanRequest(**fields)
         try:
@@ -240,13 +240,13 @@ class AegisToolkit:
 
     def list_models(self) -> tuple[str, dict[str, Any]]:
         """List the bundled models (usable offline), with parameter counts and aliases."""
-        from aegis.compare import render_models
+        from aegis.planning.compare import render_models
 
         return render_models("markdown"), {}
 
     def list_gpus(self) -> tuple[str, dict[str, Any]]:
         """List the catalog GPUs with memory, framework overhead, bf16 TFLOPS and the cheapest price."""
-        from aegis.compare import render_gpus
+        from aegis.planning.compare import render_gpus
 
         return render_gpus("markdown"), {}
 

@@ -4,14 +4,14 @@ Deterministic first, in this order: run commands in the supervisor's grammar (``
 ``resume``, ``interrupt`` …), starting a run, run status, a question about the current plan
 (`aegis_agent.questions`: "what eats the most memory?", "why checkpointing?", "how long will it take?"),
 GPU comparison, catalog listings, "explain <memory component>", and finally a planning request read by
-`aegis.parse` ("what if I use rank 64?" is a follow-up plan). A planning
+`aegis.planning.parse` ("what if I use rank 64?" is a follow-up plan). A planning
 message is a follow-up when the conversation already has a request: what it names replaces the
 previous value, everything else carries over ("on a 4090 instead", "rank 32", "with 8-bit adam").
 Only when the parser reads nothing, or names something unknown, is the optional LLM asked
 (`aegis_agent.llm.RequestExtractor`), and its answer goes through the same carry-over. A message naming one
 model Aegis cannot resolve ('gemma-3-27b') is answered with that one-line error (close models, how to pass a
 config.json) — never planned, compared or explained as another model, and not handed to the LLM; a model the LLM
-names is read by the same decision (`aegis.hub.match_model`) as the parser's.
+names is read by the same decision (`aegis.models.resolve.match_model`) as the parser's.
 With a remote ``policy`` (`aegis.access.PathPolicy`), a message naming a local path outside the allowed
 roots is answered with the refusal before the parser looks at the file system.
 
@@ -26,7 +26,7 @@ from typing import Any
 
 from aegis.access import PathPolicy
 from aegis.errors import AegisError, CommandError, PathNotAllowedError
-from aegis.parse import ParseIssue, parse_request_lenient
+from aegis.planning.parse import ParseIssue, parse_request_lenient
 from aegis.schema import Frozen, PlanRequest
 from aegis.supervise.commands import COMMAND_NAMES, parse_command
 from pydantic import Field
@@ -228,14 +228,14 @@ def _question(kind: QuestionKind, request: PlanRequest | None, source: str) -> U
 def _unknown_model(issues: tuple[ParseIssue, ...]) -> str | None:
     """The error for a model the message names precisely ('gemma-3-27b', 'mistral nemo') and Aegis cannot
     resolve: the whole answer. A vague one ('a small qwen') is left to the LLM, when there is one."""
-    from aegis.hub import names_one_model
+    from aegis.models.resolve import names_one_model
 
     return next((i.message for i in issues if i.part == "model" and names_one_model(i.text)), None)
 
 
 def _checked_model(req: PlanRequest) -> PlanRequest:
     """``req`` with the LLM's model read as the parser reads one (bundled id, Hub id or path); UnknownModelError."""
-    from aegis.hub import match_model
+    from aegis.models.resolve import match_model
 
     assert req.model is not None
     return req.model_copy(update={"model": match_model(req.model).model_id})
@@ -243,7 +243,7 @@ def _checked_model(req: PlanRequest) -> PlanRequest:
 
 def _unknown_gpu(text: str) -> str | None:
     """The catalog's error for a GPU-like word ('on a 3900') the parser skipped, if any."""
-    from aegis.hardware import find_gpu
+    from aegis.planning.hardware import find_gpu
 
     for word in _GPU_WORD.findall(text):
         try:

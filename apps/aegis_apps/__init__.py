@@ -1,6 +1,6 @@
 """Aegis front ends over the SDK and the conversational agent: a Gradio chat app and a Slack bot.
 
-Thin by design: they render with the SDK's renderers (`aegis.report`) and route messages to
+Thin by design: they render with the SDK's renderers (`aegis.planning.report`) and route messages to
 `aegis_agent.ChatAgent` and its `RunManager`; no planning logic lives here. Importing this package
 imports neither gradio nor slack-bolt.
 

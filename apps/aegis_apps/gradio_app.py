@@ -69,7 +69,7 @@ _COMPONENT_COLORS = {
     "logits": "#ff9da6", "masks": "#9ecae9", "casts": "#d6a5c9", "buckets": "#8cd17d", "gathered": "#9d755d",
     "overhead": "#79706e", "margin": "#bab0ac", "headroom": "#ffffff",
 }
-"""Colours of the memory chart's bands: every key the memory engine emits (`aegis.memory.estimate`), then the
+"""Colours of the memory chart's bands: every key the memory engine emits (`aegis.planning.memory.estimate`), then the
 runtime overhead, the margin up to the predicted high end and the free headroom (white, outlined)."""
 
 _OTHER_COLOR = "#c7c7c7"
@@ -108,7 +108,7 @@ def memory_bands(report: PlanReport | None) -> list[Band]:
     predicted high end (the caching allocator's reserved segments, or the dynamic margin) and the free headroom,
     which together reach the memory the headroom is measured against. Over capacity, no headroom band. Empty
     without a plan or when nothing was sized. The tier and the budget are the report's own
-    (`aegis.report._facts.plan_facts`)."""
+    (`aegis.planning.report._facts.plan_facts`)."""
     facts = None if report is None else _facts(report)
     if facts is None or facts.tier is None:
         return []
@@ -146,7 +146,7 @@ def memory_chart_html(report: PlanReport | None) -> str:
     size and share in a legend that wraps at any width. Empty without a sized plan."""
     from html import escape
 
-    from aegis.report.format import format_bytes
+    from aegis.planning.report.format import format_bytes
 
     bands = memory_bands(report)
     if not bands:
@@ -173,7 +173,7 @@ def memory_chart_html(report: PlanReport | None) -> str:
 
 
 def _facts(report: PlanReport) -> Any:
-    from aegis.report._facts import plan_facts
+    from aegis.planning.report._facts import plan_facts
 
     return plan_facts(report)
 
@@ -184,7 +184,7 @@ def _memory_caption(report: PlanReport | None) -> str:
     facts = _facts(report)
     if facts.tier is None:
         return f"**Does not fit.** {report.nothing_fits}"
-    from aegis.report.format import format_bytes
+    from aegis.planning.report.format import format_bytes
 
     f = facts.memory
     head = "" if report.recommended is not None else "**Does not fit.** Smallest tried: "

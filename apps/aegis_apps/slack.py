@@ -220,8 +220,8 @@ class SlackBot:
             return
         reply = self.agent.reply(text, thread_id)
         if reply.report is not None:
-            from aegis.report import render_blocks
-            from aegis.report.markdown import verdict_line
+            from aegis.planning.report import render_blocks
+            from aegis.planning.report.markdown import verdict_line
 
             self._post(
                 client, respond, channel=channel, text=verdict_line(reply.report), blocks=render_blocks(reply.report)

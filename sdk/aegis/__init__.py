@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from aegis.errors import *  # noqa: F403
 from aegis.errors import __all__ as _errors_all
-from aegis.hardware import find_gpu, list_gpus
-from aegis.hub import ModelMatch, match_model, resolve_model
-from aegis.memory import estimate_memory
+from aegis.planning.hardware import find_gpu, list_gpus
+from aegis.models.resolve import ModelMatch, match_model, resolve_model
+from aegis.planning.memory import estimate_memory
 from aegis.schema import (
     GPU,
     LoRAConfig,
@@ -31,25 +31,25 @@ from aegis.schema import (
 )
 
 if TYPE_CHECKING:
-    from aegis.dataset_profile import analyze_dataset
-    from aegis.parse import parse_request
-    from aegis.planner import plan
-    from aegis.solver import solve
+    from aegis.data.profile import analyze_dataset
+    from aegis.planning.parse import parse_request
+    from aegis.planning.planner import plan
+    from aegis.planning.solver import solve
     from aegis.forge import merge_models
-    from aegis.model_source import locate_model
+    from aegis.models.source import locate_model
     from aegis.supervise import Supervisor, load_run_config
     from aegis.schema import DatasetProfile, PlanReport, PlanRequest, Tier
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "analyze_dataset": "aegis.dataset_profile",
-    "parse_request": "aegis.parse",
-    "plan": "aegis.planner",
-    "solve": "aegis.solver",
+    "analyze_dataset": "aegis.data.profile",
+    "parse_request": "aegis.planning.parse",
+    "plan": "aegis.planning.planner",
+    "solve": "aegis.planning.solver",
     "Supervisor": "aegis.supervise",
     "load_run_config": "aegis.supervise",
-    "locate_model": "aegis.model_source",
+    "locate_model": "aegis.models.source",
     "merge_models": "aegis.forge",
     "DatasetProfile": "aegis.schema",
     "PlanReport": "aegis.schema",

@@ -2,7 +2,7 @@
 
 Learning rate, warm-up, schedule, final LR ratio, gradient clip, seed, LoRA rank/alpha/dropout and the
 supervisor's cadence (steps per window, checkpoint interval, evaluation interval) are data in
-``aegis/catalog/recipe.json``, validated here. The planner (LoRA alpha = ``alpha_per_rank`` x rank), the
+``aegis/models/catalog/recipe.json``, validated here. The planner (LoRA alpha = ``alpha_per_rank`` x rank), the
 emitters (axolotl, HF, Unsloth), ``RunConfig`` (``aegis run``, chat, Slack), ``LoRAConfig`` and the engine's
 ``OptimizerSettings`` all read it, so the same plan trains with the same numbers whichever way it is run.
 
@@ -79,8 +79,8 @@ class Recipe(_Frozen):
 
 @lru_cache(maxsize=1)
 def recipe() -> Recipe:
-    """The bundled recipe (``aegis/catalog/recipe.json``), read once."""
-    text = resources.files("aegis").joinpath("catalog", "recipe.json").read_text(encoding="utf-8")
+    """The bundled recipe (``aegis/models/catalog/recipe.json``), read once."""
+    text = resources.files("aegis.models.catalog").joinpath("recipe.json").read_text(encoding="utf-8")
     data = {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
     out = Recipe.model_validate(data)
     missing = [m for m in _METHODS if m not in out.learning_rate]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from aegis.access import PathPolicy, looks_like_path
-from aegis.datasets import example_dataset
+from aegis.data.reading import example_dataset
 from aegis.errors import AegisError, PathNotAllowedError
 from aegis_agent import AgentSettings, ChatAgent, RunManager
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import aegis
 import pytest
-from aegis.planner import plan_request
-from aegis.report.format import format_bytes
+from aegis.planning.planner import plan_request
+from aegis.planning.report.format import format_bytes
 from aegis.schema import PlanRequest
 from aegis_agent import AgentSettings, ChatAgent, RequestExtractor, understand
 from aegis_agent.questions import PlanQuestion, answer, classify
@@ -82,7 +82,7 @@ def test_why_checkpointing_compares_with_the_same_job_planned_the_other_way() ->
 
 
 def test_time_and_cost_quote_the_report(tmp_path: Path) -> None:
-    data = Path(aegis.__file__).parent / "examples" / "support.jsonl"
+    data = Path(aegis.__file__).parent / "data" / "examples" / "support.jsonl"
     report = plan_request(CURRENT.model_copy(update={"dataset": str(data)}))
     tp = report.throughput
     reply = answer(report, "time_and_cost")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import aegis
 import pytest
-from aegis.report import render_markdown
+from aegis.planning.report import render_markdown
 from aegis_agent import TOOL_NAMES, AegisToolkit, AgentSettings, RunManager, explain_component
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from aegis.parse import parse_request
+from aegis.planning.parse import parse_request
 from aegis.schema import PlanRequest
 from aegis_agent.understand import carry_over, understand
 

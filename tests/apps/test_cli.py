@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from aegis_apps.cli import app
+from aegis_apps.launchers import app
 from typer.testing import CliRunner
 
 runner = CliRunner()
@@ -34,6 +34,6 @@ def test_importing_the_apps_package_imports_no_gradio_or_bolt() -> None:
     import subprocess
     import sys
 
-    code = "import sys, aegis_apps, aegis_apps.cli; print(any(m in sys.modules for m in ('gradio', 'slack_bolt')))"
+    code = "import sys, aegis_apps, aegis_apps.launchers; print(any(m in sys.modules for m in ('gradio', 'slack_bolt')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"

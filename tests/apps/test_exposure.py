@@ -16,10 +16,10 @@ from typing import Any
 
 import aegis
 import pytest
-from aegis.datasets import example_dataset
+from aegis.data.reading import example_dataset
 from aegis.errors import AegisError
 from aegis_agent import AgentSettings, ChatAgent, RunManager
-from aegis_apps.cli import app
+from aegis_apps.launchers import app
 from aegis_apps.slack import SlackBot, SlackSettings
 from slack_sdk import WebClient
 from typer.testing import CliRunner

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import aegis
 import pytest
-from aegis.report.format import format_bytes
+from aegis.planning.report.format import format_bytes
 from aegis_agent import AgentSettings, ChatAgent, RunManager
 from aegis_apps.gradio_app import command_buttons, loss_frame, memory_frame
 
@@ -41,7 +41,7 @@ def _free_port() -> int:
 
 def test_memory_frame_stacks_to_the_capacity() -> None:
     """One bar: the components sum to the report's total; with margin and headroom it reaches the budget."""
-    from aegis.report._facts import plan_facts
+    from aegis.planning.report._facts import plan_facts
 
     report = aegis.plan("qlora llama-3.1-8b on 3090")
     frame = memory_frame(report)
@@ -59,7 +59,7 @@ def test_memory_frame_stacks_to_the_capacity() -> None:
 def test_memory_chart_names_every_band_with_headroom_last() -> None:
     """The chart's bands are the breakdown's components in the report's order (each with its label and bytes), then
     overhead, margin and the free headroom; they reach the budget; every band is in the HTML legend."""
-    from aegis.report._facts import plan_facts
+    from aegis.planning.report._facts import plan_facts
     from aegis_apps.gradio_app import memory_bands, memory_chart_html
 
     for text in ("qlora llama-3.1-8b on 3090", "lora qwen2.5-7b on 2x a100 40gb", "full llama-3.2-1b on a100 80gb"):

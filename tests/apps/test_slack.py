@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 
 import aegis
 import pytest
-from aegis.report.format import format_bytes
+from aegis.planning.report.format import format_bytes
 from aegis.supervise.runs import open_run
 from aegis_agent import AgentSettings, ChatAgent, RunManager
 from aegis_apps.slack import SlackBot, SlackSettings
@@ -295,7 +295,7 @@ LOSSES = {s: round(3.0 - 0.02 * s, 4) for s in range(1, 40)} | {40: 9.1}
 def _paused_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, anomaly: Any, diagnosis: Any = None) -> Path:
     """A run folder whose state is what the supervisor writes when it escalates ``anomaly`` to a human (its real
     repair path: plan_repair -> apply_repair), read by status, the agent's RunManager and so the three front ends."""
-    from aegis.supervise.config import RunConfig
+    from aegis.supervise.run_config import RunConfig
     from aegis.supervise.repair import apply_repair, plan_repair
     from aegis.supervise.runs import RunPaths
     from aegis.supervise.state import RunState
@@ -338,8 +338,8 @@ def test_cli_chat_and_slack_show_the_same_facts_of_a_paused_run(tmp_path, monkey
     import io
 
     import typer
-    from aegis.supervise.cli import _report
-    from aegis.supervise.cli import app as supervise_app
+    from aegis.cli.supervised import _report
+    from aegis.cli.supervised import app as supervise_app
     from aegis.supervise.state import Anomaly, RunState
     from aegis.supervise import status as status_module
     from aegis_apps.gradio_app import command_buttons, loss_frame

@@ -134,7 +134,7 @@ def _reference_logits(folder: Path, ids, *, per_channel=False, keep_last=False, 
     import jax
     import jax.numpy as jnp
 
-    from aegis.train.models import build_model
+    from aegis.train.modeling import build_model
     from aegis.train.weights import load_checkpoint
 
     config = json.loads((folder / "config.json").read_text())
@@ -269,7 +269,7 @@ def test_ste_forward_is_ternary_and_gradient_is_identity():
 def test_aegis_compress_cli_writes_the_packed_folder_and_refuses_a_non_folder(tmp_path):
     from typer.testing import CliRunner
 
-    from aegis.forge.cli import compress
+    from aegis.cli.forge import compress
     import typer
 
     app = typer.Typer()

@@ -81,7 +81,7 @@ def test_bitlinear_forward_and_straight_through_gradients():
 def test_ste_model_equals_the_packed_forward_and_kept_layers_are_full_precision(tmp_path, per_channel):
     import jax
 
-    from aegis.train.models import build_model
+    from aegis.train.modeling import build_model
     from aegis.train.weights import load_checkpoint
 
     src = make_model_folder(tmp_path / "m", layers=3, seed=0)
@@ -113,7 +113,7 @@ def trained(tmp_path_factory) -> dict[str, Path]:
     with the project's trainer and exported as an HF folder; its calibration data is a held-out file."""
     import jax
 
-    from aegis.render import ChatRenderer
+    from aegis.data.render import ChatRenderer
     from aegis.train.data import load_examples
     from aegis.schema import TrainConfig
     from aegis.train.export import export_trained
@@ -146,7 +146,7 @@ def _torch_eval(folder: Path, calib: Path) -> tuple[float, float, int]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from aegis.render import ChatRenderer
+    from aegis.data.render import ChatRenderer
     from aegis.train.data import load_examples
 
     examples, _ = load_examples(str(calib), ChatRenderer.from_folder(folder), seq_len=SEQ)
@@ -230,7 +230,7 @@ def test_layerwise_revert_keeps_the_layers_that_cost_too_much(trained, tmp_path)
 
 
 def test_run_config_quantize_key():
-    from aegis.supervise.config import parse_run_config
+    from aegis.supervise.run_config import parse_run_config
 
     base = {"model": "tiny-llama", "data": "toy"}
     cfg = parse_run_config(base | {"quantize": "bitnet_b158"})
@@ -248,7 +248,7 @@ def test_aegis_compress_with_calibration_data(trained, tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from aegis.forge.cli import compress
+    from aegis.cli.forge import compress
 
     app = typer.Typer()
     app.command("compress")(compress)
@@ -297,7 +297,7 @@ def test_ste_run_survives_kill_9_and_resumes_to_the_same_weights(trained, tmp_pa
 
     def launch(run_id: str) -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-m", "aegis.supervise.cli", "run", "--config", str(config(run_id)), "--quiet"],
+            [sys.executable, "-m", "aegis.cli.supervised", "run", "--config", str(config(run_id)), "--quiet"],
             env={**os.environ, "AEGIS_RUNS_DIR": str(runs)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
 

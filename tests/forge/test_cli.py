@@ -8,7 +8,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from aegis.forge.cli import merge, parse_size
+from aegis.cli.forge import merge, parse_size
 from tests.forge.conftest import fill
 
 app = typer.Typer(add_completion=False)

@@ -10,7 +10,7 @@ jax = pytest.importorskip("jax")
 torch = pytest.importorskip("torch")
 import jax.numpy as jnp  # noqa: E402
 
-from aegis.forge.cognate.config import TINY_MODEL, CognateConfig  # noqa: E402
+from aegis.forge.cognate.hyperparams import TINY_MODEL, CognateConfig  # noqa: E402
 from aegis.forge.cognate.model import act_weights, attention_mask, forward, init_params, mag_gate, memory_scan  # noqa: E402
 
 
@@ -167,7 +167,7 @@ def test_default_size_is_the_seeds_25m():
 
 def test_export_loads_in_transformers_with_the_engines_logits(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from aegis.forge.cognate.export import load_pretrained, save_pretrained
+    from aegis.forge.cognate.hf_folder import load_pretrained, save_pretrained
 
     cfg = TINY
     params = _noisy_params(cfg)

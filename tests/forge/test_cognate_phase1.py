@@ -24,7 +24,7 @@ def _main(*args):
 def _app():
     import typer
 
-    from aegis.forge.cli import cognate
+    from aegis.cli.forge import cognate
 
     app = typer.Typer()
     app.command("cognate")(cognate)
@@ -58,7 +58,7 @@ def test_bad_configs_are_one_line(tmp_path, text, words):
 
 
 def test_data_errors_are_one_line(tmp_path):
-    from aegis.forge.cognate.data import read_categories
+    from aegis.forge.cognate.corpus import read_categories
 
     with pytest.raises(DatasetError, match="does not exist"):
         read_categories({"math": [tmp_path / "missing.jsonl"]})
@@ -74,7 +74,7 @@ def test_bundled_data_and_parquet_rows(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    from aegis.forge.cognate.data import CATEGORIES, read_categories
+    from aegis.forge.cognate.corpus import CATEGORIES, read_categories
 
     texts = read_categories(None)
     assert set(texts) == set(CATEGORIES) and all(len(t) >= 40 for t in texts.values())
@@ -101,7 +101,7 @@ def fake_training(monkeypatch):
     import numpy as np
 
     from aegis.forge.cognate import phase1
-    from aegis.forge.cognate.config import param_shapes
+    from aegis.forge.cognate.hyperparams import param_shapes
 
     calls: list[tuple[str, int]] = []
     spread = {"reasoning": 1.0, "memory": 3.5, "speed": 2.0}

@@ -7,7 +7,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from aegis.errors import InvalidConfigError
-from aegis.forge.config import Conditional, evaluate_setting, load_merge_config
+from aegis.forge.merge_config import Conditional, evaluate_setting, load_merge_config
 
 YAML = """
 merge_method: ties

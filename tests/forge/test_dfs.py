@@ -149,7 +149,7 @@ def test_aegis_merge_reads_a_dfs_yaml_with_relative_paths(eps0, tmp_path):
     import yaml
     from typer.testing import CliRunner
 
-    from aegis.forge.cli import merge
+    from aegis.cli.forge import merge
 
     app = typer.Typer(add_completion=False)
     app.command("merge")(merge)

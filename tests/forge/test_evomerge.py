@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from aegis.errors import InvalidConfigError
 from aegis.forge import evomerge, load_evomerge_config
-from aegis.forge.cli import evomerge as evomerge_command
+from aegis.cli.forge import evomerge as evomerge_command
 from tests.forge.evo_models import make_evo_models
 from tests.hf_folders import make_model_folder
 
@@ -67,7 +67,7 @@ def _one_torch_thread():
 
 def _hf_nll(folder: Path, evo: dict[str, Path]) -> float:
     """Mean next-token NLL on the held-out rows, by transformers, on the ids the project's renderer makes."""
-    from aegis.render import ChatRenderer
+    from aegis.data.render import ChatRenderer
     from aegis.train.data import load_examples
 
     examples, _ = load_examples(str(evo["eval"]), ChatRenderer.from_folder(evo["base"]), seq_len=64)
@@ -289,8 +289,8 @@ def test_fitness_weights_follow_the_size_and_the_plot_names_its_extra(tmp_path, 
 
 def test_eval_batch_comes_from_the_planner(evo):
     from aegis.forge._evo_fitness import plan_eval_batch
-    from aegis.memory.estimate import estimate_memory
-    from aegis.profiles import profile_from_config
+    from aegis.planning.memory.estimate import estimate_memory
+    from aegis.models.profiles import profile_from_config
 
     config = json.loads((evo["base"] / "config.json").read_text())
     profile = profile_from_config(config, model_id="t", source="path")
@@ -330,8 +330,8 @@ def test_low_diversity_doubles_mutation_injects_and_keeps_distinct_elites(evo):
 def test_ste_train_batch_comes_from_the_planner(evo):
     """BitNet's STE run (and any forge training step) sizes its micro batch with the planner's JAX estimate."""
     from aegis.forge._evo_fitness import plan_train_batch
-    from aegis.memory.estimate import estimate_memory
-    from aegis.profiles import profile_from_config
+    from aegis.planning.memory.estimate import estimate_memory
+    from aegis.models.profiles import profile_from_config
 
     config = json.loads((evo["base"] / "config.json").read_text())
     profile = profile_from_config(config, model_id="t", source="path")

@@ -12,7 +12,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from aegis.forge.cli import compress, evomerge, merge
+from aegis.cli.forge import compress, evomerge, merge
 from tests.forge.conftest import fill, read_folder
 from tests.hf_folders import make_model_folder
 

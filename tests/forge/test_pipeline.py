@@ -83,8 +83,8 @@ def test_phase2_pads_cognate_memories_to_one_slot_count_without_changing_the_log
     import jax.numpy as jnp
     import numpy as np
 
-    from aegis.forge.cognate.config import TINY_MODEL, CognateConfig, param_shapes
-    from aegis.forge.cognate.export import load_pretrained, save_pretrained
+    from aegis.forge.cognate.hyperparams import TINY_MODEL, CognateConfig, param_shapes
+    from aegis.forge.cognate.hf_folder import load_pretrained, save_pretrained
     from aegis.forge.cognate.model import forward, from_flat, memory_scan
 
     def random_params(cfg, seed):  # numpy: eager init_params costs seconds on a loaded CPU

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from aegis.errors import DatasetError
-from aegis.forge.quietstar import data as qd
+from aegis.forge.quietstar import reasoning_data as qd
 
 
 def test_validate_row_needs_both_markers_and_a_strategy():
@@ -54,7 +54,7 @@ def test_add_thinking_tokens_grows_embeddings_and_head_from_existing_rows(tiny_q
     import jax
     from transformers import AutoTokenizer
 
-    from aegis.train.models import build_model
+    from aegis.train.modeling import build_model
     from aegis.train.weights import load_checkpoint
 
     folder = tiny_quietstar_model

@@ -8,7 +8,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from aegis.supervise.cli import app
+from aegis.cli.supervised import app
 
 from tests.demo_model import TINY_LLAMA, TOY_DATA
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from aegis.errors import DatasetError, InvalidConfigError
-from aegis.supervise.config import load_run_config, parse_run_config, run_config_from_plan
+from aegis.supervise.run_config import load_run_config, parse_run_config, run_config_from_plan
 
 
 def test_yaml_round_trip_and_relative_paths(tmp_path):
@@ -89,7 +89,7 @@ def test_a_real_plan_report_becomes_a_run_config(tmp_path):
 def test_a_plan_for_a_model_whose_weights_are_not_here_says_what_to_download(tmp_path):
     import aegis
     from aegis.errors import WeightsNotFoundError
-    from aegis.supervise.engine import resolve_model_input
+    from aegis.supervise.engine_handle import resolve_model_input
 
     report = aegis.plan("lora llama-3.2-1b on h100", seq_len=64)
     (tmp_path / "plan.json").write_text(report.model_dump_json())
@@ -185,7 +185,7 @@ def test_aegis_run_with_an_empty_config_trains_nothing(tmp_path):
     """`aegis run --config empty.yaml` used to train the demo's random model on toy data for 1,000 steps."""
     from typer.testing import CliRunner
 
-    from aegis.supervise.cli import app
+    from aegis.cli.supervised import app
 
     (tmp_path / "empty.yaml").write_text("")
     (tmp_path / "typo.yaml").write_text("model: tiny-llama\ndata: toy\ntraining: {stepz: 3}\n")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from aegis.errors import DatasetError
-from aegis.report import emit
-from aegis.supervise.cli import run_config as cli_run_config
+from aegis.planning.report import emit
+from aegis.cli.supervised import run_config as cli_run_config
 
 from tests.hf_folders import make_model_folder, write_sharegpt
 
@@ -35,7 +35,7 @@ def _emitted(report, name: str) -> str:
 
 def _configs(workdir: Path, request: str, monkeypatch: pytest.MonkeyPatch):
     import aegis
-    from aegis.report.json import render_json
+    from aegis.planning.report.json import render_json
     from aegis_agent import AgentSettings, RunManager
 
     monkeypatch.chdir(workdir)
@@ -110,7 +110,7 @@ def test_the_runs_schedule_is_transformers_cosine_with_warmup(workdir, monkeypat
 
 def test_a_plan_without_data_is_an_error_on_both_paths(workdir, monkeypatch):
     import aegis
-    from aegis.report.json import render_json
+    from aegis.planning.report.json import render_json
     from aegis_agent import AgentSettings, RunManager
 
     monkeypatch.chdir(workdir)

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aegis.supervise.config import CurriculumSection
+from aegis.supervise.run_config import CurriculumSection
 from aegis.supervise.curriculum import initial_weights, normalise, update_curriculum
 
 

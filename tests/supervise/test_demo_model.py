@@ -13,9 +13,9 @@ import pytest
 import aegis
 from aegis.data import ByteTokenizer, tiny_llama_config, tiny_llama_path, toy_dataset_path
 from aegis.errors import DatasetError
-from aegis.supervise.config import RunConfig, load_run_config
+from aegis.supervise.run_config import RunConfig, load_run_config
 from aegis.supervise.demo import demo_config, demo_dir
-from aegis.supervise.engine import load_examples, make_renderer, resolve_model_input
+from aegis.supervise.engine_handle import load_examples, make_renderer, resolve_model_input
 from aegis.train.data import load_jsonl
 
 ROOT = Path(aegis.__file__).parents[2]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from aegis.supervise.cli import app
+from aegis.cli.supervised import app
 from tests.supervise.conftest import run_config
 
 runner = CliRunner()

@@ -117,7 +117,7 @@ def test_oom_while_building_or_copying_to_the_host_takes_the_fallback_chain(tmp_
 def _cli(*args: str, runs_dir: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "AEGIS_RUNS_DIR": str(runs_dir)}
     return subprocess.run(
-        [sys.executable, "-m", "aegis.supervise.cli", *args], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-m", "aegis.cli.supervised", *args], capture_output=True, text=True, env=env, timeout=120
     )
 
 

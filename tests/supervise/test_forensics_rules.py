@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from aegis.supervise.config import ForensicsSection
+from aegis.supervise.run_config import ForensicsSection
 from aegis.supervise.forensics import find_outliers, robust_z
 
 

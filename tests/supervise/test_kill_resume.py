@@ -16,7 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from aegis.supervise import Supervisor
-from aegis.supervise.cli import app
+from aegis.cli.supervised import app
 from aegis.supervise.demo import DEMO_TOXIC_IDS, demo_config
 from aegis.supervise.events import read_jsonl
 
@@ -35,7 +35,7 @@ def test_kill_9_mid_window_then_resume(tmp_path):
     runs = tmp_path / "runs"
     run_dir = runs / "killed"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aegis.supervise.cli", "run", "--config", str(tmp_path / "run.yaml"), "--quiet"],
+        [sys.executable, "-m", "aegis.cli.supervised", "run", "--config", str(tmp_path / "run.yaml"), "--quiet"],
         env={**os.environ, "AEGIS_RUNS_DIR": str(runs)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

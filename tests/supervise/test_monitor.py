@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aegis.supervise.config import MonitoringSection
+from aegis.supervise.run_config import MonitoringSection
 from aegis.supervise.monitor import Detector
 from aegis.supervise.state import MetricsWindow, StepMetrics
 

@@ -5,7 +5,7 @@ import json
 import httpx
 import respx
 
-from aegis.supervise.config import NotificationsSection
+from aegis.supervise.run_config import NotificationsSection
 from aegis.supervise.notify import build_payload, send_webhook
 from aegis.supervise.state import Anomaly, DiagnosisReport, OutlierStats, RunState
 

@@ -50,7 +50,7 @@ def data(tmp_path_factory) -> dict[str, Path]:
 
 
 def _run(tmp_path: Path, run_id: str, cfg: dict) -> Path:
-    from aegis.supervise.cli import app
+    from aegis.cli.supervised import app
 
     (tmp_path / f"{run_id}.yaml").write_text(yaml.safe_dump(cfg))
     runs = tmp_path / "runs"
@@ -62,7 +62,7 @@ def _run(tmp_path: Path, run_id: str, cfg: dict) -> Path:
 
 
 def _examples(folder: Path, data: Path, seq_len: int = 64) -> list:
-    from aegis.render import ChatRenderer
+    from aegis.data.render import ChatRenderer
     from aegis.train.data import load_examples
 
     return load_examples(str(data), ChatRenderer.from_folder(folder), seq_len=seq_len)[0]
@@ -132,7 +132,7 @@ def _jax_logits(folder: Path, export: Path, ids: np.ndarray) -> np.ndarray:
     import jax
     import jax.numpy as jnp
 
-    from aegis.train.models import build_model
+    from aegis.train.modeling import build_model
     from aegis.train.weights import load_checkpoint, load_lora_adapter
 
     config = json.loads((folder / "config.json").read_text())
@@ -177,7 +177,7 @@ def test_lora_on_sharegpt_exports_a_peft_adapter_that_peft_loads_and_matches(tmp
     out = tuned.generate(torch.tensor(ids[:8], dtype=torch.long)[None], max_new_tokens=4, do_sample=False)
     assert out.shape[1] == 12
 
-    from aegis.supervise.cli import app
+    from aegis.cli.supervised import app
 
     merged = tmp_path / "merged"
     res = CliRunner().invoke(app, ["export", "lora", str(merged), "--merge", "--runs-dir", str(tmp_path / "runs")])
@@ -209,8 +209,8 @@ def test_full_fine_tuning_on_alpaca_exports_an_hf_folder(tmp_path, folder, data)
 
 @pytest.mark.parametrize("kind", ["sharegpt", "alpaca", "messages"])
 def test_the_plans_row_lengths_are_the_runs(folder, data, kind):
-    from aegis.dataset_profile import analyze_dataset
-    from aegis.render import ChatRenderer
+    from aegis.data.profile import analyze_dataset
+    from aegis.data.render import ChatRenderer
     from aegis.train.data import load_examples
 
     profile = analyze_dataset(str(data[kind]), model=str(folder))
@@ -222,7 +222,7 @@ def test_the_plans_row_lengths_are_the_runs(folder, data, kind):
 def test_assistant_mask_by_prefixes_equals_transformers_generation_mask(tmp_path):
     """On a template with {% generation %} tags, the prefix-rendering mask (used for templates without tags)
     selects the tokens transformers' return_assistant_tokens_mask selects."""
-    from aegis.render import ChatRenderer
+    from aegis.data.render import ChatRenderer
 
     gen = make_model_folder(tmp_path / "gen", template=CHATML_GENERATION)
     r = ChatRenderer.from_folder(gen)
@@ -238,7 +238,7 @@ def test_assistant_mask_by_prefixes_equals_transformers_generation_mask(tmp_path
 
 
 def test_raw_text_rows_train_on_every_token_after_the_first(folder, tmp_path):
-    from aegis.render import ChatRenderer
+    from aegis.data.render import ChatRenderer
     from aegis.train.data import load_examples
 
     (tmp_path / "t.jsonl").write_text('{"text": "reset the password please"}\n')
@@ -252,7 +252,7 @@ def test_raw_text_rows_train_on_every_token_after_the_first(folder, tmp_path):
 def test_a_folder_without_weights_is_a_one_line_error_naming_the_folder(tmp_path, folder, data):
     import shutil
 
-    from aegis.supervise.cli import app
+    from aegis.cli.supervised import app
 
     empty = tmp_path / "no-weights"
     empty.mkdir()
@@ -268,7 +268,7 @@ def test_a_folder_without_weights_is_a_one_line_error_naming_the_folder(tmp_path
 
 def test_chat_data_for_a_tokenizer_without_a_template_is_refused_unless_one_is_given(tmp_path, data):
     from aegis.errors import DatasetError
-    from aegis.render import ChatRenderer
+    from aegis.data.render import ChatRenderer
     from aegis.train.data import load_examples
 
     bare = make_model_folder(tmp_path / "bare", template=None)
@@ -283,7 +283,7 @@ def test_a_shard_whose_shapes_disagree_with_the_config_is_refused(tmp_path, fold
     import jax.numpy as jnp
 
     from aegis.errors import CheckpointError
-    from aegis.train.models import build_model
+    from aegis.train.modeling import build_model
     from aegis.train.weights import load_checkpoint
 
     config = json.loads((folder / "config.json").read_text())
@@ -293,7 +293,7 @@ def test_a_shard_whose_shapes_disagree_with_the_config_is_refused(tmp_path, fold
 
 
 def test_corrupt_lines_are_counted_by_line_and_the_rest_trains(tmp_path, folder, data):
-    from aegis.render import ChatRenderer
+    from aegis.data.render import ChatRenderer
     from aegis.train.data import load_examples
 
     lines = data["sharegpt"].read_text().splitlines()[:10]
@@ -324,7 +324,7 @@ def test_kill_9_then_resume_exports_the_same_adapter_and_a_changed_base_is_refus
     runs = tmp_path / "runs"
 
     def cli(*args: str) -> subprocess.Popen:  # both runs as a user starts them: `aegis run` in its own process
-        return subprocess.Popen([sys.executable, "-m", "aegis.supervise.cli", *args, "--runs-dir", str(runs), "-q"],
+        return subprocess.Popen([sys.executable, "-m", "aegis.cli.supervised", *args, "--runs-dir", str(runs), "-q"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     straight = cli("run", "--config", str(tmp_path / "run.yaml"), "--run-id", "straight")
@@ -340,7 +340,7 @@ def test_kill_9_then_resume_exports_the_same_adapter_and_a_changed_base_is_refus
     proc.wait()
     assert not (runs / "killed" / "export").exists()
 
-    from aegis.supervise.cli import app
+    from aegis.cli.supervised import app
 
     resumed = cli("resume", "--run-id", "killed")
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read().decode()[-2000:]
@@ -362,7 +362,7 @@ def test_kill_9_then_resume_exports_the_same_adapter_and_a_changed_base_is_refus
     cfg2 = {**cfg, "model": str(weights), "training": {**cfg["training"], "total_steps": 60}}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg2))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aegis.supervise.cli", "run", "--config", str(tmp_path / "c.yaml"),
+        [sys.executable, "-m", "aegis.cli.supervised", "run", "--config", str(tmp_path / "c.yaml"),
          "--run-id", "changed", "--runs-dir", str(runs), "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     metrics = runs / "changed" / "metrics.jsonl"
@@ -385,7 +385,7 @@ def test_qlora_quantises_the_folders_weights_while_loading_and_exports_an_adapte
     import jax.numpy as jnp
     from peft import PeftModel
 
-    from aegis.train.models import build_model
+    from aegis.train.modeling import build_model
     from aegis.train.nf4 import NF4_CODE, NF4Tensor, dequantize
     from aegis.train.weights import load_checkpoint
 
@@ -422,7 +422,7 @@ def test_a_hub_id_is_found_in_the_huggingface_cache_and_an_uncached_one_says_wha
     (cache / "models--acme--tiny-support" / "refs").mkdir()
     (cache / "models--acme--tiny-support" / "refs" / "main").write_text("0123abcd")
     code = (
-        "from aegis.model_source import locate_model\n"
+        "from aegis.models.source import locate_model\n"
         "from aegis.errors import WeightsNotFoundError\n"
         "src = locate_model('acme/tiny-support'); print(src.hub_id, src.folder, src.weight_files)\n"
         "try:\n    locate_model('acme/not-here')\nexcept WeightsNotFoundError as e:\n    print('ERR', e)\n"
@@ -439,7 +439,7 @@ def test_sharded_and_tied_checkpoints_load_as_transformers_reads_them(tmp_path):
     import jax
     import jax.numpy as jnp
 
-    from aegis.train.models import build_model
+    from aegis.train.modeling import build_model
     from aegis.train.weights import load_checkpoint
 
     sharded = make_model_folder(tmp_path / "sharded", max_shard_size="40KB", tie=True, hidden=64)

@@ -1,6 +1,6 @@
 """Repair planner: the least damaging fix, escalation, never an endless loop."""
 
-from aegis.supervise.config import RunConfig
+from aegis.supervise.run_config import RunConfig
 from aegis.supervise.repair import apply_repair, plan_repair
 from aegis.supervise.state import Anomaly, DiagnosisReport, OutlierStats, RunState
 

@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 
 from aegis.errors import InvalidConfigError
 from aegis.supervise import Supervisor, parse_run_config
-from aegis.supervise.cli import app
-from aegis.supervise.config import RunConfig
+from aegis.cli.supervised import app
+from aegis.supervise.run_config import RunConfig
 from aegis.supervise.events import append_jsonl, read_jsonl
 from aegis.supervise.runs import RunPaths, _pid_alive, _proc_start, liveness, truncate_metrics
 from aegis.supervise.state import Anomaly, RunState
@@ -170,7 +170,7 @@ def _gpt2(n_positions: int = 32) -> dict:
 
 
 def test_a_seq_len_past_learned_positions_or_any_memory_is_refused_before_the_run(tmp_path):
-    from aegis.supervise.engine import check_feasible, resolve_model_config
+    from aegis.supervise.engine_handle import check_feasible, resolve_model_config
 
     gpt2 = parse_run_config(run_config(tmp_path, model=_gpt2(), train_config={"seq_len": 64}))
     with pytest.raises(InvalidConfigError, match=r"train_config.seq_len 64 is past .* 32 learned positions.*32 or less"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from aegis.supervise.config import RunConfig
+from aegis.supervise.run_config import RunConfig
 from aegis.supervise.events import EventLog
 from aegis.supervise.runs import RunPaths, write_json_atomic
 from aegis.supervise.status import RunStatusReport, build_status, render_status, status_markdown

@@ -10,8 +10,8 @@ import pytest
 from aegis.schema import TrainConfig
 from aegis.supervise import Supervisor, parse_run_config
 from aegis.supervise.checkpoints import CheckpointStore
-from aegis.supervise.config import RunConfig
-from aegis.supervise.engine import Engine, load_examples, resolve_model_config
+from aegis.supervise.run_config import RunConfig
+from aegis.supervise.engine_handle import Engine, load_examples, resolve_model_config
 from aegis.supervise.state import RunState
 from aegis.train.optim8bit import QuantizedArray, ScaleByAdam8bitState
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from aegis.train.models import build_model, get_family
+from aegis.train.modeling import build_model, engine_family
 from aegis.train.weights import load_checkpoint, save_checkpoint, to_hf_state_dict
 
 
@@ -80,7 +80,7 @@ def check_checkpoint_round_trip(hf, folder: Path, out: Path) -> None:
 def decoder_layers(hf, config: dict):
     """transformers' decoder layers, at the registry's ``layers_path`` (model.layers; GPT-NeoX: gpt_neox.layers;
     Falcon: transformer.h)."""
-    from aegis.architectures import registry
+    from aegis.models.architectures import registry
 
     return hf.get_submodule(registry.get(config["model_type"]).layers_path)
 
@@ -99,7 +99,7 @@ def check_every_gradient_matches_torch(hf, folder: Path, vocab: int = 256) -> No
     hf.zero_grad()
     logp = torch.log_softmax(hf(torch.from_numpy(ids).long()).logits, dim=-1)
     (-logp.gather(-1, torch.from_numpy(targets).long()[..., None]).mean()).backward()
-    head = get_family(model.config.get("model_type")).names.lm_head  # checkpoints name it (GPT-NeoX: embed_out)
+    head = engine_family(model.config.get("model_type")).names.lm_head  # checkpoints name it (GPT-NeoX: embed_out)
     theirs = {head + k[len("lm_head"):] if k.startswith("lm_head.") else k: p.grad.numpy()
               for k, p in hf.named_parameters()}
     assert set(grads) == set(theirs)
@@ -114,7 +114,7 @@ def check_every_gradient_matches_torch(hf, folder: Path, vocab: int = 256) -> No
 def check_lora_sizes_equal_peft(config: dict, defaults: tuple[str, ...], few: tuple[str, ...] = ("q_proj", "v_proj")) -> None:
     """The plan's default targets are ``defaults``; for them, "all-linear" and ``few`` (q/v), the planner's trainable
     count == PEFT's == the engine's adapters."""
-    from aegis.profiles import profile_from_config
+    from aegis.models.profiles import profile_from_config
     from aegis.schema import default_lora_targets
 
     profile = profile_from_config(config, model_id="test", source="path")
@@ -128,7 +128,7 @@ def check_lora_counts_agree(config: dict, target_sets) -> None:
     import peft
 
     import aegis
-    from aegis.profiles import profile_from_config
+    from aegis.models.profiles import profile_from_config
     from aegis.train.lora import init_lora, lora_param_count
 
     profile = profile_from_config(config, model_id="test", source="path")

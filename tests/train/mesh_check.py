@@ -21,7 +21,7 @@ from aegis.train.loop import Trainer
 from aegis.train.nf4 import NF4Tensor
 from aegis.train.parallel import ParallelConfig
 from aegis.train.step import OptimizerSettings
-from aegis.train.models import build_model
+from aegis.train.modeling import build_model
 from aegis.train.weights import load_checkpoint, save_checkpoint, save_lora_adapter
 
 assert len(jax.devices()) == 4, jax.devices()

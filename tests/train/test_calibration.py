@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from aegis.calibration import CalibrationRecord, CalibrationStore, default_store_path
+from aegis.planning.calibration import CalibrationRecord, CalibrationStore, default_store_path
 from aegis.errors import InvalidConfigError
 
 
@@ -88,7 +88,7 @@ def test_records_reject_bad_values():
 
 
 def test_importing_the_store_does_not_import_jax():
-    code = "import sys, aegis.calibration; print('jax' in sys.modules)"
+    code = "import sys, aegis.planning.calibration; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -115,7 +115,7 @@ def test_jax_step_memory_accounts_for_state_and_shrinks_with_chunked_cross_entro
     from aegis.data import tiny_llama_config
     from aegis.schema import TrainConfig
     from aegis.train.benchmark import jax_step_memory
-    from aegis.train.models import build_model
+    from aegis.train.modeling import build_model
     from aegis.train.step import OptimizerSettings
 
     config = tiny_llama_config() | {"vocab_size": 16384}

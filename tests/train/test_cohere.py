@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from aegis.train.models import build_model
+from aegis.train.modeling import build_model
 from conftest import tiny_config
 
 NAMES = ["cohere", "cohere_qk"]
@@ -58,7 +58,7 @@ def test_rotating_permuted_heads_is_cohere_rotation_up_to_the_same_permutation()
     import torch
     from transformers.models.cohere.modeling_cohere import apply_rotary_pos_emb
 
-    from aegis.train.models.rope import apply_rope, deinterleave
+    from aegis.train.modeling.rope import apply_rope, deinterleave
 
     rng = np.random.default_rng(0)
     b, s, h, d = 1, 6, 2, 8
@@ -79,7 +79,8 @@ def test_rotating_permuted_heads_is_cohere_rotation_up_to_the_same_permutation()
 
 
 def test_the_bundled_aya_23_8b_plans_with_its_published_size():
-    from aegis import catalog, estimate_memory, resolve_model
+    from aegis import estimate_memory, resolve_model
+    from aegis.models import catalog
 
     entry = catalog.find_model("aya-23-8b")
     profile = resolve_model("aya-23-8b")
@@ -100,8 +101,8 @@ def test_the_planners_cohere_norm_saves_what_autograd_saves(trains, dtype, heads
     import torch
     from transformers.models.cohere.modeling_cohere import CohereLayerNorm
 
-    from aegis.memory.activations import _Acc, _norm
-    from aegis.memory.activations import Setting
+    from aegis.planning.memory.activations import _Acc, _norm
+    from aegis.planning.memory.activations import Setting
 
     tokens, width = 8, 64
     norm = CohereLayerNorm(hidden_size=(heads, width // heads) if heads else width).to(getattr(torch, dtype))

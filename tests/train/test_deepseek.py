@@ -20,10 +20,10 @@ import torch
 from family_checks import check_training_loss_is_torch_cross_entropy, tokens as _tokens
 from conftest import build_hf_model, tiny_config
 
-from aegis.architectures import config as arch
-from aegis.profiles import profile_from_config
-from aegis.train.models import build_model
-from aegis.train.shapes import BUFFER_LEAVES
+from aegis.models.architectures import config_keys as arch
+from aegis.models.profiles import profile_from_config
+from aegis.train.modeling import build_model
+from aegis.models.shapes import BUFFER_LEAVES
 from aegis.train.weights import load_checkpoint, save_checkpoint, to_hf_state_dict
 
 NAMES = ["deepseek_v3", "deepseek_v2_lite"]
@@ -262,7 +262,7 @@ def test_configs_the_engine_cannot_follow_get_one_line_errors():
 
 def test_the_catalog_serves_v2_lite_v2_and_v3_with_r1_and_0324_as_aliases():
     import aegis
-    from aegis import catalog
+    from aegis.models import catalog
 
     assert catalog.find_model("deepseek-ai/DeepSeek-R1").id == "deepseek-ai/DeepSeek-V3"
     assert catalog.find_model("deepseek-ai/DeepSeek-V3-0324").id == "deepseek-ai/DeepSeek-V3"

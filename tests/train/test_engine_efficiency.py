@@ -2,7 +2,7 @@
 
 The benchmark measures the trainer's own step (same builder, sharding, packing): the same batch gives the same
 loss through both. XLA's cost analysis of the compiled step stays within 10% of the planner's FLOPs formula
-(``aegis.throughput.token_flops``) without rematerialisation. Packing fills >= 95% of the positions on chat data
+(``aegis.planning.throughput.token_flops``) without rematerialisation. Packing fills >= 95% of the positions on chat data
 with long-tailed lengths.
 """
 
@@ -75,8 +75,8 @@ def test_benchmark_runs_the_trainers_step_same_batch_same_loss():
 
 
 def test_compiled_flops_are_within_10_percent_of_the_model_flops_without_remat():
-    from aegis.profiles import profile_from_config
-    from aegis.throughput import token_flops
+    from aegis.models.profiles import profile_from_config
+    from aegis.planning.throughput import token_flops
     from aegis.train.benchmark import run_benchmark
 
     config = tiny_llama_config()

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 from aegis.errors import UnsupportedArchitectureError
-from aegis.profiles import profile_from_config
-from aegis.train.models import build_model
+from aegis.models.profiles import profile_from_config
+from aegis.train.modeling import build_model
 from conftest import tiny_config
 
 NAMES = ["falcon", "falcon_new", "falcon_sequential"]
@@ -56,8 +56,8 @@ def test_the_catalog_serves_falcon_and_keeps_it_apart_from_falcon3():
     """Falcon 7B/40B/180B (base and chat) are bundled and named by size; Falcon3 names keep their own (Llama-shaped)
     entries; Falcon-RW, Falcon-Mamba, Falcon 2 and other sizes are refused."""
     from aegis.errors import UnknownModelError
-    from aegis.hub import match_model, resolve_model
-    from aegis.parse import parse_request_lenient
+    from aegis.models.resolve import match_model, resolve_model
+    from aegis.planning.parse import parse_request_lenient
 
     for name, model_id in (("falcon-7b", "tiiuae/falcon-7b"), ("falcon:40b", "tiiuae/falcon-40b"),
                            ("falcon-7b-instruct", "tiiuae/falcon-7b-instruct"), ("falcon-180b", "tiiuae/falcon-180B"),
@@ -76,8 +76,8 @@ def test_qlora_is_refused_on_transformers_5_where_bitsandbytes_skips_falconlinea
     (traced: Falcon-7B/40B QLoRA rows quantised 0 modules and held fp32 weights); 4.x replaced them (isinstance)."""
     import aegis
     from aegis.errors import InvalidConfigError
-    from aegis.hub import resolve_model
-    from aegis.memory.estimate import estimate
+    from aegis.models.resolve import resolve_model
+    from aegis.planning.memory.estimate import estimate
     from aegis.schema import LoRAConfig, StackProfile, TrainConfig
 
     profile = resolve_model("falcon-7b")

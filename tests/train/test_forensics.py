@@ -11,10 +11,10 @@ import pytest
 from aegis.data import ByteTokenizer, tiny_llama_config, toy_dataset_path
 from aegis.schema import TrainConfig
 from aegis.train.data import BatchSampler, Example, load_jsonl, pack_examples
-from aegis.train.forensics import analyze_batch
+from aegis.train.per_sample import analyze_batch
 from aegis.train.lora import init_lora
 from aegis.train.loop import Trainer
-from aegis.train.models import build_model
+from aegis.train.modeling import build_model
 from aegis.train.step import OptimizerSettings, token_loss_sum
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import torch
 from aegis.data import ByteTokenizer, tiny_llama_config, toy_dataset_path
 from aegis.schema import TrainConfig
 from aegis.train.data import BatchSampler, load_jsonl
-from aegis.train.models import build_model
+from aegis.train.modeling import build_model
 from aegis.train.step import (
     LossScaleSettings,
     OptimizerSettings,
@@ -172,7 +172,7 @@ def test_tiny_llama_trains_in_fp16_mixed_and_checkpoints_keep_the_scale(tmp_path
 
 
 def test_the_monitor_lets_a_scaler_overflow_pass_but_not_a_nan() -> None:
-    from aegis.supervise.config import MonitoringSection
+    from aegis.supervise.run_config import MonitoringSection
     from aegis.supervise.monitor import Detector
     from aegis.supervise.state import StepMetrics
     from aegis.train.loop import StepInfo

@@ -72,9 +72,9 @@ def test_plan_component_dtypes_equal_the_trainer_state(method, precision):
     """estimate_jax's labels and bytes (adapters or trained weights, gradients, AdamW moments) state the dtypes of
     the state the Trainer builds, in every precision mode the engine runs; the PyTorch plan's 'LoRA adapters
     (fp32)' is what the engine holds too."""
-    from aegis.memory.estimate import estimate
-    from aegis.memory.jax_profile import estimate_jax
-    from aegis.profiles import profile_from_config
+    from aegis.planning.memory.estimate import estimate
+    from aegis.planning.memory.jax_profile import estimate_jax
+    from aegis.models.profiles import profile_from_config
     from aegis.train.step import token_loss_sum
 
     config, tc = _llama(), _tc(method, precision, gradient_checkpointing=True)
@@ -140,7 +140,7 @@ def _peft_linear(dtype, seed: int = 0):
 def test_bf16_base_fp32_adapters_forward_is_peft_bit_for_bit():
     """A bf16 base without autocast: PEFT casts x to lora_A's dtype (fp32), computes B A x, adds it to the bf16 base
     output in fp32 and casts the sum back. Casting the adapters to bf16 instead (the engine before) differs."""
-    from aegis.train.models.layers import Ctx, linear
+    from aegis.train.modeling.layers import Ctx, linear
 
     torch, model, lin, x, weights, lora = _peft_linear(torch_dtype := pytest.importorskip("torch").bfloat16)
     assert lin.lora_A["default"].weight.dtype == torch.float32  # PEFT's autocast_adapter_dtype=True
@@ -156,7 +156,7 @@ def test_bf16_base_fp32_adapters_forward_is_peft_bit_for_bit():
 
 def test_fp32_base_under_autocast_is_peft_bit_for_bit():
     """bf16_mixed is torch.autocast over fp32 weights: the adapter matmuls run in bf16, as PEFT's do under it."""
-    from aegis.train.models.layers import Ctx, linear
+    from aegis.train.modeling.layers import Ctx, linear
 
     torch, model, _, x, weights, lora = _peft_linear(pytest.importorskip("torch").float32)
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -12,8 +12,8 @@ import json
 import numpy as np
 import pytest
 from aegis.errors import InvalidConfigError, RequestParseError, UnsupportedArchitectureError
-from aegis.profiles import profile_from_config
-from aegis.train.models import build_model
+from aegis.models.profiles import profile_from_config
+from aegis.train.modeling import build_model
 from conftest import tiny_config
 
 NAMES = ["gpt2", "gpt2_inner"]

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 from aegis.errors import UnsupportedArchitectureError
-from aegis.profiles import profile_from_config
-from aegis.train.models import build_model
+from aegis.models.profiles import profile_from_config
+from aegis.train.modeling import build_model
 from conftest import tiny_config
 from family_checks import (
     meta_model,

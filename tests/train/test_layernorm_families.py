@@ -8,7 +8,7 @@ global layers without), OLMo 1 (LayerNorms with no parameter, ``clip_qkv``) and 
 RoPE over adjacent pairs of the first ``rotary_dim`` dims, an lm_head bias). For each:
 
 - (planner == engine tree == transformers' meta-device count, in total and per layer, for the tiny configs and every
-  bundled config: tests/test_three_way_counts.py, the one home of that property;)
+  bundled config: tests/models/test_three_way_counts.py, the one home of that property;)
 - every parameter's gradient equals torch autograd's through transformers' model, and the training loss is torch's
   cross-entropy;
 - a checkpoint round trip keeps transformers' names (``model.final_layernorm``, ``gpt_neox.*`` and ``embed_out``,
@@ -24,7 +24,7 @@ test_model_dropout.py."""
 from __future__ import annotations
 
 import pytest
-from aegis import catalog
+from aegis.models import catalog
 from conftest import tiny_config
 from family_checks import (
     check_checkpoint_round_trip,

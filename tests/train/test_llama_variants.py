@@ -1,7 +1,7 @@
 """Gemma 1, OLMo 2 and Granite: planner, engine and transformers agree on parameters, checkpoints and LoRA.
 
 Logits parity with transformers is in test_parity.py (their tiny configs are in conftest.TINY_CONFIGS);
-here (the three parameter counts are tests/test_three_way_counts.py's, for every tiny and bundled config): a transformers checkpoint
+here (the three parameter counts are tests/models/test_three_way_counts.py's, for every tiny and bundled config): a transformers checkpoint
 loaded into JAX and saved back unchanged (and read by transformers), and LoRA adapter sizes equal to
 PEFT's for "all-linear" and the plan's default targets.
 """
@@ -16,10 +16,10 @@ import torch
 from conftest import tiny_config
 from family_checks import meta_model
 
-from aegis import catalog
-from aegis.profiles import profile_from_config
+from aegis.models import catalog
+from aegis.models.profiles import profile_from_config
 from aegis.schema import default_lora_targets
-from aegis.train.models import build_model
+from aegis.train.modeling import build_model
 from aegis.train.weights import load_checkpoint, save_checkpoint, to_hf_state_dict
 
 NAMES = ["gemma", "olmo2", "granite"]

@@ -13,7 +13,7 @@ from conftest import tiny_config
 
 from aegis.errors import InvalidConfigError
 from aegis.train.lora import LoRAWeights, init_lora, linear_modules, lora_param_count, merge_lora
-from aegis.train.models import build_model
+from aegis.train.modeling import build_model
 
 
 def _randomise_b(lora: LoRAWeights, seed: int = 3, std: float = 0.2) -> LoRAWeights:
@@ -277,7 +277,7 @@ def test_trainable_count_equals_peft_at_full_width(model_id: str) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from aegis.catalog import model_entry, read_model_config
+    from aegis.models.catalog import model_entry, read_model_config
 
     config = {**read_model_config(model_entry(model_id)), "num_hidden_layers": 2}
     model = build_model(config)

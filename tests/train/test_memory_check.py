@@ -1,7 +1,7 @@
 """`check_memory`: XLA's peak for a Trainer's compiled step beside the planner's ``jax`` estimate.
 
 References: `aegis.train.benchmark.jax_step_memory` (the one definition of the compiled peak:
-arguments + outputs - aliased + temporaries) and ``aegis.memory.estimate(..., framework="jax")``.
+arguments + outputs - aliased + temporaries) and ``aegis.planning.memory.estimate(..., framework="jax")``.
 Every case holds the planner within RATIO_TOLERANCE of XLA (the measured ratio is noted on
 each; XLA:CPU, jax 0.10.2). The measured ratios do not move with tests/train/conftest.py's
 fast-compile XLA flags (identical memory analysis with and without them).
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from aegis.data import ByteTokenizer, tiny_llama_config, toy_dataset_path
-from aegis.memory import estimate
-from aegis.profiles import profile_from_config
+from aegis.planning.memory import estimate
+from aegis.models.profiles import profile_from_config
 from aegis.schema import TrainConfig
 from aegis.train.data import Example, load_jsonl
 from aegis.train.loop import Trainer

@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from aegis.errors import InvalidConfigError
-from aegis.train.models import build_model
+from aegis.train.modeling import build_model
 from aegis.train.parallel import ParallelConfig, global_batch_size, resolve_parallel
 from aegis.train.sharding import ShardingRules, logical_axes, make_mesh, partition_spec
 
@@ -112,7 +112,7 @@ def test_parallel_config() -> None:
 
 
 def test_run_config_takes_a_parallel_section() -> None:
-    from aegis.supervise.config import RunConfig
+    from aegis.supervise.run_config import RunConfig
 
     cfg = RunConfig(model="tiny-llama", data="toy", parallel={"data": 2, "fsdp": 2})
     assert cfg.parallel == ParallelConfig(data=2, fsdp=2, tensor=1)
@@ -125,8 +125,8 @@ def test_a_run_whose_mesh_is_not_the_device_count_is_refused_before_it_starts() 
     import jax
 
     from aegis.data import tiny_llama_config
-    from aegis.supervise.config import RunConfig
-    from aegis.supervise.engine import check_feasible
+    from aegis.supervise.run_config import RunConfig
+    from aegis.supervise.engine_handle import check_feasible
 
     n = len(jax.devices())
     with pytest.raises(InvalidConfigError, match=f"needs {n + 1} devices but this run has {n}"):

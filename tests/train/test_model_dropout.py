@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from aegis.train.models import build_model, get_family
-from aegis.train.models.layers import Ctx, dropout, eager_attention
+from aegis.train.modeling import build_model, engine_family
+from aegis.train.modeling.layers import Ctx, dropout, eager_attention
 from aegis.train.weights import load_checkpoint, to_hf_state_dict
 
 from family_checks import tokens
@@ -48,7 +48,7 @@ def _engine_masks(model, rng: jax.Array, b: int, s: int) -> list[tuple[str, np.n
     layer the attention probabilities ``[b, heads, s, s]`` (the engine draws them per kv head, its query heads
     grouped), then, with residual dropout, the attention and the MLP outputs ``[b, s, d]``; an embedding dropout
     (Phi) comes before the layers."""
-    from aegis.train.models.decoder import _EMBEDDING_DROPOUT_STREAM
+    from aegis.train.modeling.decoder import _EMBEDDING_DROPOUT_STREAM
 
     spec = model.spec
     hkv, groups = spec.num_kv_heads, spec.num_heads // spec.num_kv_heads
@@ -107,7 +107,7 @@ def test_training_forward_and_gradients_match_transformers_given_the_same_masks(
     grads = jax.grad(engine_loss)(params)
     proj = model.spec.qkv_name if model.spec.fused_qkv else "q_proj"
     on_disk = to_hf_state_dict(model, grads)  # transformers' names and layouts (GPT-2's Conv1D: [in, out])
-    names = get_family(model.config["model_type"]).names  # GPT-NeoX: gpt_neox.layers.{i}.attention.*
+    names = engine_family(model.config["model_type"]).names  # GPT-NeoX: gpt_neox.layers.{i}.attention.*
     for layer in range(model.spec.num_layers):
         module = names.checkpoint(f"model.layers.{layer}.self_attn.{proj}")
         ref = hf.get_submodule(module).weight.grad.numpy()

@@ -28,9 +28,9 @@ from family_checks import tokens as _tokens
 from conftest import build_hf_model, tiny_config
 
 from aegis.errors import CheckpointError, InvalidConfigError, UnsupportedArchitectureError
-from aegis.profiles import profile_from_config
+from aegis.models.profiles import profile_from_config
 from aegis.schema import default_lora_targets
-from aegis.train.models import build_model
+from aegis.train.modeling import build_model
 from aegis.train.weights import load_checkpoint, save_checkpoint, to_hf_state_dict
 
 NAMES = ["gpt_oss", "phimoe", "granitemoe"]
@@ -154,7 +154,7 @@ def test_the_planner_mirrors_bitsandbytes_and_transformers_attention():
     nor Phi-MoE's nn.Linear-subclass router. transformers runs GPT-OSS eager (its sinks refuse sdpa)."""
     from transformers import GptOssForCausalLM, PhimoeForCausalLM
 
-    from aegis.families import get_family
+    from aegis.models.families import get_family
 
     for name, cls in (("gpt_oss", GptOssForCausalLM), ("phimoe", PhimoeForCausalLM)):
         config = tiny_config(name)
@@ -169,7 +169,7 @@ def test_the_planner_mirrors_bitsandbytes_and_transformers_attention():
 def test_mxfp4_dequantisation_is_transformers_bit_for_bit():
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-    from aegis.train.models.moe_more import mxfp4_dequantize
+    from aegis.train.modeling.gpt_oss_phimoe import mxfp4_dequantize
 
     rng = np.random.default_rng(3)
     blocks = rng.integers(0, 256, (3, 6, 2, 16), dtype=np.uint8)  # every code, both nibbles
@@ -254,7 +254,7 @@ def test_phimoe_longrope_matches_transformers(hf_checkpoint):
 def test_catalog_gpt_oss_20b_counts_and_plans():
     """The bundled gpt-oss-20b config: 20,914,757,184 parameters (the card's 21B), a plan runs eager attention."""
     import aegis
-    from aegis import catalog
+    from aegis.models import catalog
 
     entry = catalog.find_model("gpt-oss-20b")
     profile = profile_from_config(catalog.read_model_config(entry), model_id=entry.id, source="catalog")

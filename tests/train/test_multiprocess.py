@@ -38,11 +38,11 @@ def _env(devices: int) -> dict[str, str]:
 
 
 def _aegis(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from aegis.supervise.cli import main; main()", "run", *args, "-q"]
+    return [sys.executable, "-c", "from aegis.cli.supervised import main; main()", "run", *args, "-q"]
 
 
 def _launch(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from aegis.supervise.cli import main; main()", "launch", "--nproc", "2",
+    return [sys.executable, "-c", "from aegis.cli.supervised import main; main()", "launch", "--nproc", "2",
             "--cpu-devices", "2", "--", *args, "-q"]
 
 
@@ -174,7 +174,7 @@ def test_multi_process_flags_are_all_or_none_and_checked_in_one_line() -> None:
     from typer.testing import CliRunner
 
     from aegis.errors import InvalidConfigError
-    from aegis.supervise.cli import app
+    from aegis.cli.supervised import app
     from aegis.train.distributed import check_flags
 
     assert check_flags(None, None, None) is False

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from aegis.train.models import build_model
+from aegis.train.modeling import build_model
 from aegis.train.nf4 import NF4_CODE, NF4Tensor, dequantize, dynamic_map, quantize, quantize_params
 
 

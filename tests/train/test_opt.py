@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from aegis.errors import InvalidConfigError, UnsupportedArchitectureError
-from aegis.profiles import profile_from_config
-from aegis.train.models import build_model
+from aegis.models.profiles import profile_from_config
+from aegis.train.modeling import build_model
 from conftest import tiny_config
 
 NAMES = ["opt", "opt_nobias"]

@@ -15,7 +15,7 @@ import torch
 from aegis.data import ByteTokenizer, tiny_llama_config, toy_dataset_path
 from aegis.schema import TrainConfig
 from aegis.train.data import BatchSampler, load_jsonl
-from aegis.train.models import build_model
+from aegis.train.modeling import build_model
 from aegis.train.optim8bit import (
     BLOCK_SIZE,
     MIN_8BIT_SIZE,

@@ -17,7 +17,7 @@ import torch
 from conftest import TINY_CONFIGS, tiny_config
 
 from aegis.errors import UnsupportedArchitectureError
-from aegis.train.models import FAMILIES, build_model, get_family, segment_positions, supported_model_types
+from aegis.train.modeling import ENGINE_FAMILIES, build_model, engine_family, segment_positions, engine_model_types
 from aegis.train.weights import load_checkpoint
 
 RTOL = 1e-4
@@ -131,10 +131,10 @@ def test_hidden_and_head_weight_reproduce_apply() -> None:
 def test_unknown_model_type_lists_supported_ones() -> None:
     with pytest.raises(UnsupportedArchitectureError) as err:
         build_model({"model_type": "bloom", "vocab_size": 10})
-    for mt in supported_model_types():
+    for mt in engine_model_types():
         assert mt in str(err.value)
-    assert set(FAMILIES) == set(supported_model_types())
-    assert get_family("gemma3_text").name == "gemma3"
+    assert set(ENGINE_FAMILIES) == set(engine_model_types())
+    assert engine_family("gemma3_text").name == "gemma3"
 
 
 @pytest.mark.parametrize(
@@ -182,7 +182,7 @@ def test_rope_variants_match_transformers(model_type: str, rope: dict, seq_len: 
     from transformers import AutoConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from aegis.train.models.rope import inv_freq
+    from aegis.train.modeling.rope import inv_freq
 
     raw = {
         **tiny_config("llama"),
@@ -245,13 +245,13 @@ def test_auto_attention_picks_cudnn_only_where_it_applies() -> None:
     """``attention="auto"`` (what training and ``aegis benchmark`` ask for unless the plan says eager) runs
     cuDNN flash attention on NVIDIA GPUs in bf16/fp16 with a head dim cuDNN takes, and the eager maths
     everywhere else; on this CPU the built model is the eager one."""
-    from aegis.train.models import engine_attention, resolve_attention
+    from aegis.train.modeling import engine_attention, resolve_attention
 
     h100, a100 = _device("gpu", "NVIDIA H100 80GB HBM3", "9.0"), _device("gpu", "NVIDIA A100-SXM4-80GB", "8.0")
     t4 = _device("gpu", "Tesla T4", "7.5")
-    llama, gemma2 = get_family("llama").build_spec(tiny_config("llama")), get_family("gemma2").build_spec(tiny_config("gemma2"))
-    wide = get_family("llama").build_spec({**tiny_config("llama"), "head_dim": 256})
-    odd = get_family("llama").build_spec({**tiny_config("llama"), "head_dim": 12})
+    llama, gemma2 = engine_family("llama").build_spec(tiny_config("llama")), engine_family("gemma2").build_spec(tiny_config("gemma2"))
+    wide = engine_family("llama").build_spec({**tiny_config("llama"), "head_dim": 256})
+    odd = engine_family("llama").build_spec({**tiny_config("llama"), "head_dim": 12})
     bf16, fp16, fp32 = jnp.bfloat16, jnp.float16, jnp.float32
     cases = [
         (llama, bf16, h100, "cudnn"),
@@ -339,7 +339,7 @@ def test_gradients_match_transformers(name: str, hf_checkpoint) -> None:
 def test_eager_attention_backward_equals_autodiff(dtype) -> None:
     """The custom VJP of the eager attention core equals autodiff of its forward, soft-cap, grouped queries
     and a row with nothing to attend (padding) included, in fp32 and bf16."""
-    from aegis.train.models.layers import _eager_forward, eager_attention
+    from aegis.train.modeling.layers import _eager_forward, eager_attention
 
     rng = np.random.default_rng(0)
     b, h, groups, s, hd = 2, 2, 3, 7, 8

@@ -8,8 +8,8 @@ test_model_dropout.py."""
 from __future__ import annotations
 
 import pytest
-from aegis import catalog
-from aegis.train.models import build_model
+from aegis.models import catalog
+from aegis.train.modeling import build_model
 from conftest import tiny_config
 
 BUNDLED = [m for m in catalog.models() if catalog.read_model_config(m)["model_type"] in ("phi", "starcoder2")]
@@ -30,8 +30,8 @@ def test_defaults_follow_phiconfig():
 
 def test_the_catalog_serves_phi_and_starcoder2_and_refuses_the_sizes_it_does_not_hold():
     from aegis.errors import AegisError
-    from aegis.hub import resolve_model
-    from aegis.parse import parse_request
+    from aegis.models.resolve import resolve_model
+    from aegis.planning.parse import parse_request
 
     assert {m.id for m in BUNDLED} >= {"microsoft/phi-2", "microsoft/phi-1_5", "bigcode/starcoder2-3b"}
     for name in ("phi-2", "phi2", "microsoft/phi-2", "Phi-2"):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from aegis.train.models.moe_more import sparsemixer_noise, sparsemixer_top2
+from aegis.train.modeling.gpt_oss_phimoe import sparsemixer_noise, sparsemixer_top2
 
 
 @contextlib.contextmanager
@@ -108,7 +108,7 @@ def test_a_training_call_samples_its_routes_and_eval_stays_the_arg_max() -> None
     the same logits with or without the key."""
     from conftest import tiny_config
 
-    from aegis.train.models import build_model
+    from aegis.train.modeling import build_model
 
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 16)), jnp.int32)
     for jitter in (0.0, 0.01):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 from aegis.errors import UnsupportedArchitectureError
-from aegis.profiles import profile_from_config
-from aegis.train.models import build_model
+from aegis.models.profiles import profile_from_config
+from aegis.train.modeling import build_model
 from conftest import tiny_config
 from family_checks import (
     meta_model,
@@ -52,8 +52,8 @@ def test_the_catalog_serves_stablelm_3b_and_2_and_refuses_the_lines_it_does_not_
     are bundled; StableLM 2 12B and Zephyr 1.6B, the GPT-NeoX alpha models and other sizes are refused, never answered
     with another size or line."""
     from aegis.errors import UnknownModelError
-    from aegis.hub import match_model, resolve_model
-    from aegis.parse import parse_request_lenient
+    from aegis.models.resolve import match_model, resolve_model
+    from aegis.planning.parse import parse_request_lenient
 
     for name, model_id in (("stablelm-3b-4e1t", "stabilityai/stablelm-3b-4e1t"),
                            ("stabilityai/stablelm-3b-4e1t", "stabilityai/stablelm-3b-4e1t"),

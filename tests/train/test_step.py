@@ -15,7 +15,7 @@ from aegis.data import ByteTokenizer, tiny_llama_config, toy_dataset_path
 from aegis.errors import InvalidConfigError
 from aegis.schema import TrainConfig
 from aegis.train.data import BatchSampler, load_jsonl
-from aegis.train.models import build_model
+from aegis.train.modeling import build_model
 from aegis.train.step import (
     OptimizerSettings,
     init_state,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from aegis.supervise.cli import app
+from aegis.cli.supervised import app
 from aegis.supervise.launch import launch, mesh_lines
 from aegis.train.watchdog import STALE_S, Watchdog
 

@@ -13,7 +13,7 @@ from conftest import tiny_config
 
 from aegis.errors import CheckpointError
 from aegis.train.lora import init_lora
-from aegis.train.models import build_model
+from aegis.train.modeling import build_model
 from aegis.train.weights import (
     CheckpointReader,
     load_checkpoint,
@@ -169,7 +169,7 @@ def test_a_checkpoint_tensor_the_config_switches_off_is_refused(hf_checkpoint, t
     import pytest
 
     from aegis.errors import CheckpointError
-    from aegis.train.models import build_model
+    from aegis.train.modeling import build_model
     from aegis.train.weights import load_checkpoint
 
     _, folder = hf_checkpoint("starcoder2")

@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from aegis.train import safetensors_io
-from aegis.train.models import build_model
+from aegis.train.modeling import build_model
 from aegis.train.safetensors_io import CheckpointReader
 from aegis.train.weights import Placement, load_checkpoint, save_checkpoint
 from jax.sharding import Mesh, NamedSharding

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from aegis.train.models import build_model
+from aegis.train.modeling import build_model
 from aegis.train.nf4 import NF4Tensor
 from aegis.train.parallel import ParallelConfig
 from aegis.train.safetensors_io import CheckpointReader

@@ -7,7 +7,7 @@ Rows, each measured side by side in this run:
 - first reply in a fresh process: ``ChatAgent`` set-up (imports, SQLite) + the first plan reply;
 - a new conversation's planning reply, in a warm process (fresh thread id, plan not cached);
 - a follow-up ("on a 4090 instead", "rank 32" …) that plans a request not seen before;
-- ``aegis.planner.plan_request`` on the same requests, to show the agent's own overhead.
+- ``aegis.planning.planner.plan_request`` on the same requests, to show the agent's own overhead.
 
 Prints median and best wall time, the goal and median / goal (<= 1.00 meets it; goal 1.5 s for
 replies in a running agent; the fresh-process row is start-up, dominated by importing LangGraph and
@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runs = max(1, min(args.runs, len(GPUS), len(FOLLOW_UPS)))
 
-    from aegis.parse import parse_request
-    from aegis.planner import plan_request
+    from aegis.planning.parse import parse_request
+    from aegis.planning.planner import plan_request
     from aegis_agent import AgentSettings, ChatAgent
 
     with tempfile.TemporaryDirectory() as folder:

@@ -95,7 +95,7 @@ def bench(size: str, args: argparse.Namespace, root: Path) -> dict[str, float | 
 
     from aegis.forge.bitnet import load_packed
     from aegis.forge.bitnet_pipeline import FinetuneSettings, compress_calibrated
-    from aegis.train.models import build_model
+    from aegis.train.modeling import build_model
     from aegis.train.weights import load_checkpoint
     from tools.hf_folders import corpus, make_model_folder
 

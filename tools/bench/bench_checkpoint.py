@@ -29,8 +29,8 @@ MODELS = {
 
 def _engine(size: str, seed: int = 0):
     from aegis.data import tiny_llama_config, toy_dataset_path
-    from aegis.supervise.config import parse_run_config
-    from aegis.supervise.engine import Engine, load_examples
+    from aegis.supervise.run_config import parse_run_config
+    from aegis.supervise.engine_handle import Engine, load_examples
 
     model = {**tiny_llama_config(), **MODELS[size]}
     cfg = parse_run_config(

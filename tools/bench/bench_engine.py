@@ -71,7 +71,7 @@ def jax_train_step(cfg: dict, method: str, batch: int, seq: int, scan_layers: bo
     from aegis.schema import LoRAConfig, TrainConfig
     from aegis.train.benchmark import synthetic_batch
     from aegis.train.loop import build_trainable
-    from aegis.train.models import build_model
+    from aegis.train.modeling import build_model
     from aegis.train.step import OptimizerSettings, init_state, make_optimizer, make_train_step
 
     tc = TrainConfig(method=method, micro_batch_size=batch, seq_len=seq, precision="fp32",
@@ -160,8 +160,8 @@ def per_sample_grads(cfg: dict, n: int, seq: int, chunk: int):
 
     from aegis.data import ByteTokenizer, toy_dataset_path
     from aegis.train.data import load_jsonl, pack_examples
-    from aegis.train.forensics import analyze_batch
-    from aegis.train.models import build_model
+    from aegis.train.per_sample import analyze_batch
+    from aegis.train.modeling import build_model
     from aegis.train.step import token_loss_sum
 
     model = build_model(cfg)
@@ -223,7 +223,7 @@ def depth_sweep(layers: list[int], batch: int, seq: int, steps: int) -> None:
     widths): the data behind ``UNROLL_MAX_LAYERS``."""
     import jax
 
-    from aegis.train.models.decoder import UNROLL_MAX_LAYERS
+    from aegis.train.modeling.decoder import UNROLL_MAX_LAYERS
 
     print()
     print(f"layer loop vs depth (tiny llama widths, full FT, batch {batch} x seq {seq}); auto unrolls <= "

@@ -211,7 +211,7 @@ def weight_loaders(folder: Path) -> dict[str, Callable[[], Any]]:
     from safetensors import safe_open
     from safetensors.numpy import load_file
 
-    from aegis.train.models import build_model
+    from aegis.train.modeling import build_model
     from aegis.train.weights import load_checkpoint
 
     files = checkpoint_files(folder)
@@ -304,7 +304,7 @@ def sharded_loaders(folder: Path, mesh_axes: dict[str, int]) -> dict[str, Callab
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
 
-    from aegis.train.models import build_model
+    from aegis.train.modeling import build_model
     from aegis.train.parallel import ParallelConfig
     from aegis.train.sharding import ShardingRules, make_mesh
     from aegis.train.weights import Placement, load_checkpoint
@@ -447,7 +447,7 @@ def make_tokenizer_folders(folder: Path, vocab_size: int = 4096) -> tuple[Path, 
 
 def tokenize_methods(gen_folder: Path, plain_folder: Path) -> dict[str, Callable[[list, list], tuple[int, int]]]:
     """Name -> fn(turns of each row, messages of each row) -> (tokens, assistant-mask tokens or -1)."""
-    from aegis.render import ChatRenderer
+    from aegis.data.render import ChatRenderer
 
     gen = ChatRenderer.from_folder(gen_folder)
     plain = ChatRenderer.from_folder(plain_folder)
@@ -489,7 +489,7 @@ def bench_tokenize(rows: int = 10_000, *, chunks: int = 5, folder: Path | None =
     """One row per method: rows/s, the median over ``chunks`` slices of the rows (every method runs every
     slice in turn, after an untimed warm-up on a few rows), the ratio to :data:`BASELINE_TOKENIZE`, and the
     total tokens and assistant-mask tokens it produced over all rows."""
-    from aegis.datasets import to_conversation
+    from aegis.data.reading import to_conversation
 
     data = make_sharegpt_rows(rows)
     turns = [to_conversation(r, "sharegpt", "conversations") for r in data]

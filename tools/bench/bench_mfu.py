@@ -26,8 +26,8 @@ def _planned_peak(config: dict[str, Any], model_id: str, gpu_id: str, tc: Any) -
     """The planner's ``jax`` profile tensor peak (bytes, no runtime overhead: what the device's allocator
     counts) for this configuration on ``gpu_id`` (None for a GPU the catalog does not know)."""
     from aegis.errors import AegisError
-    from aegis.memory.jax_profile import estimate_jax
-    from aegis.profiles import profile_from_config
+    from aegis.planning.memory.jax_profile import estimate_jax
+    from aegis.models.profiles import profile_from_config
 
     profile = profile_from_config(config, model_id=model_id, source="path")
     try:

@@ -35,7 +35,7 @@ PYDANTIC_FLOOR = (
 
 
 DETECT = (
-    "import aegis.stack as s, time; t=time.perf_counter(); s.detect_stack(); print(time.perf_counter()-t)"
+    "import aegis.planning.stack as s, time; t=time.perf_counter(); s.detect_stack(); print(time.perf_counter()-t)"
 )
 
 

@@ -20,7 +20,7 @@ must run under (`transformers`). Rows record `transformers_version`, `kbit_prep`
 One venv per transformers version. A grid row pinned to a version the main environment does
 not have is traced by `build` with `/work/venvs/tf<major>/bin/python` (root overridable with
 `$AEGIS_TRUTH_VENVS`, or `--python 4.48.1=/path/to/python`), with PYTHONPATH=sdk:. so
-`tools.truth` and `aegis.catalog` import from this checkout. The transformers 4 venv was made with:
+`tools.truth` and `aegis.models.catalog` import from this checkout. The transformers 4 venv was made with:
 
     python -m venv /work/venvs/tf4
     /work/venvs/tf4/bin/pip install torch==2.13.0 transformers==4.48.1 peft==0.14.0 \

@@ -51,7 +51,7 @@ def config_path(model_id: str) -> Path:
     """The bundled config.json copy for a Hub id (`org/name` -> `org--name.json`), or a reference config's file."""
     if model_id.startswith(REFERENCE):
         return Path(__file__).with_name("configs") / (model_id[len(REFERENCE):] + ".json")
-    root = resources.files("aegis.catalog") / "models"
+    root = resources.files("aegis.models.catalog") / "models"
     return Path(str(root / (model_id.replace("/", "--") + ".json")))
 
 

@@ -11,7 +11,7 @@ HF-Trainer-like steps) on a GPU with real tensors and random weights, and record
 - ``max_allocated_bytes``: `torch.cuda.max_memory_allocated` over the steps, less what was allocated before
   the model was built (the cuBLAS workspace of an earlier matmul). The traced ``peak_bytes`` claims this.
 - ``max_reserved_bytes``: `torch.cuda.max_memory_reserved` from the model's construction to the end, the
-  figure the planner's allocator model (`aegis.memory.allocator`, replayed in tests/data/reserved_truth.json)
+  figure the planner's allocator model (`aegis.planning.memory.allocator`, replayed in tests/data/reserved_truth.json)
   and its device-level headroom claim.
 - ``gpu_traced_peak_bytes``: the tracker's own count on the GPU, which separates "the CUDA kernels allocate
   what the fake trace assumed" from "the allocator counts what the tracker counts".
@@ -148,7 +148,7 @@ def measure(rows: list[dict[str, Any]], out_path: Path, budget_s: float,
 
 def compare(measured: dict[str, Any]) -> list[dict[str, Any]]:
     """Per measured row: traced, replayed and planned figures beside the GPU's."""
-    from aegis.memory.device import device_memory
+    from aegis.planning.memory.device import device_memory
     from tools.memory_table import config_of, load_rows, profile_of
     from tools.truth.reserved import load as load_replayed
 

@@ -5,11 +5,11 @@
 
 For a truth row (tests/data/memory_truth.json) this traces the same two training steps as `build.py`
 with the allocation stream recorded (`tools.truth.stream`), replays the stream through
-`aegis.memory.allocator` (with and without ``expandable_segments``) and stores the replayed peaks in
+`aegis.planning.memory.allocator` (with and without ``expandable_segments``) and stores the replayed peaks in
 `tests/data/reserved_truth.json`. `compare` puts beside them what the planner predicts from its own
-stream (`aegis.memory.device.device_memory`). Both sides use the same allocator model, so the table
+stream (`aegis.planning.memory.device.device_memory`). Both sides use the same allocator model, so the table
 measures the planner's stream (which tensors, in which order), not the allocator model; the allocator
-model itself is checked against hand-worked sequences in tests/memory/test_allocator.py.
+model itself is checked against hand-worked sequences in tests/planning/memory/test_allocator.py.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def trace_reserved(row: dict[str, Any]) -> dict[str, Any]:
     """Trace ``row`` with its allocation stream and replay it (plain and expandable segments)."""
     import warnings
 
-    from aegis.memory.allocator import replay
+    from aegis.planning.memory.allocator import replay
     from tools.truth.build import config_path
     from tools.truth.stream import trace_stream
 
@@ -84,7 +84,7 @@ def load(path: Path = TABLE) -> dict[str, dict[str, Any]]:
 
 def compare(truth_rows: list[dict[str, Any]] | None = None, stored: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Per stored row: traced-then-replayed reserved beside the planner's predicted reserved."""
-    from aegis.memory.device import device_memory
+    from aegis.planning.memory.device import device_memory
     from tools.memory_table import config_of, load_rows, profile_of
 
     truth = {r["key"]: r for r in (truth_rows if truth_rows is not None else load_rows())}

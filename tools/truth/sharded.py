@@ -376,8 +376,8 @@ def build_rows(only: str | None = None, fsdp: str | None = None, strategy: str |
 
 def planned_bytes(row: dict[str, Any], configs: dict[str, Any]) -> int:
     """The planner's rank-0 tensor peak for a row (`aegis.estimate_memory` with ``fsdp_shards`` = world size)."""
-    from aegis.memory.estimate import estimate_memory
-    from aegis.profiles import profile_from_config
+    from aegis.planning.memory.estimate import estimate_memory
+    from aegis.models.profiles import profile_from_config
     from aegis.schema import LoRAConfig, StackProfile
 
     profile = profile_from_config(configs[row["family"]], model_id=f"tiny-{row['family']}", source="path")

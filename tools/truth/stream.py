@@ -5,7 +5,7 @@
 `trace_stream` runs the same fake-tensor trace as `trace.py`, with a `LiveBytes` that also
 records each storage's birth and death as ``("alloc", id, nbytes)`` / ``("free", id, 0)``
 (a storage grown in place becomes a new allocation followed by the old one's free, as a
-resize does on CUDA). `aegis.memory.allocator.replay` turns that into the reserved peak the
+resize does on CUDA). `aegis.planning.memory.allocator.replay` turns that into the reserved peak the
 CUDA caching allocator would show.
 """
 
@@ -75,7 +75,7 @@ def trace_stream(config, setup: TraceSetup, *, fake: bool = True) -> tuple[Trace
 
 def predict_reserved(config, setup: TraceSetup, **allocator_options) -> dict[str, int]:
     """Trace ``setup`` and replay its whole stream (model build included) through the allocator model."""
-    from aegis.memory.allocator import replay
+    from aegis.planning.memory.allocator import replay
 
     result, tracker = trace_stream(config, setup)
     stats = replay(tracker.events, **allocator_options)
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         gradient_checkpointing=args.gc,
         attention=args.attention,
     )
-    from aegis.memory.allocator import replay
+    from aegis.planning.memory.allocator import replay
 
     result, tracker = trace_stream(str(config_path(args.model_id)), setup)
     gib = 1 << 30

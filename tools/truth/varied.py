@@ -8,10 +8,10 @@ allocates activations of another size and the caching allocator's cached blocks,
 do not fit the next; the reserved peak climbs above what two steps of one shape reserve. This traces the
 same HF-Trainer steps as `trace.py` (fake tensors, the model's own loss, clipping, AdamW, zero_grad) with
 the allocation stream recorded (`tools.truth.stream`), one step per length of
-`aegis.memory.device.run_lengths` (a seeded draw from a stated length sample, then one step at the
-longest), and replays the stream through `aegis.memory.allocator` step after step, plain and with
-expandable segments. The planner's `aegis.memory.device.run_memory` writes its own stream for the same
-lengths; tests/memory/test_varied_lengths.py holds it within 5% of the traced replay.
+`aegis.planning.memory.device.run_lengths` (a seeded draw from a stated length sample, then one step at the
+longest), and replays the stream through `aegis.planning.memory.allocator` step after step, plain and with
+expandable segments. The planner's `aegis.planning.memory.device.run_memory` writes its own stream for the same
+lengths; tests/planning/memory/test_varied_lengths.py holds it within 5% of the traced replay.
 
 How the lengths reach the model: `trace._run` builds one batch of ``setup.seq_len``; here the model's
 ``forward`` is wrapped to replace it, at each call, by a fresh batch of the next length (input ids,
@@ -80,7 +80,7 @@ def setup_of(case: dict[str, Any]):
 
 
 def lengths_of(case: dict[str, Any]) -> tuple[int, ...]:
-    from aegis.memory.device import RUN_SEED, RUN_STEPS, run_lengths
+    from aegis.planning.memory.device import RUN_SEED, RUN_STEPS, run_lengths
 
     return run_lengths(length_sample(), case["seq_len"], case["micro_batch_size"],
                        steps=case.get("steps", RUN_STEPS), seed=case.get("seed", RUN_SEED))
@@ -130,7 +130,7 @@ def trace_case(case: dict[str, Any]) -> dict[str, Any]:
     segments), and as traced."""
     import warnings
 
-    from aegis.memory.allocator import replay
+    from aegis.planning.memory.allocator import replay
     from tools.truth.build import config_path
     from tools.truth.stream import trace_stream
 
@@ -174,7 +174,7 @@ def config_of(case: dict[str, Any]):
 
 
 def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    from aegis.memory.device import run_memory
+    from aegis.planning.memory.device import run_memory
 
     out = []
     for row in rows:

@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from aegis.data.tokenizer import SPECIAL_TOKENS, ByteTokenizer
+from aegis.data.byte_tokenizer import SPECIAL_TOKENS, ByteTokenizer
 
 __all__ = ["ByteTokenizer", "SPECIAL_TOKENS", "toy_dataset_path", "tiny_llama_config", "tiny_llama_path"]
 

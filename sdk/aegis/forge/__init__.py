@@ -5,11 +5,11 @@
     print(result.num_layers, result.shards)            # dare_ties, dare_linear, passthrough, dfs
     evomerge("evomerge.yml", "out/")                   # Part 2: evolve merges (aegis.forge.evomerge)
 
-``aegis merge CONFIG.yml OUT`` is the same call with a progress bar (:mod:`aegis.forge.cli`).
+``aegis merge CONFIG.yml OUT`` is the same call with a progress bar (:mod:`aegis.cli.forge`).
 Importing this package reads no weights and imports neither numpy nor safetensors.
 """
 
-from aegis.forge.config import MergeConfig, load_merge_config
+from aegis.forge.merge_config import MergeConfig, load_merge_config
 from aegis.forge.dfs import DFSParameters, dfs_path
 from aegis.forge.evomerge import EvoMergeConfig, EvoMergeResult, evomerge, load_evomerge_config
 from aegis.forge.merge import MAX_SHARD_BYTES, MergeResult, merge_models

@@ -7,7 +7,7 @@ weights for the fitness cache, and measure population diversity.
     h = weights_hash(folder)          # sha256 of the safetensors files: the fitness cache key
     d, dist = diversity(folders, base)  # mean pairwise cosine distance of the weight deltas from the base
 
-Evaluation runs the engine's own forward (:func:`aegis.train.models.build_model` +
+Evaluation runs the engine's own forward (:func:`aegis.train.modeling.build_model` +
 :func:`aegis.train.weights.load_checkpoint`, ``Model.apply``) on the held-out examples packed into
 fixed-shape batches (:func:`aegis.train.data.iter_batches`); one compiled program per distinct config
 (candidates of equal depth share it). Perplexity is ``exp`` of the mean next-token NLL over the target
@@ -88,9 +88,9 @@ def _config(folder: Path) -> dict[str, Any]:
 
 
 def flops_per_token(config: dict[str, Any], seq_len: int) -> float:
-    """Forward FLOPs per token at ``seq_len``: the planner's count (`aegis.throughput.token_flops`) of the config."""
-    from aegis.profiles import profile_from_config
-    from aegis.throughput import token_flops
+    """Forward FLOPs per token at ``seq_len``: the planner's count (`aegis.planning.throughput.token_flops`) of the config."""
+    from aegis.models.profiles import profile_from_config
+    from aegis.planning.throughput import token_flops
 
     return token_flops(profile_from_config(config, model_id="candidate", source="path"), "full", seq_len).forward
 
@@ -108,7 +108,7 @@ def _device_budget_bytes() -> int:
 
 def plan_eval_batch(config: dict[str, Any], seq_len: int, n_examples: int, budget_bytes: int | None = None) -> int:
     """The largest power-of-two eval batch (at most ``n_examples``) whose eval peak, as the planner predicts it
-    for the JAX engine (:func:`aegis.memory.estimate_memory`, ``eval_peak_bytes``), fits the device budget."""
+    for the JAX engine (:func:`aegis.planning.memory.estimate_memory`, ``eval_peak_bytes``), fits the device budget."""
     return _largest_batch(config, seq_len, n_examples, budget_bytes, lambda e: e.eval_peak_bytes, eval_batch=True)
 
 
@@ -119,8 +119,8 @@ def plan_train_batch(config: dict[str, Any], seq_len: int, cap: int, budget_byte
 
 
 def _largest_batch(config, seq_len, cap, budget_bytes, peak, *, eval_batch: bool) -> int:
-    from aegis.memory.estimate import estimate_memory
-    from aegis.profiles import profile_from_config
+    from aegis.planning.memory.estimate import estimate_memory
+    from aegis.models.profiles import profile_from_config
 
     profile = profile_from_config(config, model_id="forge", source="path")
     budget = _device_budget_bytes() if budget_bytes is None else budget_bytes
@@ -151,7 +151,7 @@ class Evaluator:
             import jax
             import jax.numpy as jnp
 
-            from aegis.train.models import build_model
+            from aegis.train.modeling import build_model
 
             model = build_model(config)
 

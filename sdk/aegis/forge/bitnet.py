@@ -13,7 +13,7 @@ the LM head, every norm, biases and MoE routers, and any decoder layer listed in
 conservative fallback keeps the last one: ``keep_layers=(-1,)``).
 
 The size category (:data:`SIZE_CATEGORIES`, from the Agent Forge phase-4 plan) is read at run time from the
-parameter count that :func:`aegis.profiles.profile_from_config` computes from config.json; it sets the target
+parameter count that :func:`aegis.models.profiles.profile_from_config` computes from config.json; it sets the target
 compression the result is compared against (reported, never enforced).
 
 The output folder holds the model's ``config.json`` renamed :data:`MODEL_CONFIG`, in its place a ``config.json``
@@ -112,7 +112,7 @@ class CompressionResult(Frozen):
 
     out: Path = Field(description="The packed model folder.")
     size_category: str = Field(description="Size category from the parameter count.")
-    total_params: int = Field(description="Parameters of the model (aegis.profiles.profile_from_config).")
+    total_params: int = Field(description="Parameters of the model (aegis.models.profiles.profile_from_config).")
     ternary_params: int = Field(description="Weights made ternary.")
     preserved_params: int = Field(description="Parameters kept in their original dtype.")
     zero_weights: int = Field(description="Ternary weights equal to 0.")
@@ -213,8 +213,8 @@ def _pack_model(
 ) -> CompressionResult:
     """:func:`compress_model`'s writing, into folder ``out`` as it is (a fresh folder the caller publishes)."""
     from aegis.forge._bitnet_pack import absmean_ternary, pack_ternary
-    from aegis.model_source import TOKENIZER_FILES, locate_model
-    from aegis.profiles import profile_from_config
+    from aegis.models.source import TOKENIZER_FILES, locate_model
+    from aegis.models.profiles import profile_from_config
     from aegis.train.safetensors_io import DTYPES, FLOATING, MAX_SHARD_BYTES, ModelWeights, ShardWriter, code_of
 
     source = locate_model(str(src))
@@ -366,7 +366,7 @@ params = packed.dense_params()           # dequantised weights (W_q * gamma)
 class PackedTernary:
     """A ternary weight kept packed in a params tree: uint8 ``codes [..., ceil(n / 4)]``, ``scale`` with one
     fewer dim than the weight, ``n`` the length of the last axis. A JAX pytree (``n`` and ``activations`` are
-    static); in :func:`~aegis.train.models.layers.linear` it computes ``Q_a(x) @ (W_q * gamma).T``: with
+    static); in :func:`~aegis.train.modeling.layers.linear` it computes ``Q_a(x) @ (W_q * gamma).T``: with
     ``activations`` the input is quantised per token to int8 (:func:`~aegis.forge._bitnet_pack.absmax_int8`)
     and multiplied by the ternary codes in integers (int8 x int8 -> int32), then scaled by ``s_x * gamma``."""
 
@@ -419,7 +419,7 @@ class MixedLinear:
 def _register() -> None:
     import jax
 
-    from aegis.train.models.layers import LinearWeight
+    from aegis.train.modeling.layers import LinearWeight
 
     LinearWeight.register(PackedTernary)
     LinearWeight.register(MixedLinear)
@@ -450,7 +450,7 @@ def unpack_params(params: dict[str, Any], dtype: Any, *, experts_only: bool = Fa
 
 @dataclass
 class PackedModel:
-    """A packed folder loaded for the JAX engine: ``model`` (:func:`aegis.train.models.build_model`) and
+    """A packed folder loaded for the JAX engine: ``model`` (:func:`aegis.train.modeling.build_model`) and
     ``params`` whose ternary leaves are :class:`PackedTernary` (uint8 codes + scale on the device)."""
 
     model: Any
@@ -487,7 +487,7 @@ def load_packed(
     from safetensors import safe_open
 
     from aegis.forge._bitnet_pack import unpack_ternary
-    from aegis.train.models import build_model, get_family
+    from aegis.train.modeling import build_model, engine_family
     from aegis.train.weights import _memory_names, _set
 
     _register_once()
@@ -520,7 +520,7 @@ def load_packed(
             raise InvalidConfigError(f"{folder} lacks tensor {name!r}; the packed folder is incomplete, compress again.")
         return where[name].get_tensor(name)
 
-    recipe = get_family(config.get("model_type")).recipe
+    recipe = engine_family(config.get("model_type")).recipe
     params: dict[str, Any] = {}
     for path_, template, shape in _memory_names(model):
         stacked = "{i}" in template

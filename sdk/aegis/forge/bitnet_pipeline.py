@@ -7,7 +7,7 @@ supervised run, revert layers that cost too much, pack, and report against the s
 
 Steps (the Agent Forge phase-4 procedure, with the BitNet b1.58 papers' quantisers):
 
-1. The model's size is read at run time (:func:`aegis.profiles.profile_from_config` on its config.json): the size
+1. The model's size is read at run time (:func:`aegis.models.profiles.profile_from_config` on its config.json): the size
    category (:data:`aegis.forge.bitnet.SIZE_CATEGORIES`) gives the calibration sample count, the target
    compression and expected sparsity; the accuracy-drop bars (warning above 5 %, critical above 10 %, relative
    to the full-precision model) are the plan's for every size.
@@ -156,7 +156,7 @@ def load_calibration(
     model_folder: str | Path, data: str, *, samples: int, seq_len: int = 256, chat_template: str | None = None
 ) -> list[Any]:
     """The first ``samples`` rows of ``data`` rendered with the model's own tokenizer and template."""
-    from aegis.render import ChatRenderer
+    from aegis.data.render import ChatRenderer
     from aegis.train.data import load_examples
 
     renderer = ChatRenderer.from_folder(model_folder, chat_template=chat_template)
@@ -268,14 +268,14 @@ def finetune_ste(
     (full-precision latent weights, an HF folder). A run that pauses for a human raises :class:`RunError`
     naming how to continue it."""
     from aegis.schema import TrainConfig
-    from aegis.supervise.config import QuantizeSection, RunConfig, TrainingSection
+    from aegis.supervise.run_config import QuantizeSection, RunConfig, TrainingSection
     from aegis.supervise.runner import Supervisor
     from aegis.supervise.runs import RunPaths
 
     micro_batch = settings.micro_batch_size
     if micro_batch is None:  # model-size-agnostic: the planner sizes the STE run for this model and device
         from aegis.forge._evo_fitness import plan_train_batch
-        from aegis.model_source import locate_model
+        from aegis.models.source import locate_model
 
         micro_batch = plan_train_batch(locate_model(str(src)).config(), settings.seq_len, cap=8)
     cfg = RunConfig(
@@ -336,9 +336,9 @@ def compress_calibrated(
 
     from aegis._outdir import output_dir
     from aegis.forge.bitnet import _check_compress_output, load_packed, _pack_model, size_category
-    from aegis.model_source import locate_model
-    from aegis.profiles import profile_from_config
-    from aegis.train.models import build_model
+    from aegis.models.source import locate_model
+    from aegis.models.profiles import profile_from_config
+    from aegis.train.modeling import build_model
     from aegis.train.weights import load_checkpoint
 
     say = on_stage or (lambda s: None)

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 
 from aegis.errors import UnsupportedArchitectureError
 from aegis.forge._bitnet_pack import EPS, absmax_int8, round_clip
-from aegis.train.models.layers import LinearWeight
+from aegis.train.modeling.layers import LinearWeight
 
 __all__ = [
     "BitLinear",
@@ -131,7 +131,7 @@ def _set(tree: dict[str, Any], keys: tuple[str, ...], value: Any) -> dict[str, A
 
 @dataclass(frozen=True, eq=False)
 class BitNetModel:
-    """The engine's :class:`~aegis.train.models.decoder.Model` with every target linear run as a
+    """The engine's :class:`~aegis.train.modeling.decoder.Model` with every target linear run as a
     :class:`BitLinear` (everything else delegates to ``inner``). ``keep_layers``: decoder layers left in full
     precision (negative: from the end); ``lam``: the quantisation strength (the warm-up's lambda)."""
 
@@ -185,7 +185,7 @@ class BitNetModel:
 
 def bitnet_wrapper(section: Any) -> Callable[[Any], BitNetModel]:
     """The ``Trainer(wrap_model=...)`` of a run config's ``quantize`` section
-    (:class:`aegis.supervise.config.QuantizeSection`)."""
+    (:class:`aegis.supervise.run_config.QuantizeSection`)."""
 
     def wrap(model: Any) -> BitNetModel:
         if model.spec.moe is not None:

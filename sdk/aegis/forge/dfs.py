@@ -165,8 +165,8 @@ def compile_dfs(cfg: Any, root: Path | None = None) -> tuple[Any, list[str]]:
     Raises InvalidConfigError (one line) for an indicator or W that does not fit the models, scales on a
     family they cannot be folded into, or a DFS config with ``slices:`` or ``parameters:``.
     """
-    from aegis.architectures.config import rms_norm_eps
-    from aegis.forge.config import MergeConfig
+    from aegis.models.architectures.config_keys import rms_norm_eps
+    from aegis.forge.merge_config import MergeConfig
     from aegis.forge.merge import _Planner
 
     if cfg.dfs is None:

@@ -115,7 +115,7 @@ def load_evomerge_config(source: str | Path | Mapping[str, Any]) -> EvoMergeConf
         path = Path(source)
         where = f"{path.name}: "
         try:
-            from aegis.forge.config import _check_config_file
+            from aegis.forge.merge_config import _check_config_file
 
             _check_config_file(path, "evomerge config")
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -176,8 +176,8 @@ class _Run:
     def prepare(self) -> None:
         from aegis.train.safetensors_io import ModelWeights
         from aegis.forge.merge import _layout
-        from aegis.model_source import locate_model
-        from aegis.render import ChatRenderer
+        from aegis.models.source import locate_model
+        from aegis.data.render import ChatRenderer
         from aegis.train.data import load_examples
 
         cfg = self.cfg

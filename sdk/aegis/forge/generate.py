@@ -31,7 +31,7 @@ def _prompt_ids(tok: Any, prompt: str) -> list[int]:
 
 def _engine(folder: Path) -> tuple[Any, Any, str]:
     """(model, params, kind) for the engine: packed, adapter export, or plain folder."""
-    from aegis.train.models import build_model
+    from aegis.train.modeling import build_model
     from aegis.train.weights import load_checkpoint
 
     if (folder / "bitnet_config.json").is_file():

@@ -43,9 +43,9 @@ from typing import Any
 from pydantic import Field
 
 from aegis.errors import AegisError, InvalidConfigError
-from aegis.forge.config import MergeConfig, load_merge_config, resolve
+from aegis.forge.merge_config import MergeConfig, load_merge_config, resolve
 from aegis.schema import Frozen
-from aegis.architectures.config import tie_word_embeddings
+from aegis.models.architectures.config_keys import tie_word_embeddings
 from aegis.train.safetensors_io import FLOATING, MAX_SHARD_BYTES, code_of
 
 __all__ = ["MergeResult", "merge_models", "MAX_SHARD_BYTES"]
@@ -158,7 +158,7 @@ class _Planner:
     # -- models
 
     def locate(self, spec: str, where: str) -> str:
-        from aegis.model_source import locate_model
+        from aegis.models.source import locate_model
 
         if spec in self.key_of:
             return self.key_of[spec]
@@ -534,7 +534,7 @@ def merge_models(
     import numpy as np
 
     from aegis._outdir import check_output_dir, output_dir
-    from aegis.model_source import TOKENIZER_FILES
+    from aegis.models.source import TOKENIZER_FILES
     from aegis.train.safetensors_io import ShardWriter
 
     root: Path | None = None

@@ -196,10 +196,10 @@ def run_forge(config: dict[str, Any], out: str | Path, *, log: Callable[[str], N
 def _align_memory(models: list[str], folder: Path, log: Callable[[str], None]) -> tuple[list[str], dict[str, Any]]:
     """EvoMerge's inputs: Cognate variants whose long-term memories differ in slots (the seed's 2048 / 8192) are
     copied into ``folder`` with their memory zero-padded to the largest count
-    (:func:`aegis.forge.cognate.export.widen_memory`: inactive slots, the same logits), so the three merge tensor by
+    (:func:`aegis.forge.cognate.hf_folder.widen_memory`: inactive slots, the same logits), so the three merge tensor by
     tensor; any other model goes in as it is (EvoMerge still refuses real shape mismatches). Returns the input
     folders and ``{name: {"ltm_slots": own, "padded_to": largest}}`` for the padded ones."""
-    from aegis.forge.cognate.export import memory_slots, widen_memory
+    from aegis.forge.cognate.hf_folder import memory_slots, widen_memory
 
     slots = {m: memory_slots(m) for m in models}
     if None in slots.values() or len(set(slots.values())) == 1:

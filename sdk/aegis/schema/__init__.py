@@ -86,7 +86,7 @@ def _own_names(module: Any) -> tuple[str, ...]:
 
 
 def lora_selects(module: Any, names: frozenset[str]) -> bool:
-    """Whether LoRA adapts ``module`` (a `LinearModule` or `aegis.families.base.Linear`) when the target
+    """Whether LoRA adapts ``module`` (a `LinearModule` or `aegis.models.families.base.Linear`) when the target
     names are ``names`` (from `lora_target_names`)."""
     return module.lora_targetable and not names.isdisjoint(_own_names(module))
 
@@ -94,7 +94,7 @@ def lora_selects(module: Any, names: frozenset[str]) -> bool:
 def lora_target_names(targets: tuple[str, ...] | frozenset[str], modules: Any) -> frozenset[str]:
     """The module names ``target_modules`` select, with PEFT's ``"all-linear"`` expanded to every
     module PEFT can wrap among ``modules`` (anything with ``name``, ``matched_by``, ``lora_targetable``:
-    `LinearModule` or `aegis.families.base.Linear`); `lora_selects` says which modules they adapt."""
+    `LinearModule` or `aegis.models.families.base.Linear`); `lora_selects` says which modules they adapt."""
     names = set(targets)
     if "all-linear" in names:
         names.discard("all-linear")
@@ -421,13 +421,13 @@ class MemoryComponent(Frozen):
 
 
 class DeviceLevelMemory(Frozen):
-    """One GPU's memory at the step's peak at three levels (bytes; `aegis.memory.runtime` says where each figure
+    """One GPU's memory at the step's peak at three levels (bytes; `aegis.planning.memory.runtime` says where each figure
     comes from): allocated <= reserved <= what nvidia-smi shows."""
 
     allocated_bytes: int = Field(description="Peak of live tensor blocks (torch.cuda.max_memory_allocated).")
     reserved_bytes: int = Field(description="Peak of the caching allocator's segments (torch.cuda.max_memory_reserved).")
     cache_bytes: int = Field(description="reserved - allocated: freed and split blocks the allocator keeps cached.")
-    context_bytes: int = Field(description="The CUDA context (a published measurement: aegis.memory.runtime).")
+    context_bytes: int = Field(description="The CUDA context (a published measurement: aegis.planning.memory.runtime).")
     cublas_workspace_bytes: int = Field(description="PyTorch's cuBLAS workspace of the training stream.")
     nccl_bytes: int = Field(description="NCCL's communication buffers (0 on one GPU).")
     device_bytes: int = Field(description="What nvidia-smi shows for the process: reserved + context + cuBLAS + NCCL.")
@@ -454,7 +454,7 @@ class MemoryEstimate(Frozen):
         default=None,
         description=(
             "Predicted torch.cuda.max_memory_reserved: the CUDA caching allocator model replaying this step's "
-            "allocation stream (aegis.memory.device); None where not computed (the planner computes it for the "
+            "allocation stream (aegis.planning.memory.device); None where not computed (the planner computes it for the "
             "tiers it reports)."
         ),
     )
@@ -463,7 +463,7 @@ class MemoryEstimate(Frozen):
     )
     device_level: DeviceLevelMemory | None = Field(
         default=None, description="Allocated, reserved and device-level (nvidia-smi) memory at the peak, where the "
-        "allocator was replayed (aegis.memory.device); None elsewhere.")
+        "allocator was replayed (aegis.planning.memory.device); None elsewhere.")
     notes: tuple[str, ...] = ()
     stack_notes: tuple[str, ...] = Field(
         default=(), description="What the configuration's stack profile changed in this estimate, one line each."

@@ -12,7 +12,7 @@ Importing this package does not import JAX, LangGraph or Orbax; running a run do
 """
 
 from aegis.supervise.commands import COMMAND_NAMES, parse_command, usage
-from aegis.supervise.config import RunConfig, load_run_config, parse_run_config, run_config_from_plan
+from aegis.supervise.run_config import RunConfig, load_run_config, parse_run_config, run_config_from_plan
 from aegis.supervise.runner import CommandReceipt, Supervisor
 from aegis.supervise.state import RunState
 from aegis.supervise.status import RunStatusReport

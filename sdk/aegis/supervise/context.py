@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aegis.supervise.config import RunConfig
+from aegis.supervise.run_config import RunConfig
 from aegis.supervise.events import EventLog, append_jsonl, read_jsonl
 from aegis.supervise.runs import RunPaths, write_json_atomic
 from aegis.supervise.state import RunState, StepMetrics
@@ -131,7 +131,7 @@ class RunContext:
     def model_input(self) -> Any:
         """The model's config, weights folder and tokenizer (a changed base since the run began is refused)."""
         if self._model_input is None:
-            from aegis.supervise.engine import resolve_model_input
+            from aegis.supervise.engine_handle import resolve_model_input
 
             model = resolve_model_input(self.cfg.model, self.cfg.init)
             self._check_source(model)
@@ -167,7 +167,7 @@ class RunContext:
     @property
     def examples(self) -> list[Any]:
         if self._examples is None:
-            from aegis.supervise.engine import load_examples
+            from aegis.supervise.engine_handle import load_examples
 
             cb = self.callbacks.on_progress
             examples, report = load_examples(
@@ -200,7 +200,7 @@ class RunContext:
     def engine_for(self, state: RunState) -> Any:
         """The engine of the state's fallback tier (a tier change builds a new one, to be restored)."""
         if self._engine is None or self._engine.tier != state.fallback_tier:
-            from aegis.supervise.engine import Engine
+            from aegis.supervise.engine_handle import Engine
 
             self._engine = None  # free the old tier's arrays before building the next
             cb = self.callbacks.on_progress
@@ -222,7 +222,7 @@ class RunContext:
 
     def _check_memory(self, engine: Any) -> None:
         """Record the compiled step's peak (XLA memory analysis) beside the planner's JAX estimate."""
-        from aegis.supervise.engine import is_oom
+        from aegis.supervise.engine_handle import is_oom
         from aegis.train.memory_check import check_memory
 
         try:

@@ -16,7 +16,7 @@ import math
 from pydantic import Field
 
 from aegis.schema import Frozen
-from aegis.supervise.config import CurriculumSection
+from aegis.supervise.run_config import CurriculumSection
 
 __all__ = ["CurriculumUpdate", "initial_weights", "update_curriculum", "normalise"]
 

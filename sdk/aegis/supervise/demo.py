@@ -19,7 +19,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from aegis.supervise.config import RunConfig, load_run_config
+from aegis.supervise.run_config import RunConfig, load_run_config
 
 __all__ = ["DEMO_TOXIC_IDS", "demo_dir", "demo_config"]
 

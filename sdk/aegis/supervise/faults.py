@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aegis.supervise.config import FaultsSection
+from aegis.supervise.run_config import FaultsSection
 
 __all__ = ["FaultInjector", "injected_oom", "arm_build_faults"]
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aegis.supervise.config import ForensicsSection
+from aegis.supervise.run_config import ForensicsSection
 from aegis.supervise.runs import write_json_atomic
 from aegis.supervise.state import DiagnosisReport, OutlierStats
 

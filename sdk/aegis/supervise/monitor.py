@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from aegis.supervise.config import MonitoringSection
+from aegis.supervise.run_config import MonitoringSection
 from aegis.supervise.state import Anomaly, MetricsWindow, StepMetrics
 
 __all__ = ["StepMetrics", "Detector", "rolling_stats"]

@@ -223,7 +223,7 @@ def train_node(ctx: RunContext, gs: GraphState) -> GraphState:
 def _oom_anomaly(ctx: RunContext, err: Exception, step: int) -> Anomaly:
     """An ``oom`` anomaly for an out-of-memory error anywhere in a step (device or host transfer); any
     other error propagates. The engine is dropped so the repair's next tier builds afresh."""
-    from aegis.supervise.engine import is_oom
+    from aegis.supervise.engine_handle import is_oom
 
     if not is_oom(err):
         raise err

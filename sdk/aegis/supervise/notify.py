@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import Field
 
 from aegis.schema import Frozen
-from aegis.supervise.config import NotificationsSection
+from aegis.supervise.run_config import NotificationsSection
 from aegis.supervise.repair import suggested_actions
 from aegis.supervise.state import RunState
 

@@ -26,7 +26,7 @@ from typing import Literal
 from pydantic import Field
 
 from aegis.schema import Frozen
-from aegis.supervise.config import RunConfig
+from aegis.supervise.run_config import RunConfig
 from aegis.supervise.state import HumanInterrupt, RepairAttempt, RunState
 
 __all__ = ["RepairDecision", "plan_repair", "apply_repair", "suggested_actions"]

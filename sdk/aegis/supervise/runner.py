@@ -27,7 +27,7 @@ from pydantic import Field
 from aegis.errors import InvalidConfigError, RunError
 from aegis.schema import Frozen
 from aegis.supervise.commands import parse_command, validate_command
-from aegis.supervise.config import RunConfig
+from aegis.supervise.run_config import RunConfig
 from aegis.supervise.context import RunCallbacks, RunContext
 from aegis.supervise.curriculum import initial_weights
 from aegis.supervise.events import EventLog, append_jsonl, read_jsonl
@@ -93,7 +93,7 @@ class Supervisor:
     def _begin(self, ctx: RunContext, wait_for_commands_s: float | None) -> None:
         """Check the config against the model and this machine, write the run's files and train from step 0."""
         cfg, paths = ctx.cfg, ctx.paths
-        from aegis.supervise.engine import check_feasible
+        from aegis.supervise.engine_handle import check_feasible
 
         check_feasible(cfg, ctx.model_config)
         counts = Counter(ex.domain for ex in ctx.examples)

@@ -31,7 +31,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from aegis.schema import Frozen
-from aegis.supervise.config import RunConfig
+from aegis.supervise.run_config import RunConfig
 from aegis.supervise.events import EventLog, read_jsonl
 from aegis.supervise.graph import read_state
 from aegis.supervise.runs import RunPaths, liveness

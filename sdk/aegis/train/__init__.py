@@ -26,8 +26,8 @@ import importlib
 from typing import Any
 
 _EXPORTS: dict[str, str] = {
-    "build_model": "aegis.train.models",
-    "Model": "aegis.train.models",
+    "build_model": "aegis.train.modeling",
+    "Model": "aegis.train.modeling",
     "init_lora": "aegis.train.lora",
     "merge_lora": "aegis.train.lora",
     "LoRAWeights": "aegis.train.lora",
@@ -52,9 +52,9 @@ _EXPORTS: dict[str, str] = {
     "adamw_8bit": "aegis.train.optim8bit",
     "Trainer": "aegis.train.loop",
     "StepInfo": "aegis.train.loop",
-    "analyze_batch": "aegis.train.forensics",
-    "BatchForensics": "aegis.train.forensics",
-    "SampleReport": "aegis.train.forensics",
+    "analyze_batch": "aegis.train.per_sample",
+    "BatchForensics": "aegis.train.per_sample",
+    "SampleReport": "aegis.train.per_sample",
     "run_benchmark": "aegis.train.benchmark",
     "MemoryCheck": "aegis.train.memory_check",
     "check_memory": "aegis.train.memory_check",

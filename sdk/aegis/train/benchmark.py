@@ -5,7 +5,7 @@
 prefetch) on packed batches of long-tailed synthetic examples (throughput does not depend on token values)
 or on the examples given. It reads the device's allocator peak (``device.memory_stats()``; XLA:CPU has
 none, so the compiled memory analysis stands in), and reports where the time goes: the model's FLOPs per
-token (:func:`aegis.throughput.token_flops`), the compiled step's (XLA's cost analysis) and their ratio,
+token (:func:`aegis.planning.throughput.token_flops`), the compiled step's (XLA's cost analysis) and their ratio,
 the packed batches' useful-token fraction, the host time per step the device waited on, MFU on a catalog
 GPU. The record goes to the calibration store, keyed by GPU id, model id and method, for the planner.
 
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from pydantic import Field
 
-from aegis.calibration import CalibrationRecord, CalibrationStore
+from aegis.planning.calibration import CalibrationRecord, CalibrationStore
 from aegis.errors import InvalidConfigError, UnknownModelError
 from aegis.schema import (
     Frozen,
@@ -74,7 +74,7 @@ class BenchmarkResult(Frozen):
     compiled_memory: dict[str, int] = Field(description="XLA memory analysis of the step (see jax_step_memory).")
     stored_at: str | None = Field(default=None, description="Calibration file written, None when not recorded.")
     model_flops_per_token: float | None = Field(
-        default=None, description="The planner's training FLOPs per token (aegis.throughput.token_flops)."
+        default=None, description="The planner's training FLOPs per token (aegis.planning.throughput.token_flops)."
     )
     compiled_flops_per_token: float = Field(
         default=0.0, description="FLOPs of the compiled step (XLA's cost analysis) per position of its batch."
@@ -109,7 +109,7 @@ def resolve_config(model: str | Mapping[str, Any] | ModelProfile, model_id: str 
     if path.is_file():
         return json.loads(path.read_text()), model_id or str(model)
     try:
-        from aegis.hub import resolve_model
+        from aegis.models.resolve import resolve_model
     except ImportError as err:  # the hub module is part of the planner install
         raise UnknownModelError(f"cannot resolve {model!r}: pass a config.json path or dict") from err
     profile = resolve_model(str(model))
@@ -122,7 +122,7 @@ def detect_gpu_id(device: jax.Device) -> str:
         return "cpu"
     kind = str(getattr(device, "device_kind", device.platform))
     try:
-        from aegis.hardware import find_gpu
+        from aegis.planning.hardware import find_gpu
 
         for candidate in (kind, kind.replace("NVIDIA ", ""), " ".join(kind.split()[:2])):
             try:
@@ -154,7 +154,7 @@ def _tree_bytes(tree: Any) -> int:
 
 def _abstract_setup(config: dict, tc: TrainConfig, settings: OptimizerSettings) -> tuple[Any, Any, Any, Any, Any]:
     """Model, step function and abstract (shape-only) state / frozen / batch for a configuration."""
-    from aegis.train.models import build_model, engine_attention
+    from aegis.train.modeling import build_model, engine_attention
 
     dtypes = precision_dtypes(tc.precision)
     model = build_model(config, dtype=dtypes.compute, param_dtype=dtypes.params, remat=tc.gradient_checkpointing,
@@ -214,7 +214,7 @@ def jax_step_memory(
 def _gpu(gpu_id: str) -> Any:
     """The catalog GPU ``gpu_id`` names (None for XLA:CPU or a device the catalog does not hold)."""
     try:
-        from aegis.hardware import find_gpu
+        from aegis.planning.hardware import find_gpu
 
         return find_gpu(gpu_id)
     except (ImportError, LookupError):
@@ -242,10 +242,10 @@ def synthetic_examples(
 
 
 def _model_flops_per_token(config: dict, model_id: str, tc: TrainConfig) -> float | None:
-    """The planner's FLOPs per token (:func:`aegis.throughput.token_flops`), None for a config it cannot profile."""
+    """The planner's FLOPs per token (:func:`aegis.planning.throughput.token_flops`), None for a config it cannot profile."""
     try:
-        from aegis.profiles import profile_from_config
-        from aegis.throughput import token_flops
+        from aegis.models.profiles import profile_from_config
+        from aegis.planning.throughput import token_flops
 
         profile = profile_from_config(dict(config), model_id=model_id, source="path")
     except Exception:  # noqa: BLE001 - a config the planner does not know still benchmarks
@@ -364,8 +364,8 @@ def run_benchmark(
     gpu = _gpu(gpu_id)
     mfu = None
     if gpu is not None:  # the planner's own FLOPs count and peak: a measured MFU reads on the planner's scale
-        from aegis.profiles import profile_from_config
-        from aegis.throughput import model_flops_utilisation
+        from aegis.models.profiles import profile_from_config
+        from aegis.planning.throughput import model_flops_utilisation
 
         profile = profile_from_config(dict(config), model_id=model_id, source="path")
         mfu = model_flops_utilisation(tokens_per_s / len(devices), profile, tc, gpu)

@@ -6,8 +6,8 @@ domain by domain according to mixing weights, skips blacklisted ids, and lays th
 fixed ``[batch, seq]`` :class:`Batch` — one example per row (padding) or several per row
 (packing, separated by ``segment_ids``) — so the jitted step never recompiles. Its whole state
 is a small JSON dict that goes into checkpoints; restoring it replays the same batches.
-:func:`load_examples` reads a dataset of any format (:func:`aegis.datasets.read_rows`) and renders it with a
-model's tokenizer and chat template (:class:`aegis.render.ChatRenderer`), with a :class:`DataReport` of the
+:func:`load_examples` reads a dataset of any format (:func:`aegis.data.reading.read_rows`) and renders it with a
+model's tokenizer and chat template (:class:`aegis.data.render.ChatRenderer`), with a :class:`DataReport` of the
 rows it skipped, dropped or truncated.
 
     from aegis.data import ByteTokenizer, toy_dataset_path
@@ -36,7 +36,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from aegis.errors import DatasetError
-from aegis.render import ChatRenderer, fit_to_seq_len, overlong_reason
+from aegis.data.render import ChatRenderer, fit_to_seq_len, overlong_reason
 
 __all__ = [
     "Tokenizer",
@@ -174,10 +174,10 @@ def tokenize_rows(
 
 def load_jsonl(path: str | Path, tokenizer: Tokenizer, *, default_domain: str = "default") -> list[Example]:
     """Read and tokenise a JSONL file of ``text`` / ``messages`` rows, strictly: read by the planner's
-    reader (:func:`aegis.datasets.read_rows`), any row it would skip is an error that cites its line.
+    reader (:func:`aegis.data.reading.read_rows`), any row it would skip is an error that cites its line.
     (Runs on a model's own tokenizer load through :func:`load_examples`, which skips and reports such
     rows instead.)"""
-    from aegis.datasets import describe_problem, problem_groups, read_rows
+    from aegis.data.reading import describe_problem, problem_groups, read_rows
 
     path = Path(path)
     if not path.is_file():
@@ -212,14 +212,14 @@ class DataReport:
     """What loading a dataset for training found (the run's ``data_loaded`` event and its warnings).
 
     ``rows``: rows that fit the format (what was tokenized); ``examples``: what trains; ``problems``:
-    every row skipped, dropped or truncated, with its line (the planner's :class:`aegis.datasets.RowProblem`)."""
+    every row skipped, dropped or truncated, with its line (the planner's :class:`aegis.data.reading.RowProblem`)."""
 
     source: str
     format: str
     rows: int = 0
     examples: int = 0
     tokens: int = 0
-    problems: list[Any] = field(default_factory=list)  # aegis.datasets.RowProblem, in the order found
+    problems: list[Any] = field(default_factory=list)  # aegis.data.reading.RowProblem, in the order found
     unit: str = "line"
     records: int = 0  # rows parsed before the format check (corrupt lines not included)
     lengths: list[int] = field(default_factory=list)
@@ -250,7 +250,7 @@ class DataReport:
         return len(self._lines("no_targets"))
 
     def summary(self) -> dict[str, Any]:
-        from aegis.datasets import problem_groups
+        from aegis.data.reading import problem_groups
 
         return {
             "source": self.source, "format": self.format, "rows": self.rows, "examples": self.examples,
@@ -264,7 +264,7 @@ class DataReport:
 
     def warnings(self) -> list[str]:
         """One line per kind of problem: how many, what happened to them, the first lines, why."""
-        from aegis.datasets import describe_problem, problem_groups
+        from aegis.data.reading import describe_problem, problem_groups
 
         return [describe_problem(kind, len(group), [p.line for p in group], unit=self.unit, reason=group[0].reason,
                                  fmt=self.format)
@@ -280,16 +280,16 @@ def load_examples(
     default_domain: str = "default",
     on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[list[Any], DataReport]:
-    """Every row of ``source`` (any format and file type :mod:`aegis.datasets` reads) as training examples.
+    """Every row of ``source`` (any format and file type :mod:`aegis.data.reading` reads) as training examples.
 
     ``renderer`` is a :class:`ChatRenderer` (or the demo's ``ByteTokenizer``: anything with ``render(item)``).
 
-    Rows are read and checked by :func:`aegis.datasets.read_rows`, the planner's reader: corrupt lines and
+    Rows are read and checked by :func:`aegis.data.reading.read_rows`, the planner's reader: corrupt lines and
     rows without the format's fields, empty or without an assistant turn are skipped; rows the template
     refuses are skipped; rows longer than ``seq_len`` are truncated or dropped (``overlong``); every one is
     counted in the report with its line. Raises DatasetError when nothing is left.
     """
-    from aegis.datasets import RowProblem, read_rows
+    from aegis.data.reading import RowProblem, read_rows
 
     rows = read_rows(str(source), sample_rows=2**62)
     report = DataReport(source=str(source), format=rows.format, rows=rows.num_rows, problems=list(rows.problems),

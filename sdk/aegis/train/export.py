@@ -42,7 +42,7 @@ def _stored_dtype(folder: Path) -> str | None:
 
 
 def _copy_tokenizer(tokenizer: Path | None, out: Path, chat_template: str | None) -> list[str]:
-    from aegis.model_source import TOKENIZER_FILES
+    from aegis.models.source import TOKENIZER_FILES
 
     copied = []
     if tokenizer is not None:

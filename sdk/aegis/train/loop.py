@@ -43,7 +43,7 @@ from aegis.errors import CheckpointError, DatasetError, InvalidConfigError
 from aegis.schema import Frozen, TrainConfig
 from aegis.train.data import Batch, BatchSampler, Example, iter_batches
 from aegis.train.distributed import host_to_global
-from aegis.train.forensics import BatchForensics, analyze_batch
+from aegis.train.per_sample import BatchForensics, analyze_batch
 from aegis.train.parallel import ParallelConfig
 from aegis.train.sharding import ShardingRules, batch_sharding, make_mesh
 from aegis.train.step import (
@@ -159,7 +159,7 @@ class Trainer:
     ) -> None:
         """``wrap_model``: the built model -> the model the steps run (same params tree), e.g. the BitNet
         b1.58 straight-through forward of :mod:`aegis.forge.bitnet_train`; params and checkpoints are unchanged."""
-        from aegis.train.models import build_model, engine_attention
+        from aegis.train.modeling import build_model, engine_attention
 
         self.model_config = dict(model_config)
         self.train_config = train_config

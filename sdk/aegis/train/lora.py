@@ -4,7 +4,7 @@
 kaiming-uniform(a=sqrt(5)) (uniform in ``±1/sqrt(in_features)``) and ``B`` zeros, so a fresh adapter
 leaves the model unchanged. Adapters are created, kept and updated in fp32 under any base dtype (PEFT's
 ``autocast_adapter_dtype=True``; ``aegis.train.step.precision_dtypes``), and the update runs as PEFT's
-``Linear.forward`` does (``aegis.train.models.layers.linear``): over a bf16 base the input is cast to fp32
+``Linear.forward`` does (``aegis.train.modeling.layers.linear``): over a bf16 base the input is cast to fp32
 and the sum back; under mixed precision (autocast) in the compute dtype. Adapters are a
 :class:`LoRAWeights` pytree whose array leaves mirror the params tree (``lora_A``/``lora_B`` under each
 targeted module, stacked over layers) and whose rank/alpha/dropout/targets are static, so optax and
@@ -32,7 +32,7 @@ conversion also takes ``gate_proj``/``up_proj``/``down_proj`` away from its nn.L
 layers' and the shared experts'), which PEFT then leaves un-adapted; so does this module.
 
 Models with several layer stacks (DeepSeek's ``model.dense_layers`` before ``model.layers``, see
-``aegis.train.shapes.layer_stacks``) get adapters per stack under the same keys.
+``aegis.models.shapes.layer_stacks``) get adapters per stack under the same keys.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def init_lora(
         raise InvalidConfigError(f"LoRA dropout must be in [0, 1), got {dropout}.")
     targets = (target_modules,) if isinstance(target_modules, str) else tuple(target_modules)
     wrapped, module_targets = parameter_targets(model.config.get("model_type"), targets)
-    from aegis.train.shapes import layer_stacks
+    from aegis.models.shapes import layer_stacks
 
     # PEFT's conversion took the mapped names from the nn.Linear modules too ("all-linear" included)
     converted = frozenset(PEFT_MOE_PARAMETER_TARGETS.get(model.config.get("model_type") or "", {}))

@@ -4,7 +4,7 @@
 the arguments it is called with (the train state, the frozen base, a ``[accum, global micro batch,
 seq]`` batch in the trainer's shardings) and reads ``compiled.memory_analysis()``. The peak is the
 one `aegis.train.benchmark.jax_step_memory` and ``tools/jax_memory.py`` use: arguments + outputs -
-aliased (the donated state) + temporaries. Next to it goes ``aegis.memory.estimate(...,
+aliased (the donated state) + temporaries. Next to it goes ``aegis.planning.memory.estimate(...,
 framework="jax", fsdp_shards=..., tensor_shards=...)`` for the same model config, :class:`~aegis.schema.TrainConfig`
 and mesh (XLA:CPU's layout on a CPU, the device's GPU layout otherwise). On a sharded mesh both are per device:
 XLA's analysis of the SPMD-partitioned step is one device's program, and the planner divides parameters, optimizer
@@ -79,8 +79,8 @@ def _abstract_batch(trainer: Trainer) -> dict[str, jax.ShapeDtypeStruct]:
 def _planned_estimate(trainer: Trainer) -> MemoryEstimate:
     """The planner's ``framework="jax"`` estimate for the trainer's model config and TrainConfig, in the
     layout of the device the trainer runs on (XLA:CPU, a catalog GPU, or a generic XLA:GPU)."""
-    from aegis.memory import estimate, estimate_jax
-    from aegis.profiles import profile_from_config
+    from aegis.planning.memory import estimate, estimate_jax
+    from aegis.models.profiles import profile_from_config
     from aegis.train.benchmark import detect_gpu_id, resolve_config
 
     config, model_id = resolve_config(trainer.model_config)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aegis.errors import CheckpointError, InvalidConfigError
-from aegis.model_source import INDEX_FILE, ModelSource
+from aegis.models.source import INDEX_FILE, ModelSource
 
 if TYPE_CHECKING:
     import numpy as np

@@ -5,8 +5,8 @@ Every parameter gets logical axis names (``embed``, ``vocab``, ``heads``, ``kv_h
 registry: each registry parameter's shape is an expression over the config (``linear: [hidden, heads * head_dim]``)
 and :data:`EXPRESSION_AXES` names an expression by the first of its names it knows. :data:`LOGICAL_AXIS_RULES`
 maps logical axes to mesh axes (MaxText's ``logical_axis_rules``, levanter's ``axis_resources``). The names and
-the rules are JAX-free data in `aegis.train.shapes`, which the planner's JAX profile shards by too
-(`aegis.memory.jax_profile`). A parameter is then sharded by :func:`partition_spec`:
+the rules are JAX-free data in `aegis.models.shapes`, which the planner's JAX profile shards by too
+(`aegis.planning.memory.jax_profile`). A parameter is then sharded by :func:`partition_spec`:
 
 1. each axis takes the first mesh axis its rule lists that is larger than 1, unused by the parameter, and divides
    the axis' size (``layers`` is never sharded);
@@ -39,7 +39,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from aegis.train.parallel import MESH_AXES, ParallelConfig, resolve_parallel
-from aegis.train.shapes import (
+from aegis.models.shapes import (
     EXPRESSION_AXES,
     LOGICAL_AXIS_RULES,
     TOP_LEVEL_AXES,
@@ -48,7 +48,7 @@ from aegis.train.shapes import (
     mesh_axes_of,
     tree_leaves,
 )
-from aegis.train.shapes import logical_axes as _logical_axes
+from aegis.models.shapes import logical_axes as _logical_axes
 
 __all__ = [
     "LOGICAL_AXIS_RULES",
@@ -85,7 +85,7 @@ def batch_sharding(mesh: Mesh, batch_axis: int = 1, ndim: int = 3) -> NamedShard
 
 def partition_spec(shape: Sequence[int], logical: Logical, mesh_sizes: Mapping[str, int]) -> P:
     """The PartitionSpec of an array of ``shape`` whose axes are named ``logical`` (see the module docs and
-    `aegis.train.shapes.mesh_axes_of`)."""
+    `aegis.models.shapes.mesh_axes_of`)."""
     return P(*mesh_axes_of(shape, logical, mesh_sizes))
 
 
@@ -93,7 +93,7 @@ def partition_spec(shape: Sequence[int], logical: Logical, mesh_sizes: Mapping[s
 
 
 def logical_axes(model: Any) -> dict[tuple[str, ...], Logical]:
-    """Logical axis names of every leaf of ``model``'s params tree (`aegis.train.shapes.logical_axes` of its
+    """Logical axis names of every leaf of ``model``'s params tree (`aegis.models.shapes.logical_axes` of its
     config and spec)."""
     return _logical_axes(model.config, model.spec)
 

@@ -149,7 +149,7 @@ def precision_dtypes(precision: Precision) -> Dtypes:
 
     ``fp32``: everything fp32. ``bf16``: params and compute in bf16, adapters fp32 (PEFT: a bf16 base
     with fp32 adapters; the adapter math casts the input to fp32 and the sum back, see
-    ``aegis.train.models.layers.linear``); full fine-tuning trains the bf16 params themselves (the
+    ``aegis.train.modeling.layers.linear``); full fine-tuning trains the bf16 params themselves (the
     optimizers keep their moments in fp32). ``bf16_mixed``: fp32 master params/adapters, bf16 compute.
     ``fp16_mixed``: fp32 master params/adapters, fp16 compute, ``loss_scaling`` on (pass
     :class:`LossScaleSettings` to :func:`init_state` and :func:`make_train_step`).

@@ -3,7 +3,7 @@
 Checkpoints are read lazily (memory-mapped, one tensor at a time) from a folder holding
 ``model.safetensors`` or ``model.safetensors.index.json`` + shards, or from a single file.
 Tensor names are transformers' on-disk names (per-expert MoE weights, Mixtral's
-``block_sparse_moe``); each family's :class:`~aegis.train.models.Recipe` maps them to the
+``block_sparse_moe``); each family's :class:`~aegis.train.modeling.Recipe` maps them to the
 in-memory tree. Saving writes the same on-disk names, so ``from_pretrained`` reads the result.
 
     params = load_checkpoint(model, "ckpt/")                 # dtype: model.param_dtype
@@ -32,8 +32,8 @@ import numpy as np
 
 from aegis.errors import CheckpointError
 from aegis.train.lora import LoRAWeights, peft_parameter_name
-from aegis.train.models import Model, get_family
-from aegis.train.models.families import Recipe
+from aegis.train.modeling import Model, engine_family
+from aegis.train.modeling.families import Recipe
 from aegis.train.nf4 import NF4Tensor, dequantize
 from aegis.train.safetensors_io import (
     ADAPTER_FILE,
@@ -43,7 +43,7 @@ from aegis.train.safetensors_io import (
     write_file,
     write_shards,
 )
-from aegis.train.shapes import layer_stacks
+from aegis.models.shapes import layer_stacks
 
 __all__ = [
     "read_header",
@@ -145,7 +145,7 @@ def load_checkpoint(
     reader = CheckpointReader(path)
     total_bytes = reader.total_bytes()
     done_bytes = 0
-    recipe = get_family(model.config.get("model_type")).recipe
+    recipe = engine_family(model.config.get("model_type")).recipe
     prefix = _base_model_prefix(model)
     target = jnp.dtype(dtype or model.param_dtype)
     np_target = numpy_dtype(target)
@@ -244,7 +244,7 @@ def _load_sharded(
 
 
 def _base_model_prefix(model: Model) -> str | None:
-    from aegis.architectures import registry
+    from aegis.models.architectures import registry
 
     entry = registry.find(model.config.get("model_type"))
     return entry.base_model_prefix if entry is not None else None
@@ -266,7 +266,7 @@ def _check_nothing_left_out(reader: CheckpointReader, consumed: set[str]) -> Non
 
 def to_hf_state_dict(model: Model, params: dict[str, Any], *, dtype: Any = None) -> dict[str, np.ndarray]:
     """The on-disk tensors (transformers' checkpoint names) for ``params``; NF4 weights are dequantised."""
-    recipe = get_family(model.config.get("model_type")).recipe
+    recipe = engine_family(model.config.get("model_type")).recipe
     out: dict[str, np.ndarray] = {}
     for path_, template, _ in _memory_names(model):
         leaf = _get(params, path_)
@@ -359,7 +359,7 @@ def save_lora_adapter(
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     stack_layers = {key: range(first, first + count) for key, first, count in layer_stacks(model.spec)}
-    names_on_disk = get_family(model.config.get("model_type")).names
+    names_on_disk = engine_family(model.config.get("model_type")).names
     modules = [(path, mod, stack) for stack, tree in lora.tree["model"].items() for path, mod in _lora_modules(tree)]
     expert_paths = _expert_key_paths({p[-1] for p, _, _ in modules if peft_parameter_name(p) in _EXPERT_PARAMS})
     tensors: dict[str, np.ndarray] = {}
@@ -446,7 +446,7 @@ def load_lora_adapter(model: Model, path: str | Path, *, dtype: Any = jnp.float3
     expert_paths = {v: k for k, v in _expert_key_paths(parameters & set(_EXPERT_PARAMS)).items()}
     reader = CheckpointReader(path / ADAPTER_FILE)
     grouped: dict[tuple[str, ...], dict[str, dict[int, np.ndarray]]] = {}
-    names_on_disk = get_family(model.config.get("model_type")).names
+    names_on_disk = engine_family(model.config.get("model_type")).names
     for key in reader.names():
         ours = names_on_disk.engine(key[len(PEFT_PREFIX):]) if key.startswith(PEFT_PREFIX) else None
         if ours is None or not ours.startswith("model.layers."):

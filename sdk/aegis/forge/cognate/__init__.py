@@ -5,11 +5,11 @@
     # AutoModelForCausalLM.from_pretrained(folders[0], trust_remote_code=True)
 
 The architecture is :mod:`aegis.forge.cognate.model` (JAX), its PyTorch twin ships inside every export
-(:mod:`aegis.forge.cognate.export`); training and the diversity checks are :mod:`aegis.forge.cognate.phase1`.
+(:mod:`aegis.forge.cognate.hf_folder`); training and the diversity checks are :mod:`aegis.forge.cognate.phase1`.
 Importing this package imports neither JAX nor torch.
 """
 
-from aegis.forge.cognate.config import TINY_MODEL, CognateConfig
+from aegis.forge.cognate.hyperparams import TINY_MODEL, CognateConfig
 
 __all__ = ["CognateConfig", "TINY_MODEL", "run_phase1", "load_phase1_config"]
 

@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from aegis.forge.cognate.config import CognateConfig, param_shapes
+from aegis.forge.cognate.hyperparams import CognateConfig, param_shapes
 
 __all__ = ["init_params", "forward", "lm_loss", "memory_scan", "mag_gate", "act_weights", "to_flat", "from_flat"]
 

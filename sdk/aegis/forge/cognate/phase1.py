@@ -33,8 +33,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from aegis.errors import InvalidConfigError, OutputPathError
-from aegis.forge.cognate.config import TINY_MODEL, CognateConfig
-from aegis.forge.cognate.data import CATEGORIES
+from aegis.forge.cognate.hyperparams import TINY_MODEL, CognateConfig
+from aegis.forge.cognate.corpus import CATEGORIES
 
 __all__ = ["Phase1Config", "Variant", "Stage", "load_phase1_config", "run_phase1", "STATE_FILE"]
 
@@ -266,7 +266,7 @@ def _train_variant(v: Variant, seed: int, cfg: CognateConfig, p1: Phase1Config, 
     import jax
     import numpy as np
 
-    from aegis.forge.cognate.data import sample_batch
+    from aegis.forge.cognate.corpus import sample_batch
     from aegis.forge.cognate.model import init_params
 
     s = p1.train
@@ -448,7 +448,7 @@ def run_phase1(config: dict[str, Any] | Phase1Config | str | Path | None, out: P
 
     import numpy as np
 
-    from aegis.forge.cognate.data import encode_streams, load_tokenizer, read_categories, train_tokenizer
+    from aegis.forge.cognate.corpus import encode_streams, load_tokenizer, read_categories, train_tokenizer
 
     texts = read_categories(p1.data)
     held = {c: ts[::10] for c, ts in texts.items()}
@@ -480,7 +480,7 @@ def run_phase1(config: dict[str, Any] | Phase1Config | str | Path | None, out: P
                   "seed": seed, "mix": v.mix, "size": _size(cfg.num_parameters()), "metrics": m,
                   "curriculum": history, "optimizer": p1.train.optimizer, "train_seconds":
                   round(time.perf_counter() - t0, 1), "architecture": cfg.model_dump()}
-        from aegis.forge.cognate.export import save_pretrained
+        from aegis.forge.cognate.hf_folder import save_pretrained
 
         save_pretrained(params, cfg, folder, tokenizer=tok, overwrite=True,
                         extra_files={"report.json": json.dumps(report, indent=1) + "\n"})
@@ -535,7 +535,7 @@ def _compile_cache() -> None:
 def _eval_batch(streams: dict[str, Any], p1: Phase1Config) -> Any:
     import numpy as np
 
-    from aegis.forge.cognate.data import sample_batch
+    from aegis.forge.cognate.corpus import sample_batch
 
     weights = {c: 1.0 for c in CATEGORIES}
     return sample_batch(streams, weights, np.random.default_rng(0), batch=p1.train.eval_rows,

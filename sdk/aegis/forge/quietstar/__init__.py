@@ -1,6 +1,6 @@
 """Phase 3, Quiet-STaR: thinking tokens, prompt baking, then parallel thoughts trained with REINFORCE.
 
-    aegis quietstar MODEL reasoning.jsonl OUT        # the CLI (aegis.forge.cli.quietstar)
+    aegis quietstar MODEL reasoning.jsonl OUT        # the CLI (aegis.cli.forge.quietstar)
 
     from aegis.forge.quietstar import QuietStarSettings, run_quietstar, parity_rows
     report = run_quietstar("merged/", parity_rows(256), "out/", QuietStarSettings(bake_steps=400, rl_steps=40))
@@ -12,7 +12,7 @@ Quiet-STaR, anti-theater checks with rollback, ablation, report, resume). Import
 
 from __future__ import annotations
 
-from aegis.forge.quietstar.data import (
+from aegis.forge.quietstar.reasoning_data import (
     END, START, STRATEGIES, THOUGHT_TOKENS, GenerationLimits, ReasoningRow, generate_reasoning, load_reasoning,
     parity_rows,
 )

@@ -1,5 +1,5 @@
 """Quiet-STaR on the engine (Zelikman et al., 2024, "Quiet-STaR: Language Models Can Teach Themselves to Think
-Before Speaking"): pure JAX functions over the engine's params (any :class:`aegis.train.models.Model`).
+Before Speaking"): pure JAX functions over the engine's params (any :class:`aegis.train.modeling.Model`).
 
 At each scored position ``i`` of a text, ``K`` thoughts ``[thinking] t_1..t_T [/endthinking]`` are sampled in
 parallel (one row per position and thought, the context ``x_<=i`` before it); the hidden state after the thought

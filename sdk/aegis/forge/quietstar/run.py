@@ -100,7 +100,7 @@ def run_quietstar(
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run phase 3 on the HF folder ``model_dir`` (any causal LM the engine serves) with reasoning ``data`` (a
-    JSONL path or :class:`~aegis.forge.quietstar.data.ReasoningRow` list); returns the report (also in OUT)."""
+    JSONL path or :class:`~aegis.forge.quietstar.reasoning_data.ReasoningRow` list); returns the report (also in OUT)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -109,8 +109,8 @@ def run_quietstar(
     from aegis._outdir import check_output_dir, output_dir
     from aegis.forge.optim import muon_grokfast, preset
     from aegis.forge.quietstar import core
-    from aegis.forge.quietstar.data import END, START, THOUGHT_TOKENS, add_thinking_tokens, load_reasoning
-    from aegis.train.models import build_model
+    from aegis.forge.quietstar.reasoning_data import END, START, THOUGHT_TOKENS, add_thinking_tokens, load_reasoning
+    from aegis.train.modeling import build_model
     from aegis.train.weights import load_checkpoint, save_checkpoint
 
     t_start = time.time()

@@ -1,0 +1,1 @@
+"""Model knowledge: the architecture registry, the bundled catalog, name/folder/Hub resolution and the profiles the planner sizes."""

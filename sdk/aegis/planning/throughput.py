@@ -1,0 +1,150 @@
+"""Time and cost: tokens/s from FLOPs per token over the GPU's tensor rate in the step's precision (bf16, or fp16
+where the card is faster at it) at an MFU range, or from a stored measurement (`aegis benchmark`); epoch and total
+time; cost at catalog prices.
+
+The rate is a roofline over the catalog's two peaks: a token cannot be trained faster than its FLOPs allow at the
+tensor rate, nor faster than the device memory it must move allows at the card's bandwidth (`bytes_per_token`).
+Large models are compute-bound (the bandwidth roof is 10-50x higher); a tiny model's step is bound by moving its
+activations and logits, and the utilisation range applies to whichever roof binds.
+
+    from aegis.planning.throughput import flops_per_token, tokens_per_s_range
+    low, high, basis, source = tokens_per_s_range(profile, cfg, gpu)
+    token_flops(profile, "lora", 2048).forward    # the one FLOPs count: planner, benchmark MFU, forge fitness
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from aegis.planning.calibration import CalibrationStore
+from aegis.schema import GPU, Cost, MemoryEstimate, Method, ModelProfile, TrainConfig
+
+__all__ = ["MFU_RANGE", "TokenFlops", "bytes_per_token", "costs", "flops_per_token", "model_flops_utilisation",
+           "token_flops", "tokens_per_s_range"]
+
+MFU_RANGE = {"full": (0.30, 0.45), "lora": (0.28, 0.42), "qlora": (0.18, 0.30)}
+"""Model-FLOPs utilisation assumed per method (QLoRA dequantises every weight on the fly)."""
+MEASURED_SPREAD = 0.10
+"""A stored measurement is shown as +/- this share."""
+
+
+class TokenFlops(NamedTuple):
+    """FLOPs per token of one model at one sequence length: the one count the planner's time, the benchmark's MFU
+    and forge's speed fitness all use."""
+
+    training: float
+    """One training step's FLOPs per token: forward + backward (+ the recomputed forward with checkpointing)."""
+    forward: float
+    """One forward pass's FLOPs per token (evaluation, generation)."""
+    formula: str
+    """How ``training`` was counted, in words."""
+
+
+def token_flops(profile: ModelProfile, method: Method, seq_len: int, *, recompute: bool = False) -> TokenFlops:
+    """FLOPs per token, PaLM-style with causal attention.
+
+    Matmul parameters: the parameters a token passes through (routed experts only, `active_params_per_token`),
+    without the lookups (token and learned position embeddings), the norms' weights and the linears' biases, but with
+    the head (a tied head still multiplies). Forward: 2 FLOPs per matmul
+    parameter, plus causal attention's QK^T and AV, ``2 x layers x heads x head_dim x seq_len`` (each query sees
+    seq_len/2 keys on average). Backward: input gradients (one forward's worth) plus weight gradients (another) for
+    full fine-tuning; frozen weights (LoRA, QLoRA) need no weight gradients; attention always has both halves.
+    ``recompute`` (gradient checkpointing) adds one forward."""
+    matmul = (profile.active_params_per_token - profile.embedding_params - profile.position_embedding_params
+              - profile.norm_params - _active_bias_params(profile))
+    if profile.tie_word_embeddings:
+        matmul += profile.embedding_params  # the tied head still multiplies
+    attn_fwd = 2 * profile.num_layers * profile.num_attention_heads * profile.head_dim * seq_len
+    fwd = 2 * matmul + attn_fwd
+    passes = 3.0 if method == "full" else 2.0  # frozen weights need no weight gradients
+    total = passes * 2 * matmul + 3 * attn_fwd
+    params = f"{matmul / 1e9:.2f}B" if matmul >= 1e7 else f"{matmul / 1e6:.2f}M"
+    text = f"{'6' if method == 'full' else '4'} x {params} matmul params + causal attention"
+    if recompute:
+        total += fwd
+        text += " + recomputed forward"
+    return TokenFlops(training=float(total), forward=float(fwd), formula=text)
+
+
+def _active_bias_params(profile: ModelProfile) -> int:
+    """Bias parameters a token touches (an expert's bias only for the top-k routed experts)."""
+    total = 0.0
+    for m in profile.linear_modules:
+        if m.bias:
+            share = profile.num_experts_per_tok / profile.num_experts if "expert" in m.name and profile.num_experts else 1
+            total += m.out_features * m.count * share
+    return int(total)
+
+
+def flops_per_token(profile: ModelProfile, cfg: TrainConfig) -> tuple[float, str]:
+    """Training FLOPs per token of ``cfg`` (`token_flops` at its method, length and checkpointing) and the formula."""
+    f = token_flops(profile, cfg.method, cfg.seq_len, recompute=cfg.gradient_checkpointing)
+    return f.training, f.formula
+
+
+def model_flops_utilisation(tokens_per_s: float, profile: ModelProfile, cfg: TrainConfig, gpu: GPU) -> float:
+    """The MFU a measured rate means: ``tokens_per_s`` x `flops_per_token` over the GPU's peak in ``cfg``'s
+    precision. The planner's predicted rate is this function's inverse at its MFU range, so the two agree by
+    construction."""
+    return tokens_per_s * flops_per_token(profile, cfg)[0] / (gpu.tflops(cfg.precision) * 1e12)
+
+
+def bytes_per_token(profile: ModelProfile, cfg: TrainConfig, gpu: GPU, memory: MemoryEstimate | None = None) -> float:
+    """Device-memory traffic per token a training step cannot avoid, from the memory engine's own tensors
+    (``memory``, else `aegis.planning.memory.estimate.estimate` of ``cfg``): every activation and logit saved for the
+    backward is written once and read back once, and every base weight is read once per pass over the micro batch
+    (forward and input gradients, plus the recomputed forward with checkpointing). A lower bound: temporaries,
+    optimizer and gradient traffic are left out, so the throughput it caps is an upper bound."""
+    if memory is None:
+        from aegis.planning.memory.estimate import estimate
+
+        memory = estimate(profile, cfg, gpu=gpu)
+    parts = {c.key: c.bytes for c in memory.components}
+    saved = parts.get("activations", 0) + parts.get("logits", 0)
+    passes = 3 if cfg.gradient_checkpointing else 2
+    return (2 * saved + passes * parts.get("weights", 0)) / (cfg.micro_batch_size * cfg.seq_len)
+
+
+def tokens_per_s_range(
+    profile: ModelProfile, cfg: TrainConfig, gpu: GPU, *, gpu_count: int = 1, efficiency: tuple[float, float] = (1.0, 1.0),
+    store: CalibrationStore | None = None, memory: MemoryEstimate | None = None,
+) -> tuple[float, float, str, str]:
+    """(low, high, basis, 'estimated' | 'measured') for the whole job across `gpu_count` GPUs: the measurement when
+    one is stored, else the roofline (the slower of the compute and the memory-traffic bound) at the method's
+    utilisation range. ``memory``: ``cfg``'s single-GPU estimate, when already made."""
+    store = store if store is not None else CalibrationStore()
+    record = store.lookup(gpu.id, profile.model_id, cfg.method)
+    if record is not None:
+        rate = record.tokens_per_s * gpu_count
+        basis = (f"measured {record.tokens_per_s:,.0f} tok/s on {record.device} "
+                 f"(mb {record.micro_batch_size}, seq {record.seq_len}, {record.measured_at[:10]})")
+        return rate * (1 - MEASURED_SPREAD) * efficiency[0], rate * (1 + MEASURED_SPREAD) * efficiency[1], basis, "measured"
+    flops, text = flops_per_token(profile, cfg)
+    lo, hi = MFU_RANGE[cfg.method]
+    tflops = gpu.tflops(cfg.precision)
+    peak = tflops * 1e12
+    kind = "fp16" if cfg.precision == "fp16_mixed" and gpu.fp16_tflops else "bf16"
+    work = f"{flops / 1e9:.1f} GFLOP" if flops >= 1e8 else f"{flops / 1e6:.1f} MFLOP"
+    moved = bytes_per_token(profile, cfg, gpu, memory)
+    rate = peak / flops
+    if moved > 0 and gpu.bandwidth_gb_per_s * 1e9 / moved < rate:  # memory-bound: the bandwidth roof is lower
+        rate = gpu.bandwidth_gb_per_s * 1e9 / moved
+        amount = f"{moved / 1e6:,.2f} MB" if moved >= 1e6 else f"{moved / 1e3:,.1f} kB"
+        basis = (f"{text} = {work}/token, but memory-bound: {amount}/token moved (saved activations and "
+                 f"logits written and read back, weights read every pass) at {lo:.0%}-{hi:.0%} utilisation of "
+                 f"{gpu.bandwidth_gb_per_s:,.0f} GB/s, under the {tflops:g} TFLOPS {kind} compute roof")
+    else:
+        basis = f"{text} = {work}/token at {lo:.0%}-{hi:.0%} MFU of {tflops:g} TFLOPS {kind}"
+    if gpu_count > 1:
+        basis += f" x {gpu_count} GPUs at {efficiency[0]:.0%}-{efficiency[1]:.0%} scaling"
+    return (rate * lo * gpu_count * efficiency[0], rate * hi * gpu_count * efficiency[1], basis, "estimated")
+
+
+def costs(gpu: GPU, gpu_count: int, hours: tuple[float, float]) -> list[Cost]:
+    """Cost at each listed price of this GPU."""
+    return [
+        Cost(gpu_id=gpu.id, provider=p.provider, usd_low=hours[0] * p.usd_per_hour * gpu_count,
+             usd_high=hours[1] * p.usd_per_hour * gpu_count, usd_per_hour=p.usd_per_hour * gpu_count, as_of=p.as_of,
+             counterfactual=gpu.local)
+        for p in gpu.prices
+    ]
