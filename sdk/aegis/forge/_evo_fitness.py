@@ -89,9 +89,13 @@ def _config(folder: Path) -> dict[str, Any]:
 
 def flops_per_token(config: dict[str, Any], seq_len: int) -> float:
     """Forward FLOPs per token at ``seq_len``: the planner's count (`aegis.planning.throughput.token_flops`) of the config."""
+    from aegis.forge.cognate.engine import flops_per_token as cognate_flops
+    from aegis.forge.cognate.engine import is_cognate
     from aegis.models.profiles import profile_from_config
     from aegis.planning.throughput import token_flops
 
+    if is_cognate(config):  # not a planner family: counted from its own shapes
+        return cognate_flops(config, seq_len)
     return token_flops(profile_from_config(config, model_id="candidate", source="path"), "full", seq_len).forward
 
 
@@ -119,16 +123,22 @@ def plan_train_batch(config: dict[str, Any], seq_len: int, cap: int, budget_byte
 
 
 def _largest_batch(config, seq_len, cap, budget_bytes, peak, *, eval_batch: bool) -> int:
+    from aegis.forge.cognate.engine import eval_peak_bytes, is_cognate
     from aegis.planning.memory.estimate import estimate_memory
     from aegis.models.profiles import profile_from_config
 
-    profile = profile_from_config(config, model_id="forge", source="path")
     budget = _device_budget_bytes() if budget_bytes is None else budget_bytes
+    if is_cognate(config):  # not a planner family: its own count (x3 for a training step's gradients and state)
 
-    def fits(b: int) -> bool:
-        kw = dict(eval_batch_size=b, eval_seq_len=seq_len, micro_batch_size=1) if eval_batch else dict(micro_batch_size=b)
-        e = estimate_memory(profile, method="full", framework="jax", precision="fp32", seq_len=seq_len, **kw)
-        return peak(e) <= budget
+        def fits(b: int) -> bool:
+            return (1 if eval_batch else 3) * eval_peak_bytes(config, batch=b, seq_len=seq_len) <= budget
+    else:
+        profile = profile_from_config(config, model_id="forge", source="path")
+
+        def fits(b: int) -> bool:
+            kw = dict(eval_batch_size=b, eval_seq_len=seq_len, micro_batch_size=1) if eval_batch else dict(micro_batch_size=b)
+            e = estimate_memory(profile, method="full", framework="jax", precision="fp32", seq_len=seq_len, **kw)
+            return peak(e) <= budget
 
     b = 1
     while b * 2 <= max(1, cap) and fits(b * 2):
@@ -151,9 +161,10 @@ class Evaluator:
             import jax
             import jax.numpy as jnp
 
+            from aegis.forge.cognate.engine import build_cognate, is_cognate
             from aegis.train.modeling import build_model
 
-            model = build_model(config)
+            model = build_cognate(config) if is_cognate(config) else build_model(config)
 
             def step(params, ids, targets, mask, seg, pos):
                 logits = model.apply(params, ids, positions=pos, segment_ids=seg).astype(jnp.float32)
@@ -174,9 +185,10 @@ class Evaluator:
         start = time.perf_counter()
         config = _config(folder)
         model, step = self._step(config)
-        params = load_checkpoint(model, folder)
+        cognate = getattr(model, "family", None) == "cognate"  # no segment ids: one example per row
+        params = model.load(folder) if cognate else load_checkpoint(model, folder)
         nll = right = count = 0.0
-        for batch in iter_batches(self.examples, self.batch_size, self.seq_len, packing=True):
+        for batch in iter_batches(self.examples, self.batch_size, self.seq_len, packing=not cognate):
             a = batch.arrays()
             s_nll, s_right, s_n = step(params, a["input_ids"], a["targets"], a["loss_mask"], a["segment_ids"], a["positions"])
             nll, right, count = nll + float(s_nll), right + float(s_right), count + float(s_n)

@@ -487,10 +487,9 @@ def _out_config(planner: _Planner, slices: list[_Slice]) -> dict[str, Any]:
     text = conf.get("text_config") if isinstance(conf.get("text_config"), dict) else None
     holder = next((c for c in (conf, text) if c is not None and any(k in c for k in _DEPTH_KEYS)), None)
     if holder is not None:
-        for key in _DEPTH_KEYS:
+        for key in _DEPTH_KEYS:  # every spelling present (a Cognate config.json has num_layers and num_hidden_layers)
             if key in holder:
                 holder[key] = planner.num_layers
-                break
         for key in _PER_LAYER_KEYS:
             if isinstance(holder.get(key), list):
                 rebuilt = []
