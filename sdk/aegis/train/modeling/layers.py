@@ -341,7 +341,9 @@ def _eager_bwd(scale, softcap, groups, drop, res, g):  # noqa: ANN001, ANN202
     if drop_key is not None:  # the barrier keeps XLA from sharing the forward's mask (alive until here) by CSE
         keep = _attention_keep(jax.lax.optimization_barrier(drop_key), drop, p.shape)
         p = jnp.where(keep, p / jnp.asarray(1.0 - drop, p.dtype), 0)
-    dv = _bmm_nn(_transposed(p), g.astype(vt.dtype))
+    # The gradients of k and v are computed transposed, ``dv^T = g^T p`` and ``dk^T = q^T ds``: plain GEMMs whose
+    # transposed operands are the thin [s, head_dim] ones, not the [s, s] probabilities (4x the bytes to move)
+    dv = jnp.swapaxes(_bmm_nn(_transposed(g.astype(vt.dtype)), p), 2, 3)
     dp = _bmm_nt(g.astype(vt.dtype), vt).astype(jnp.float32)
     if keep is not None:  # through the dropout, in the dtype it ran in
         dp = jnp.where(keep, (dp.astype(vt.dtype) / jnp.asarray(1.0 - drop, vt.dtype)).astype(jnp.float32), 0.0)
@@ -354,7 +356,7 @@ def _eager_bwd(scale, softcap, groups, drop, res, g):  # noqa: ANN001, ANN202
         ds = ds * (1 - capped * capped)
     ds = ds * jnp.asarray(scale, ds.dtype)
     dq = _bmm_nn(ds, kt)
-    dk = _bmm_nn(_transposed(ds), qg)
+    dk = jnp.swapaxes(_bmm_nn(_transposed(qg), ds), 2, 3)
     return dq, dk, dv, None, None
 
 
