@@ -77,3 +77,59 @@ def test_a_merge_that_changes_depth_updates_both_cognate_depth_fields(tmp_path):
     merge_models(conf, tmp_path / "deeper")
     cfg = json.loads((tmp_path / "deeper" / "config.json").read_text())
     assert cfg["num_layers"] == cfg["num_hidden_layers"] == 3
+
+
+def test_quietstar_sees_a_cognate_model_through_hidden_states_and_grows_its_tied_embeddings(tmp_path):
+    import jax.numpy as jnp
+
+    from aegis.forge.cognate.engine import build_cognate
+    from aegis.forge.cognate.model import forward
+    from aegis.forge.quietstar.reasoning_data import THOUGHT_TOKENS, add_thinking_tokens
+
+    from tests.hf_folders import make_tokenizer
+
+    tok = make_tokenizer(None)
+    folder = _cognate_folder(tmp_path, tok)
+    model = build_cognate(json.loads((folder / "config.json").read_text()))
+    params = model.load(folder)
+    ids = jnp.asarray(np.random.default_rng(1).integers(0, len(tok), (2, 13)))
+    want = np.asarray(forward(params, model.cfg, ids)["logits"])
+    h = model.hidden(params, ids)
+    np.testing.assert_allclose(np.asarray(model.project(h, model.head_weight(params))), want, atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(np.asarray(model.apply(params, ids)), want)
+
+    vocab = len(tok)
+    spelled = tok.encode("thinking", add_special_tokens=False)
+    grown, new_params, size = add_thinking_tokens(model, params, tok)
+    emb = np.asarray(new_params["model.embed_tokens.weight"])
+    assert emb.shape[0] == grown.cfg.vocab_size == len(tok) == vocab + len(THOUGHT_TOKENS) == size.vocab_after
+    old = np.asarray(params["model.embed_tokens.weight"])
+    np.testing.assert_allclose(emb[tok.convert_tokens_to_ids("[thinking]")], old[spelled].mean(0), rtol=1e-6)
+    assert size.params_added == len(THOUGHT_TOKENS) * model.cfg.hidden_size  # one tied matrix grew
+    assert grown.apply(new_params, ids).shape == (2, 13, vocab + len(THOUGHT_TOKENS))
+
+
+def test_a_packed_cognate_model_loads_with_the_absmean_ternary_weights(tmp_path):
+    import jax.numpy as jnp
+
+    from aegis.forge.bitnet import compress_model, load_packed
+    from aegis.forge.cognate.hf_folder import load_pretrained
+    from aegis.forge.cognate.model import forward, from_flat, to_flat
+
+    from tests.hf_folders import make_tokenizer
+
+    folder = _cognate_folder(tmp_path, make_tokenizer(None))
+    r = compress_model(folder, tmp_path / "packed")
+    params, cfg = load_pretrained(folder)
+    assert r.total_params == cfg.num_parameters()
+    flat = {k: np.asarray(v) for k, v in to_flat(params).items()}
+    assert "model.layers.1.q_proj.weight" in r.packed and "model.embed_tokens.weight" in r.preserved
+    for name in r.packed:  # BitNet b1.58: gamma = mean |W|, W_q = RoundClip(W / (gamma + eps), -1, 1)
+        w = flat[name]
+        gamma = np.abs(w).mean()
+        flat[name] = np.clip(np.round(w / (gamma + 1e-5)), -1, 1) * gamma
+    pm = load_packed(tmp_path / "packed")
+    ids = jnp.asarray(np.random.default_rng(2).integers(0, cfg.vocab_size, (1, 11)))
+    want = forward(from_flat(flat, cfg), cfg, ids)["logits"]
+    np.testing.assert_allclose(np.asarray(pm.model.apply(pm.dense_params(), ids)), np.asarray(want), atol=1e-4,
+                               rtol=1e-4)

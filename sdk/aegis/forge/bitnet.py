@@ -217,10 +217,15 @@ def _pack_model(
     from aegis.models.profiles import profile_from_config
     from aegis.train.safetensors_io import DTYPES, FLOATING, MAX_SHARD_BYTES, ModelWeights, ShardWriter, code_of
 
+    from aegis.forge.cognate.engine import cognate_profile, is_cognate
+
     source = locate_model(str(src))
     weights = ModelWeights(str(src), source)
     config = weights.config
-    profile = profile_from_config(config, model_id=str(src), source="path")
+    if is_cognate(config):  # not a planner family: its layers and parameters from its own shapes
+        profile = cognate_profile(config)
+    else:
+        profile = profile_from_config(config, model_id=str(src), source="path")
     outside = [k for k in keep_layers if not -profile.num_layers <= k < profile.num_layers]
     if outside:
         raise InvalidConfigError(f"--keep-layer {outside[0]}: {src} has {profile.num_layers} decoder layers "
@@ -501,10 +506,12 @@ def load_packed(
     config_file = folder / MODEL_CONFIG if (folder / MODEL_CONFIG).is_file() else folder / "config.json"  # earlier layout
     config = json.loads(config_file.read_text(encoding="utf-8"))
     dtype = jnp.dtype(dtype or jnp.float32)
-    model = build_model(config, dtype=dtype, param_dtype=dtype)
     handles = [safe_open(str(folder / f), framework="numpy") for f in meta["shards"]]
     where = {k: h for h in handles for k in h.keys()}
     packed_meta = meta["packed"]
+    if config.get("model_type") == "cognate":
+        return _load_packed_cognate(config, meta, where)
+    model = build_model(config, dtype=dtype, param_dtype=dtype)
 
     def packed(name: str) -> tuple[np.ndarray, np.ndarray]:
         return where[name + PACKED_SUFFIX].get_tensor(name + PACKED_SUFFIX), np.asarray(
@@ -546,6 +553,28 @@ def load_packed(
                 leaf = MixedLinear(leaf, jnp.asarray(ternary if stacked else ternary[0]))
         _set(params, path_, leaf)
     return PackedModel(model=model, params=params, meta=meta)
+
+
+def _load_packed_cognate(config: dict[str, Any], meta: dict[str, Any], where: dict[str, Any]) -> PackedModel:
+    """A packed Cognate folder: its ternary weights dequantised (``W_q * gamma``, W1.58 A16: the Cognate forward
+    has no quantised-activation linears), the rest as stored, behind :class:`aegis.forge.cognate.engine.CognateModel`."""
+    from aegis.forge._bitnet_pack import unpack_ternary
+    from aegis.forge.cognate.engine import build_cognate
+    from aegis.forge.cognate.hyperparams import param_shapes
+    from aegis.forge.cognate.model import from_flat
+
+    model = build_cognate(config)
+    flat = {}
+    for name in param_shapes(model.cfg):
+        if name in meta["packed"]:
+            codes = where[name + PACKED_SUFFIX].get_tensor(name + PACKED_SUFFIX)
+            scale = np.asarray(where[name + SCALE_SUFFIX].get_tensor(name + SCALE_SUFFIX), np.float32)
+            flat[name] = unpack_ternary(codes, meta["packed"][name]["shape"][-1]).astype(np.float32) * scale[..., None]
+        elif name in where:
+            flat[name] = np.asarray(where[name].get_tensor(name), np.float32)
+        else:
+            raise InvalidConfigError(f"the packed folder lacks tensor {name!r}; it is incomplete, compress again.")
+    return PackedModel(model=model, params=from_flat(flat, model.cfg), meta=meta)
 
 
 _REGISTERED: list[bool] = []

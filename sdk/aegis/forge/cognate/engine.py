@@ -1,10 +1,11 @@
-"""A Cognate model behind the engine's model interface, so the forge's later phases (EvoMerge's fitness, ...) can
+"""A Cognate model behind the engine's model interface, so the forge's later phases (EvoMerge's fitness, Quiet-STaR)
 run it like any model :func:`aegis.train.modeling.build_model` serves.
 
     if is_cognate(config):
         model = build_cognate(config)                 # .apply(params, ids) -> logits, .spec.num_layers, .config
         params = model.load(folder)                   # the engine's tree, read from the exported folder
         logits = model.apply(params, ids)             # the ACT mixture of the passes: forward(...)["logits"]
+        h = model.hidden(params, ids)                 # model.project(h, model.head_weight(params)) == logits
     eval_peak_bytes(config, batch=8, seq_len=64)      # what one eval step holds (batch planning)
     flops_per_token(config, seq_len=64)               # forward FLOPs per token (EvoMerge's speed term)
 
@@ -20,7 +21,8 @@ from typing import Any
 
 from aegis.forge.cognate.hyperparams import CognateConfig, param_shapes
 
-__all__ = ["CognateModel", "CognateSpec", "build_cognate", "eval_peak_bytes", "flops_per_token", "is_cognate"]
+__all__ = ["CognateModel", "CognateProfile", "CognateSpec", "build_cognate", "cognate_profile", "eval_peak_bytes",
+           "flops_per_token", "is_cognate"]
 
 
 def is_cognate(config: dict[str, Any]) -> bool:
@@ -81,10 +83,50 @@ class CognateModel:
 
         return forward(params, self.cfg, ids)["logits"]
 
+    def hidden(self, params: dict[str, Any], ids: Any, positions: Any = None, segment_ids: Any = None,
+               **_: Any) -> Any:
+        """(B, T, D) states whose projection by :meth:`head_weight` is :meth:`apply`'s logits: the ACT mixture of
+        the passes' normalised answer latents."""
+        from aegis.forge.cognate.model import forward
+
+        return forward(params, self.cfg, ids)["hidden"]
+
+    def head_weight(self, params: dict[str, Any]) -> Any:
+        """The (V, D) output head: Cognate ties it to the embeddings."""
+        return params["model.embed_tokens.weight"]
+
+    def project(self, h: Any, w: Any) -> Any:
+        """Logits ``h @ w^T``."""
+        return h @ w.T
+
+    def save(self, params: dict[str, Any], folder: str | Path, *, tokenizer: Any = None) -> None:
+        """Write the parameters as an exported Cognate folder into ``folder`` (one its caller publishes)."""
+        from aegis.forge.cognate.hf_folder import write_files
+
+        write_files(Path(folder), params, self.cfg, tokenizer=tokenizer)
+
+    def with_vocab(self, vocab_size: int) -> CognateModel:
+        """The same model with ``vocab_size`` embedding rows (tokens added)."""
+        return CognateModel({**self.config, "vocab_size": vocab_size})
+
 
 def build_cognate(config: dict[str, Any]) -> CognateModel:
     """The :class:`CognateModel` of a Cognate config.json dict."""
     return CognateModel(config)
+
+
+@dataclass(frozen=True)
+class CognateProfile:
+    """What BitNet's packing reads from a planner profile: decoder layers and parameters."""
+
+    num_layers: int
+    total_params: int
+
+
+def cognate_profile(config: dict[str, Any]) -> CognateProfile:
+    """Layers and parameter count of a Cognate config (counted from its shapes)."""
+    cfg = _cfg(config)
+    return CognateProfile(cfg.num_layers, cfg.num_parameters())
 
 
 def eval_peak_bytes(config: dict[str, Any], *, batch: int, seq_len: int) -> int:

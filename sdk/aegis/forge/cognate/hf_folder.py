@@ -20,7 +20,7 @@ from typing import Any
 
 from aegis.forge.cognate.hyperparams import CognateConfig, param_shapes
 
-__all__ = ["save_pretrained", "load_pretrained", "hf_config", "widen_memory", "memory_slots", "CODE_FILES"]
+__all__ = ["save_pretrained", "load_pretrained", "hf_config", "widen_memory", "memory_slots", "write_files", "CODE_FILES"]
 
 CODE_FILES = ("configuration_cognate.py", "modeling_cognate.py")
 
@@ -47,30 +47,34 @@ def save_pretrained(params: dict[str, Any], cfg: CognateConfig, out: str | Path,
                     writer: str = "aegis cognate") -> Path:
     """Write the folder (see the module docstring); ``extra_files`` (name -> text) go in with it, in the same
     atomic publish. Returns the folder's absolute path."""
+    from aegis._outdir import output_dir
+
+    with output_dir(out, overwrite=overwrite, writer=writer) as tmp:
+        write_files(tmp, params, cfg, tokenizer=tokenizer)
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text, encoding="utf-8")
+    return Path(out).expanduser().absolute()
+
+
+def write_files(folder: Path, params: dict[str, Any], cfg: CognateConfig, *, tokenizer: Any = None) -> None:
+    """The folder's files, written into ``folder`` as it is (an output folder its caller publishes)."""
     import numpy as np
 
-    from aegis._outdir import output_dir
     from aegis.forge.cognate.model import to_flat
     from aegis.train.safetensors_io import write_shards
 
     flat = {k: np.asarray(v, dtype=np.float32) for k, v in to_flat(params).items()}
-    order = list(param_shapes(cfg))
-    tensors = {k: flat[k] for k in order}
-    with output_dir(out, overwrite=overwrite, writer=writer) as tmp:
-        write_shards(tmp, tensors)
-        (tmp / "config.json").write_text(json.dumps(hf_config(cfg, tokenizer), indent=2) + "\n", encoding="utf-8")
-        gen = {"do_sample": False, "use_cache": False}
-        if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
-            gen["eos_token_id"] = tokenizer.eos_token_id
-        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n", encoding="utf-8")
-        code = resources.files("aegis.forge.cognate").joinpath("hf")
-        for name in CODE_FILES:
-            (tmp / name).write_text(code.joinpath(name).read_text(encoding="utf-8"), encoding="utf-8")
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(tmp))
-        for name, text in (extra_files or {}).items():
-            (tmp / name).write_text(text, encoding="utf-8")
-    return Path(out).expanduser().absolute()
+    write_shards(folder, {k: flat[k] for k in param_shapes(cfg)})
+    (folder / "config.json").write_text(json.dumps(hf_config(cfg, tokenizer), indent=2) + "\n", encoding="utf-8")
+    gen = {"do_sample": False, "use_cache": False}
+    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+        gen["eos_token_id"] = tokenizer.eos_token_id
+    (folder / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n", encoding="utf-8")
+    code = resources.files("aegis.forge.cognate").joinpath("hf")
+    for name in CODE_FILES:
+        (folder / name).write_text(code.joinpath(name).read_text(encoding="utf-8"), encoding="utf-8")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(folder))
 
 
 def load_pretrained(folder: str | Path) -> tuple[dict[str, Any], CognateConfig]:

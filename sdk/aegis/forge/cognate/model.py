@@ -228,7 +228,8 @@ def act_weights(halt: jax.Array, threshold: float) -> tuple[jax.Array, jax.Array
 def forward(params: dict[str, Any], cfg: CognateConfig, ids: jax.Array, threshold: Any = None) -> dict[str, jax.Array]:
     """Logits (B, T, V) of the ACT mixture and the per-pass pieces: pass_logits (K, B, T, V), halt (K, B, T),
     weights (K, B, T), steps N (B, T), ponder N + R (B, T), memory_usage (B, T): the memory branch's share 1 - g
-    of the MAG outputs (mean over layers and channels, mixed over passes by the ACT weights)."""
+    of the MAG outputs (mean over layers and channels, mixed over passes by the ACT weights); hidden (B, T, D): the
+    ACT mixture of the passes' normalised answer latents, so logits = hidden @ E^T (the head is tied and linear)."""
     eps = cfg.rms_norm_eps
     emb = params["model.embed_tokens.weight"]
     x = emb[ids]
@@ -239,14 +240,15 @@ def forward(params: dict[str, Any], cfg: CognateConfig, ids: jax.Array, threshol
         y = y + _rms(z, params["model.latent_norm.weight"], eps) @ params["model.y_proj.weight"].T
         yf = _rms(y, params["model.norm.weight"], eps)
         halt = jax.nn.sigmoid(yf @ params["model.halt_proj.weight"][0] + params["model.halt_proj.bias"][0])
-        return (y, z), (yf @ emb.T, halt, usage)
+        return (y, z), (yf @ emb.T, yf, halt, usage)
 
     zeros = jnp.zeros_like(x)
-    _, (pass_logits, halt, usage) = jax.lax.scan(one_pass, (zeros, zeros), None, length=cfg.max_passes)
+    _, (pass_logits, states, halt, usage) = jax.lax.scan(one_pass, (zeros, zeros), None, length=cfg.max_passes)
     weights, steps, remainder = act_weights(halt, cfg.act_threshold if threshold is None else threshold)
     mixed = jnp.einsum("kbt,kbtv->btv", weights, pass_logits)
     return {"logits": mixed, "pass_logits": pass_logits, "halt": halt, "weights": weights, "steps": steps,
-            "ponder": steps + remainder, "memory_usage": jnp.sum(weights * usage, axis=0)}
+            "ponder": steps + remainder, "memory_usage": jnp.sum(weights * usage, axis=0),
+            "hidden": jnp.einsum("kbt,kbtd->btd", weights, states)}
 
 
 def _ce(logits: jax.Array, ids: jax.Array) -> jax.Array:

@@ -127,6 +127,10 @@ def add_thinking_tokens(model: Any, params: dict[str, Any], tokenizer: Any,
         return jnp.asarray(out)
 
     params = dict(params)
+    if getattr(model, "family", None) == "cognate":  # flat names, the head tied to the embeddings
+        params["model.embed_tokens.weight"] = grow(params["model.embed_tokens.weight"])
+        return model.with_vocab(vocab_after), params, SizeChange(len(new), vocab_before, vocab_after, before_params,
+                                                                 count(params))
     params["model"] = dict(params["model"])
     params["model"]["embed_tokens"] = {**params["model"]["embed_tokens"],
                                        "weight": grow(params["model"]["embed_tokens"]["weight"])}

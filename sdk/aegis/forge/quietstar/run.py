@@ -110,6 +110,7 @@ def run_quietstar(
     from aegis.forge.optim import muon_grokfast, preset
     from aegis.forge.quietstar import core
     from aegis.forge.quietstar.reasoning_data import END, START, THOUGHT_TOKENS, add_thinking_tokens, load_reasoning
+    from aegis.forge.cognate.engine import build_cognate, is_cognate
     from aegis.train.modeling import build_model
     from aegis.train.weights import load_checkpoint, save_checkpoint
 
@@ -122,9 +123,13 @@ def run_quietstar(
         check_output_dir(out, overwrite=overwrite)
     rows = load_reasoning(data) if isinstance(data, (str, Path)) else list(data)
     config = json.loads((model_dir / "config.json").read_text())
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    base = build_model(config)
-    params = load_checkpoint(base, model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)  # a Cognate config.json has auto_map: no prompt
+    if is_cognate(config):  # a Cognate model (phase 1 -> 2 of the forge) behind the engine's interface
+        base = build_cognate(config)
+        params = base.load(model_dir)
+    else:
+        base = build_model(config)
+        params = load_checkpoint(base, model_dir)
     model, params, size = add_thinking_tokens(base, params, tok)
     log(f"tokens: +{size.tokens_added} ({size.vocab_before} -> {size.vocab_after} vocab), "
         f"{size.params_before:,} -> {size.params_after:,} params (+{size.params_added:,})")
@@ -303,8 +308,11 @@ def run_quietstar(
     }
     out.mkdir(parents=True, exist_ok=True)
     with output_dir(out / "model", overwrite=True, writer="aegis quietstar") as tmp:
-        save_checkpoint(model, st["params"], tmp)
-        tok.save_pretrained(tmp)
+        if getattr(model, "family", None) == "cognate":
+            model.save(st["params"], tmp, tokenizer=tok)  # its own modeling code and config, as phase 1 exports
+        else:
+            save_checkpoint(model, st["params"], tmp)
+            tok.save_pretrained(tmp)
         from aegis.train.safetensors_io import write_shards
 
         write_shards(tmp / "_mixer", {f"mixer.{k}": np.asarray(v, np.float32) for k, v in st["mixer"].items()})
