@@ -30,7 +30,7 @@ def _cognate_folder(tmp_path, tok):
     return save_pretrained(from_flat(flat, cfg), cfg, tmp_path / "cognate", tokenizer=tok)
 
 
-def test_evomerge_fitness_of_a_cognate_folder_equals_transformers_remote_code(tmp_path):
+def test_evomerge_fitness_of_a_cognate_folder_equals_transformers_remote_code(tmp_path, monkeypatch):
     from aegis.data.render import ChatRenderer
     from aegis.forge._evo_fitness import Evaluator, flops_per_token, plan_eval_batch
     from aegis.train.data import load_examples
@@ -41,7 +41,11 @@ def test_evomerge_fitness_of_a_cognate_folder_equals_transformers_remote_code(tm
     folder = _cognate_folder(tmp_path, tok)
     data = tmp_path / "eval.jsonl"
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus(6, seed=3)))
-    examples, _ = load_examples(str(data), ChatRenderer.from_folder(folder), seq_len=24)
+    prompts: list = []
+    monkeypatch.setattr("builtins.input", lambda *a: prompts.append(a) or "n")
+    renderer = ChatRenderer.from_folder(folder)  # the tokenizer alone: no "run the custom code?" prompt
+    assert prompts == []
+    examples, _ = load_examples(str(data), renderer, seq_len=24)
     config = json.loads((folder / "config.json").read_text())
     batch = plan_eval_batch(config, 24, len(examples))
     assert batch == 4  # the largest power of two <= 6 rows that fits (a host's memory holds a tiny model)

@@ -82,7 +82,8 @@ def _load_tokenizer(folder: Path) -> Any:
             "into the folder (`hf download <org/name> --include 'tokenizer*' --local-dir <folder>`)"
         )
     try:
-        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        # no remote code: a folder whose config.json has an auto_map (a Cognate export) would otherwise prompt
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
     except Exception as err:  # transformers raises OSError/ValueError/... for broken tokenizer files
         line = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise DatasetError(f"cannot load the tokenizer in {folder}: {line}") from err
