@@ -32,6 +32,7 @@ def _cognate_folder(tmp_path, tok):
 
 def test_evomerge_fitness_of_a_cognate_folder_equals_transformers_remote_code(tmp_path, monkeypatch):
     from aegis.data.render import ChatRenderer
+    from aegis.forge import _vocab
     from aegis.forge._evo_fitness import Evaluator, flops_per_token, plan_eval_batch
     from aegis.train.data import load_examples
 
@@ -44,6 +45,7 @@ def test_evomerge_fitness_of_a_cognate_folder_equals_transformers_remote_code(tm
     prompts: list = []
     monkeypatch.setattr("builtins.input", lambda *a: prompts.append(a) or "n")
     renderer = ChatRenderer.from_folder(folder)  # the tokenizer alone: no "run the custom code?" prompt
+    _vocab._load(folder)  # as merge reads each model's tokenizer
     assert prompts == []
     examples, _ = load_examples(str(data), renderer, seq_len=24)
     config = json.loads((folder / "config.json").read_text())

@@ -45,7 +45,8 @@ class OutputVocab:
 def _load(folder: Path) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(folder), use_fast=True)
+    # the tokenizer alone: a Cognate folder's config.json has an auto_map, which would otherwise prompt
+    return AutoTokenizer.from_pretrained(str(folder), use_fast=True, trust_remote_code=False)
 
 
 def build_vocab(
