@@ -4,8 +4,11 @@ Reference: XLA's memory analysis of the trainer's own step compiled on a ``{fsdp
 (``fsdp_memory_check.py`` in a subprocess: XLA reads the device count when JAX starts), the figures the
 ``memory_check`` event records. Full fine-tuning of a small Llama in fp32 with AdamW, where parameters and optimizer
 states dominate: each device's arguments equal the planner's sharded static bytes, its peak is within 5% of the
-planner's ``framework="jax", fsdp_shards=4`` estimate, and at most 0.4x the one-device peak. The sharding arithmetic
-runs without JAX against the engine's rules (`aegis.models.shapes.mesh_axes_of`: an indivisible axis stays whole).
+planner's ``framework="jax", fsdp_shards=4`` estimate, and at most 0.4x the one-device peak; the one-device peak is
+within 5% of the planner's too. Measured (XLA:CPU): {fsdp: 4} 55.99 MB compiled vs 53.49 MB planned (-4.5%), one device
+205.71 vs 213.97 MB (+4.0%): the skip guard's select makes XLA copy the optimizer state, not the parameters (planning
+a copy of both, as for a ``lax.cond``, was +11.5% and +21.4%). The sharding arithmetic runs without JAX against the
+engine's rules (`aegis.models.shapes.mesh_axes_of`: an indivisible axis stays whole).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ def test_fsdp4_compiled_peak_matches_the_planner_and_is_below_four_tenths_of_one
     assert parts["weights"] == fsdp["detail"]["trainable_bytes"] // 4
     assert parts["optimizer"] - 8 * 4 == (fsdp["detail"]["opt_state_bytes"] - 8 * 4) // 4
     assert abs(fsdp["planned_peak_bytes"] / fsdp["compiled_peak_bytes"] - 1) <= PEAK_TOLERANCE, fsdp
+    assert abs(one["planned_peak_bytes"] / one["compiled_peak_bytes"] - 1) <= PEAK_TOLERANCE, one
     assert fsdp["compiled_peak_bytes"] <= SHRINK * one["compiled_peak_bytes"], (fsdp, one)
     assert planned.tensor_bytes <= SHRINK * estimate(_profile(CONFIG), TrainConfig(**TRAIN), framework="jax").tensor_bytes
 

@@ -31,13 +31,22 @@ component by component, without importing JAX:
   dequantised weights (rematerialised in the backward pass). Unrolled layers free their residuals
   as their backward consumes them, so only the working set beyond them counts.
 
-- **the optimizer update** under the non-finite skip guard (a ``lax.cond`` over gradients, optimizer
-  state and parameters): XLA copies the conditional's operands, so the gradients, a copy of the
-  trainable parameters and one of the optimizer state sit beside the donated state.
+- **the optimizer state's copies**: the non-finite skip guard selects, leaf by leaf, between the
+  updated and the kept state (``jnp.where(skip, old, new)``, `train/step.py`). Writing the new moments
+  into the donated buffers while the select still reads the old ones, XLA copies every optimizer-state
+  leaf at the start of the step (before the forward pass) and holds the copies until that leaf's update;
+  the parameters are updated in place, uncopied. The vacated donated buffers are free until the update
+  writes the new state into them: the residuals, logits and float32 weight copies made after the copies
+  are placed there, and cost only what exceeds the optimizer state (its buffer assignment, one device
+  and {fsdp: 4}; the gradients, read by the update, stay in temporaries).
+- **weight slices** (XLA:CPU, full fine-tuning, unrolled layers in the parameter dtype): each layer's
+  trained matrices are sliced out of their stacks into their own buffers before the forward pass, each
+  freed at that layer's weight-gradient dot, where its gradient (as large) is made.
 
 The peak is the largest of three moments: the loss and head backward (all residuals, the logits, the
-head), the backward of the layers (all residuals, one layer's working set) and the optimizer update
-(where parameters and optimizer states dominate, as in full fine-tuning of a small model).
+head, the weight slices), the backward of the layers (all residuals, one layer's working set, all
+gradients) and the optimizer update (the optimizer state's copies beside every gradient: where
+parameters and optimizer states dominate, as in full fine-tuning of a small model).
 
 **Sharded runs** (``fsdp_shards`` / ``tensor_shards``, the run's ``parallel`` mesh): every array is
 split by the engine's own rules (`aegis.models.shapes`: logical axes from the architecture registry,
@@ -47,7 +56,10 @@ blocks; the batch is one rank's micro batch. A dot whose weight is split on its 
 axis runs on whichever operand GSPMD gathers more cheaply: the weight (one layer at a time) or the
 fsdp group's batch, whose output (the MLP's intermediates, the logits) is then made for the whole
 group on every device (`_gathered_tokens`). Measured against XLA's per-device analysis on 4 forced
-host devices: full fine-tuning, fp32, hidden 512, {fsdp: 4}: exact (tests/planning/memory/test_jax_fsdp_memory.py).
+host devices: full fine-tuning, fp32, hidden 512, 2 layers, {fsdp: 4}: 53.49 MB planned vs 55.99 MB compiled
+(-4.5%: XLA's peak is at the top layer's backward, its gathered MLP gradients beside every layer's weight slices;
+one device: 213.97 vs 205.71 MB, +4.0%: XLA also parks the embedding's scatter gradient and one moment copy in
+vacated buffers) (tests/planning/memory/test_jax_fsdp_memory.py).
 
 XLA:CPU has no native bf16 arithmetic: it upcasts bf16 operands to float32, so on CPU the residuals
 and the weights the backward dots read get float32 copies (``platform="cpu"``); XLA:GPU computes in
@@ -357,6 +369,17 @@ def _layer_residual_per_token(
     return terms
 
 
+def _vacated(transients: dict[str, int], capacity: int) -> dict[str, int]:
+    """What ``transients`` (buffers made after the optimizer state's copies and freed before the update) cost beyond
+    the ``capacity`` bytes of donated buffers the copies vacate: XLA places them there first, in this order."""
+    out = {}
+    for key, size in transients.items():
+        placed = min(size, capacity)
+        capacity -= placed
+        out[key] = size - placed
+    return out
+
+
 def estimate_jax(
     profile: ModelProfile,
     cfg: TrainConfig,
@@ -530,23 +553,34 @@ def estimate_jax(
         backward = max(0, tokens * (bwd_per_token - per_layer))
     head_copy = head_params * _FP32 if upcast else 0  # XLA:CPU float32 copy of the bf16 head for its two dots
     layer_copies = layer_matrix_params * _FP32 if upcast and cfg.method != "qlora" else 0
+    # XLA:CPU, unrolled layers, trained in their own dtype: each layer's matrices are sliced out of the stacks
+    # before the forward pass and freed at that layer's weight gradient (measured: the slices of every layer's
+    # matrices live at the loss, none once the backward has made those layers' gradients; frozen LoRA bases are
+    # read in place). In the backward of the layers each slice has become a gradient the gradients term counts.
+    weight_slices = layer_matrix_params * pw if plat == "cpu" and cfg.method == "full" and not scanned and not upcast else 0
     dequant = (layer_matrix_params // sh.n) * (_FP32 + comp) if cfg.method == "qlora" else 0  # one layer's dense weights
 
-    # The optimizer update runs under the non-finite skip guard (`step.make_train_step`: ``lax.cond(skip, keep,
-    # update, (grads, opt_state, params))``): XLA copies the conditional's operands, the trainable parameters and
-    # the optimizer state, beside the donated originals and the gradients it reads. When parameters and optimizer
-    # states dominate (full fine-tuning) this is the step's peak (measured: XLA's temporaries are exactly
-    # gradients + parameters + AdamW moments, on one device and per device of {fsdp: 4}).
-    guard_copies = (weights if cfg.method == "full" else adapters) + optimizer
+    # The non-finite skip guard keeps the old state with a select (`step.make_train_step`: ``jnp.where(skip, old,
+    # new)`` per leaf): XLA copies every optimizer-state leaf before the forward pass and holds the copies until
+    # the update, which writes the new state into the donated buffers and the new parameters in place (the
+    # parameters are not copied). Until then the vacated buffers hold what is made after the copies and freed
+    # before the update (residuals, logits, float32 weight copies; `_vacated`), so those cost only what exceeds the
+    # optimizer state; the weight slices, made before the copies, do not fit there. When parameters and optimizer
+    # states dominate (full fine-tuning of a small model) the update is the peak: the copies beside every gradient
+    # (measured, the buffer assignment of the compiled step: one device, and per device of {fsdp: 4}).
+    guard_copies = optimizer
     static = {"weights": weights, "adapters": adapters, "optimizer": optimizer, "batch": batch + scalars}
+    transients = {"activations": activations, "logits": logits, "head copy": head_copy, "weight copies": layer_copies}
     moments = {
         "loss and head backward": {
-            **static, "activations": activations, "logits": logits, "head copy": head_copy,
-            "weight copies": layer_copies, "gradients": loss_gradients,
+            **static, "update copies": guard_copies, **_vacated(transients, guard_copies),
+            "weight slices": weight_slices, "gradients": loss_gradients,
         },
         "backward of the layers": {
-            **static, "activations": activations, "backward temporaries": backward + dequant,
-            "weight copies": layer_copies, "gradients": gradients,
+            **static, "update copies": guard_copies,
+            **_vacated({"activations": activations, "backward temporaries": backward + dequant,
+                        "weight copies": layer_copies}, guard_copies),
+            "gradients": gradients,
         },
         "optimizer update": {**static, "update copies": guard_copies, "gradients": gradients},
     }
@@ -567,7 +601,10 @@ def estimate_jax(
          + (f"embedding scatter gradient {sh.vocab * sh.d:,} x {grad_width} B" if embed_grad else "")
          + (f" + fp32 accumulators {trainable_params:,} x 4 B" if accumulators else ""),
          "the gradients allocated before the loss"),
-        "activations": ("Activations" + (" (remat)" if remat else ""), act_formula,
+        "activations": ("Activations" + (" (remat)" if remat else ""),
+                        act_formula + (f"; beyond the {guard_copies:,} B of donated buffers the optimizer state's copies "
+                                       "vacate (activations, then logits and weight copies, are placed there first)"
+                                       if guard_copies else ""),
                         f"micro batch {b} x seq {s:,}; {'scanned' if scanned else 'unrolled'} layers"),
         "logits": ("Logits + loss buffers" + (" (chunked CE)" if cfg.chunked_cross_entropy else ""), logits_formula,
                    f"{sh.vocab:,}-token vocabulary, float32"),
@@ -578,8 +615,11 @@ def estimate_jax(
         "weight copies": ("Weight copies (fp32)", f"{layer_matrix_params:,} layer weights x 4 B",
                           "XLA:CPU upcasts the bf16 weights the dots read"),
         "head copy": ("Head weight copy (fp32)", f"{head_params:,} x 4 B", "XLA:CPU upcasts the bf16 head for its two dots"),
-        "update copies": ("Skip guard's copies", "trainable parameters + optimizer state, copied",
-                          "the optimizer update's conditional takes them as operands"),
+        "update copies": ("Optimizer state copies", f"{cfg.optimizer} state copied once ({optimizer:,} B)",
+                          ("the skip guard's select keeps the old state: copied before the forward pass, its "
+                           "donated buffers hold residuals until the update writes the new state there")),
+        "weight slices": ("Per-layer weight slices", f"{layer_matrix_params:,} layer weights x {pw} B",
+                          "XLA:CPU slices each unrolled layer's trained matrices out of their stacks"),
     }
     components = tuple(
         MemoryComponent(name=labels[k][0], key=k, bytes=int(v), formula=labels[k][1], note=labels[k][2])
