@@ -300,7 +300,7 @@ def test_search_filters():
 
 def test_importing_aegis_reads_no_catalog_and_one_lookup_builds_the_index():
     code = (
-        "import aegis\nfrom aegis import catalog\n"
+        "import aegis\nfrom aegis.models import catalog\n"
         "assert catalog.models.cache_info().currsize == 0\n"
         "aegis.estimate_memory('llama-3.1-8b', method='qlora', micro_batch_size=4, seq_len=1024)\n"
         "assert catalog.find_model('llama3.1:8b').id == 'meta-llama/Llama-3.1-8B'\n"
