@@ -341,6 +341,7 @@ def _mount_run_commands() -> None:
     the front ends' (`chat`, `slack`) are the ``aegis.commands`` entry points. Without their extra, stand-ins name
     the extra to install."""
     try:
+        import aegis.supervise  # noqa: F401  the supervisor itself (langgraph, the engine): the 'supervise' extra
         from aegis.cli.supervised import register
     except ImportError as err:  # the supervisor's CLI module is optional in a planner-only install
         _mount_missing(("run", "resume", "status", "interrupt", "command", "export", "chat", "slack"), err)
