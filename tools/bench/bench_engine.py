@@ -34,7 +34,7 @@ def _config(name: str) -> dict[str, Any]:
     return cfg
 
 
-def _side_by_side(fns: list, rounds: int, per_round: int, warmup: int = 2, settle: int = 3,
+def side_by_side(fns: list, rounds: int, per_round: int, warmup: int = 2, settle: int = 3,
                   pause: float = 0.5) -> list[tuple[float, float]]:
     """Median (wall, CPU) seconds per call of each of ``fns``, timed in interleaved rounds.
 
@@ -240,7 +240,7 @@ def depth_sweep(layers: list[int], batch: int, seq: int, steps: int) -> None:
             run()  # the first call compiles
             compile_s.append(time.perf_counter() - t0)
             fns.append(run)
-        (sw, _), (uw, _) = _side_by_side(fns, rounds=max(steps // 2, 3), per_round=2)
+        (sw, _), (uw, _) = side_by_side(fns, rounds=max(steps // 2, 3), per_round=2)
         print(f"{n:>6}{compile_s[0]:>16.2f}{compile_s[1]:>20.2f}{sw * 1e3:>9.1f}{uw * 1e3:>13.1f}{sw / uw:>18.2f}x")
 
 
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         for method in ("full", "lora"):
             jax_run, model = jax_train_step(cfg, method, args.batch, args.seq)
             torch_run = torch_train_step(cfg, method, args.batch, args.seq)
-            (jw, jc), (tw, tc) = _side_by_side([jax_run, torch_run], args.rounds, args.per_round)
+            (jw, jc), (tw, tc) = side_by_side([jax_run, torch_run], args.rounds, args.per_round)
             loop = "scan" if model.scans_layers() else "unrolled"
             print(f"{name + ' llama ' + method:<20}{loop:>8}{jw * 1e3:>9.1f}{tw * 1e3:>10.1f}{tokens / jw:>11.0f}"
                   f"{tokens / tw:>12.0f}{tw / jw:>15.2f}x{tc / jc:>14.2f}x")
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = _config("tiny")
         vmapped, looped, batched, diff, flops = per_sample_grads(cfg, args.samples, 64, chunk=args.chunk)
         torch_looped = torch_per_sample_loop(cfg, args.samples, 64)
-        (vw, vc), (lw, lc), (bw, bc), (tw, tc) = _side_by_side(
+        (vw, vc), (lw, lc), (bw, bc), (tw, tc) = side_by_side(
             [vmapped, looped, batched, torch_looped], rounds=5, per_round=1, warmup=1
         )
         print()

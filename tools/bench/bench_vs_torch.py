@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 from typing import Any
 
 import numpy as np
+
+from tools.bench.bench_engine import side_by_side
 
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {},
@@ -168,23 +169,6 @@ def torch_side(cfg: dict, method: str, rows: np.ndarray, precision: str, loop: s
     return run, peak
 
 
-def side_by_side(fns: list, rounds: int, per_round: int, settle: int, pause: float) -> list[tuple[float, float]]:
-    """Median (wall, CPU) seconds per step of each of ``fns``, in alternating rounds."""
-    walls: list[list[float]] = [[] for _ in fns]
-    cpus: list[list[float]] = [[] for _ in fns]
-    for _ in range(rounds):
-        for i, fn in enumerate(fns):
-            time.sleep(pause)
-            for _ in range(settle):
-                fn()
-            w0, c0 = time.perf_counter(), time.process_time()
-            for _ in range(per_round):
-                fn()
-            walls[i].append((time.perf_counter() - w0) / per_round)
-            cpus[i].append((time.process_time() - c0) / per_round)
-    return [(statistics.median(w), statistics.median(c)) for w, c in zip(walls, cpus, strict=True)]
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", choices=list(PRESETS), default="25m", help="model size (Llama-shaped)")
@@ -220,7 +204,8 @@ def main(argv: list[str] | None = None) -> None:
         engine, trainer, compile_s, engine_peak = engine_side(cfg, method, rows, args.precision)
         torch_run, torch_peak = torch_side(cfg, method, rows, args.precision, args.torch_loop)
         torch_run()
-        (ew, ec), (tw, tc) = side_by_side([engine, torch_run], args.rounds, args.per_round, args.settle, args.pause)
+        (ew, ec), (tw, tc) = side_by_side([engine, torch_run], args.rounds, args.per_round, warmup=0, settle=args.settle,
+                                          pause=args.pause)
         print(f"{method:<7}{tokens / ew:>13.0f}{tokens / tw:>12.0f}{tw / ew:>10.2f}x{tc / ec:>9.2f}x"
               f"{engine_peak / 2**20:>15.0f}{torch_peak() / 2**20:>14.0f}{compile_s:>10.1f}", flush=True)
         del trainer
