@@ -140,3 +140,16 @@ def _header(folder):
     header, _ = read_header(Path(folder) / "model.safetensors")
     header.pop("__metadata__", None)
     return header
+
+
+def test_forge_refuses_a_folder_it_did_not_write(tmp_path):
+    """The output-folder rule: a user's file in OUT stops the run before anything is written; --overwrite keeps it."""
+    from aegis.errors import OutputPathError
+    from aegis.forge import pipeline
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "important.txt").write_text("keep")
+    with pytest.raises(OutputPathError, match="important.txt"):
+        pipeline.run_forge(_config(), out, run_phase1=_stub_phase1([]))
+    assert sorted(p.name for p in out.iterdir()) == ["important.txt"]

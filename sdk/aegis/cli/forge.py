@@ -258,6 +258,7 @@ def forge(
     config: Annotated[Optional[Path], typer.Argument(metavar="CONFIG.yml", help="Forge YAML (phase1..phase4); omit with --tiny.")] = None,
     out: Annotated[Optional[Path], typer.Argument(metavar="OUT", help="Folder for phase1_cognate/ .. phase4_bitnet/ and final/.")] = None,
     tiny: Annotated[bool, typer.Option("--tiny", help="Toy scale on a CPU with bundled data (aegis forge --tiny OUT).")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Start in OUT even if it holds other files (they are kept).")] = False,
 ) -> None:
     """Chain phases 1 -> 4 (Cognate, EvoMerge, Quiet-STaR, BitNet); re-running resumes."""
     from aegis.errors import InvalidConfigError
@@ -272,7 +273,7 @@ def forge(
         cfg = tiny_config() if tiny and config is None else load_forge_config(config)  # type: ignore[arg-type]
         if tiny:
             cfg["tiny"] = True
-        run_forge(cfg, out, log=lambda m: typer.echo(m, err=True))
+        run_forge(cfg, out, log=lambda m: typer.echo(m, err=True), overwrite=overwrite)
     except (ImportError, Exception) as err:  # noqa: BLE001
         from aegis.errors import AegisError
 

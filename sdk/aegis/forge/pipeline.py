@@ -91,12 +91,23 @@ def _finish(folder: Path, report: dict[str, Any], outputs: dict[str, Any]) -> di
     return outputs
 
 
+FORGE_MARKER = ".aegis-forge"
+"""Written first into OUT: a re-run resumes there instead of treating the phases as a stranger's files."""
+
+
 def run_forge(config: dict[str, Any], out: str | Path, *, log: Callable[[str], None] = lambda s: None,
-              run_phase1: Callable[..., list[Path]] | None = None) -> dict[str, Any]:
+              run_phase1: Callable[..., list[Path]] | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Run (or resume) the four phases into ``out``; returns ``{phase: outputs}`` and writes OUT/final.
-    ``run_phase1`` replaces :func:`aegis.forge.cognate.run_phase1` (tests)."""
+    ``run_phase1`` replaces :func:`aegis.forge.cognate.run_phase1` (tests). A folder that holds files and is not
+    an earlier forge run's (no ``.aegis-forge`` marker) is refused without ``overwrite`` (the output-folder rule)."""
+    from aegis._outdir import check_output_dir
+
     out = Path(out)
+    marker = out / FORGE_MARKER
+    if out.is_dir() and any(out.iterdir()) and not marker.exists():
+        check_output_dir(out, overwrite=overwrite)
     out.mkdir(parents=True, exist_ok=True)
+    marker.touch()
     tiny = bool(config.get("tiny", False))
     results: dict[str, Any] = {}
 
