@@ -133,7 +133,8 @@ def _time_and_cost(report: PlanReport, _replan: Callable[[PlanRequest], PlanRepo
     if tp is None:
         return "This plan has no throughput estimate (nothing fits): " + (report.nothing_fits or "")
     how = "measured by `aegis benchmark`" if tp.source == "measured" else "estimated"
-    lines = [f"**Throughput:** {tp.tokens_per_s_low:,.0f} - {tp.tokens_per_s_high:,.0f} tokens/s ({how}; {tp.basis})."]
+    basis = tp.basis if tp.basis.startswith(("measured by", "estimated from")) else f"{how}; {tp.basis}"  # names its source
+    lines = [f"**Throughput:** {tp.tokens_per_s_low:,.0f} - {tp.tokens_per_s_high:,.0f} tokens/s ({basis})."]
     if report.num_rows is None or not tp.total_hours_high:
         lines.append("- **Time and cost** need the dataset's size: add it to the request, e.g. "
                      "`with ./data.jsonl`.")

@@ -298,7 +298,8 @@ def _targets(text: str | None) -> tuple[str, ...] | None:
 
 def _benchmark_text(result) -> str:
     rec = getattr(result, "record", result)
-    mfu = f", MFU {rec.mfu:.0%} of the catalog bf16 peak" if rec.mfu is not None else ""
+    share = "" if rec.mfu is None else f"{rec.mfu:.0%}" if rec.mfu >= 0.01 else f"{rec.mfu * 100:.2g}%"
+    mfu = f", MFU {share} of the catalog bf16 peak" if share else ""
     line = (f"{rec.model_id} {rec.method} on {rec.device}: {rec.tokens_per_s:,.0f} tokens/s{mfu}, "
             f"peak {rec.peak_memory_bytes / 1e9:.2f} GB -- stored for GPU '{rec.gpu_id}'")
     ratio = getattr(result, "flops_ratio", None)

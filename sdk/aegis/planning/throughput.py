@@ -1,6 +1,10 @@
 """Time and cost: tokens/s from FLOPs per token over the GPU's tensor rate in the step's precision (bf16, or fp16
-where the card is faster at it) at an MFU range, or from a stored measurement (`aegis benchmark`); epoch and total
-time; cost at catalog prices.
+where the card is faster at it) at an MFU range, or at the MFU a stored measurement achieved (`aegis benchmark`);
+epoch and total time; cost at catalog prices.
+
+A measurement transfers: the JAX engine's record for a GPU, model and method gives its MFU (measured tokens/s x the
+one FLOPs count at the measured length, over the peak; `measured_mfu`), and the planner applies that MFU to the
+planned batch, length and precision on the same GPU, saying so in the basis.
 
 The rate is a roofline over the catalog's two peaks: a token cannot be trained faster than its FLOPs allow at the
 tensor rate, nor faster than the device memory it must move allows at the card's bandwidth (`bytes_per_token`).
@@ -16,11 +20,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from aegis.planning.calibration import CalibrationStore
-from aegis.schema import GPU, Cost, MemoryEstimate, Method, ModelProfile, TrainConfig
+from aegis.planning.calibration import CalibrationRecord, CalibrationStore
+from aegis.schema import GPU, Cost, Framework, MemoryEstimate, Method, ModelProfile, TrainConfig
 
-__all__ = ["MFU_RANGE", "TokenFlops", "bytes_per_token", "costs", "flops_per_token", "model_flops_utilisation",
-           "token_flops", "tokens_per_s_range"]
+__all__ = ["MFU_RANGE", "TokenFlops", "bytes_per_token", "costs", "flops_per_token", "measured_mfu",
+           "measured_tokens_per_s", "model_flops_utilisation", "token_flops", "tokens_per_s_range"]
 
 MFU_RANGE = {"full": (0.30, 0.45), "lora": (0.28, 0.42), "qlora": (0.18, 0.30)}
 """Model-FLOPs utilisation assumed per method (QLoRA dequantises every weight on the fly)."""
@@ -105,19 +109,52 @@ def bytes_per_token(profile: ModelProfile, cfg: TrainConfig, gpu: GPU, memory: M
     return (2 * saved + passes * parts.get("weights", 0)) / (cfg.micro_batch_size * cfg.seq_len)
 
 
+def measured_mfu(record: CalibrationRecord, profile: ModelProfile, gpu: GPU) -> float:
+    """The MFU a stored measurement achieved: its tokens/s x the one FLOPs count (`flops_per_token`) at the
+    measured method, sequence length and checkpointing, over ``gpu``'s peak in the measured precision. What makes a
+    measurement transferable: the planner applies it to another batch, length or precision on the same GPU."""
+    measured = TrainConfig(method=record.method, micro_batch_size=record.micro_batch_size, seq_len=record.seq_len,
+                           gradient_checkpointing=record.gradient_checkpointing, precision=record.precision,
+                           lora=None)
+    return model_flops_utilisation(record.tokens_per_s, profile, measured, gpu)
+
+
+def measured_tokens_per_s(record: CalibrationRecord, profile: ModelProfile, cfg: TrainConfig, gpu: GPU) -> tuple[float, float]:
+    """``(tokens/s per GPU, MFU)``: the record's `measured_mfu` applied to ``cfg`` (its FLOPs per token and its
+    precision's peak). At the measured configuration this is the measured rate itself."""
+    mfu = measured_mfu(record, profile, gpu)
+    return mfu * gpu.tflops(cfg.precision) * 1e12 / flops_per_token(profile, cfg)[0], mfu
+
+
 def tokens_per_s_range(
     profile: ModelProfile, cfg: TrainConfig, gpu: GPU, *, gpu_count: int = 1, efficiency: tuple[float, float] = (1.0, 1.0),
-    store: CalibrationStore | None = None, memory: MemoryEstimate | None = None,
+    store: CalibrationStore | None = None, memory: MemoryEstimate | None = None, framework: Framework = "jax",
 ) -> tuple[float, float, str, str]:
-    """(low, high, basis, 'estimated' | 'measured') for the whole job across `gpu_count` GPUs: the measurement when
-    one is stored, else the roofline (the slower of the compute and the memory-traffic bound) at the method's
-    utilisation range. ``memory``: ``cfg``'s single-GPU estimate, when already made."""
+    """(low, high, basis, 'estimated' | 'measured') for the whole job across `gpu_count` GPUs.
+
+    Measured: when ``store`` (default ``$AEGIS_HOME/calibration.json``) holds an `aegis benchmark` record of this
+    GPU, model and method run by ``framework``'s engine, its MFU (`measured_mfu`) applied to ``cfg`` (another batch,
+    length or precision is fine: the FLOPs per token and the peak are ``cfg``'s), +/- `MEASURED_SPREAD`.
+    Estimated: the roofline (the slower of the compute and the memory-traffic bound) at the method's documented
+    utilisation range (`MFU_RANGE`). ``memory``: ``cfg``'s single-GPU estimate, when already made."""
     store = store if store is not None else CalibrationStore()
     record = store.lookup(gpu.id, profile.model_id, cfg.method)
-    if record is not None:
-        rate = record.tokens_per_s * gpu_count
-        basis = (f"measured {record.tokens_per_s:,.0f} tok/s on {record.device} "
-                 f"(mb {record.micro_batch_size}, seq {record.seq_len}, {record.measured_at[:10]})")
+    if record is not None and record.framework == framework:
+        per_gpu, mfu = measured_tokens_per_s(record, profile, cfg, gpu)
+        rate = per_gpu * gpu_count
+        same = (record.micro_batch_size, record.seq_len, record.precision, record.gradient_checkpointing) == (
+            cfg.micro_batch_size, cfg.seq_len, cfg.precision, cfg.gradient_checkpointing)
+        basis = (f"measured by `aegis benchmark` on {record.measured_at[:10]}: {record.tokens_per_s:,.0f} tokens/s, "
+                 f"MFU {_percent(mfu)} ({record.framework} engine on {record.device}, mb {record.micro_batch_size}, "
+                 f"seq {record.seq_len}, {record.precision}"
+                 f"{', remat' if record.gradient_checkpointing else ''})")
+        if not same:
+            flops = flops_per_token(profile, cfg)[0]
+            work = f"{flops / 1e9:.1f} GFLOP" if flops >= 1e8 else f"{flops / 1e6:.1f} MFLOP"
+            basis += (f"; that MFU applied to this plan's {work}/token (mb {cfg.micro_batch_size}, seq {cfg.seq_len}, "
+                      f"{cfg.precision}{', remat' if cfg.gradient_checkpointing else ''}) = {per_gpu:,.0f} tokens/s")
+        if gpu_count > 1:
+            basis += f" x {gpu_count} GPUs at {efficiency[0]:.0%}-{efficiency[1]:.0%} scaling"
         return rate * (1 - MEASURED_SPREAD) * efficiency[0], rate * (1 + MEASURED_SPREAD) * efficiency[1], basis, "measured"
     flops, text = flops_per_token(profile, cfg)
     lo, hi = MFU_RANGE[cfg.method]
@@ -130,14 +167,20 @@ def tokens_per_s_range(
     if moved > 0 and gpu.bandwidth_gb_per_s * 1e9 / moved < rate:  # memory-bound: the bandwidth roof is lower
         rate = gpu.bandwidth_gb_per_s * 1e9 / moved
         amount = f"{moved / 1e6:,.2f} MB" if moved >= 1e6 else f"{moved / 1e3:,.1f} kB"
-        basis = (f"{text} = {work}/token, but memory-bound: {amount}/token moved (saved activations and "
-                 f"logits written and read back, weights read every pass) at {lo:.0%}-{hi:.0%} utilisation of "
-                 f"{gpu.bandwidth_gb_per_s:,.0f} GB/s, under the {tflops:g} TFLOPS {kind} compute roof")
+        basis = (f"estimated from the documented efficiency (no `aegis benchmark` record): {text} = {work}/token, "
+                 f"but memory-bound: {amount}/token moved (saved activations and logits written and read back, "
+                 f"weights read every pass) at {lo:.0%}-{hi:.0%} utilisation of {gpu.bandwidth_gb_per_s:,.0f} GB/s, under the {tflops:g} TFLOPS {kind} compute roof")
     else:
-        basis = f"{text} = {work}/token at {lo:.0%}-{hi:.0%} MFU of {tflops:g} TFLOPS {kind}"
+        basis = (f"estimated from the documented efficiency (no `aegis benchmark` record): {text} = {work}/token at "
+                 f"{lo:.0%}-{hi:.0%} MFU of {tflops:g} TFLOPS {kind}")
     if gpu_count > 1:
         basis += f" x {gpu_count} GPUs at {efficiency[0]:.0%}-{efficiency[1]:.0%} scaling"
     return (rate * lo * gpu_count * efficiency[0], rate * hi * gpu_count * efficiency[1], basis, "estimated")
+
+
+def _percent(share: float) -> str:
+    """0.4312 -> '43.1%'; a CPU-sized share of a GPU's peak keeps two significant digits (0.0000123 -> '0.0012%')."""
+    return f"{share:.1%}" if share >= 0.01 else f"{share * 100:.2g}%"
 
 
 def costs(gpu: GPU, gpu_count: int, hours: tuple[float, float]) -> list[Cost]:

@@ -103,11 +103,12 @@ def resolve_config(model: str | Mapping[str, Any] | ModelProfile, model_id: str 
     if isinstance(model, Mapping):
         cfg = dict(model)
         return cfg, model_id or str(cfg.get("_name_or_path") or cfg.get("model_type", "custom"))
-    path = Path(model)
+    path = Path(model).expanduser()
+    named = str(path)  # the id `aegis plan` gives the same path (aegis.models.resolve), so its records are found
     if path.is_dir():
         path = path / "config.json"
     if path.is_file():
-        return json.loads(path.read_text()), model_id or str(model)
+        return json.loads(path.read_text()), model_id or named
     try:
         from aegis.models.resolve import resolve_model
     except ImportError as err:  # the hub module is part of the planner install

@@ -693,6 +693,9 @@ def _estimates(report: PlanReport, explain: bool) -> Section:
         assert isinstance(item, Line)
         if item.label == "Throughput" and report.throughput is not None and report.throughput.source == "estimated":
             items.append(Line(item.label, item.value.replace("(estimated)", "(estimated; `aegis benchmark` calibrates)")))
+        elif item.label == "Throughput" and report.throughput is not None and report.throughput.basis.startswith("measured by"):
+            when = report.throughput.basis.split(":", 1)[0]  # "measured by `aegis benchmark` on <date>"
+            items.append(Line(item.label, item.value.replace("(measured)", f"({when}; --explain shows how)")))
         elif item.label == "Cloud equivalent":
             cloud.append(item.value.removeprefix("~"))
         else:
