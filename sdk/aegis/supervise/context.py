@@ -75,6 +75,8 @@ class RunContext:
                 self._reporter.log(m.step, {
                     "train/loss": m.loss, "train/grad_norm": m.grad_norm, "train/learning_rate": m.lr,
                     "train/tokens_per_s": m.tokens_per_s, "train/fallback_tier": float(tier),
+                    "train/useful_token_fraction": m.useful_token_fraction,
+                    "train/loss_token_fraction": m.loss_token_fraction, "train/host_wait_s": m.host_wait_s,
                 })
         if self.callbacks.on_step is not None:
             self.callbacks.on_step(m)

@@ -187,6 +187,11 @@ def train_node(ctx: RunContext, gs: GraphState) -> GraphState:
                 nonfinite=info.nan_or_inf,
                 overflow=info.scaler_overflow,
                 sample_ids=info.sample_ids,
+                tokens=info.tokens,
+                step_time_s=info.step_time_s,
+                useful_token_fraction=info.useful_token_fraction,
+                loss_token_fraction=info.loss_token_fraction,
+                host_wait_s=info.host_wait_s,
             )
             ctx.record_step(m, state.lr, engine.tier)
             if (dog := watchdog.current()) is not None:

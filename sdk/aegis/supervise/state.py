@@ -50,6 +50,15 @@ class StepMetrics(Frozen):
         description="fp16 loss-scaler overflow: update skipped and loss scale halved (routine, not an anomaly).",
     )
     sample_ids: tuple[str, ...] = Field(default=(), description="Batch sample ids (kept for the last steps only).")
+    tokens: int = Field(default=0, description="Target tokens the loss was taken over.")
+    step_time_s: float = Field(default=0.0, description="Wall time of the step (the first one of a process: + compile).")
+    useful_token_fraction: float = Field(
+        default=1.0, description="Share of the batch's positions holding example tokens (not padding)."
+    )
+    loss_token_fraction: float = Field(
+        default=1.0, description="Share of the batch's positions whose target is trained on."
+    )
+    host_wait_s: float = Field(default=0.0, description="Host time before the step that the device waited on.")
 
 
 class MetricsWindow(Frozen):

@@ -49,11 +49,14 @@ __all__ = [
     "render_status",
     "status_markdown",
     "memory_line",
+    "speed_line",
 ]
 
 _BARS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 60
 """Steps drawn by `aegis status`'s loss sparkline (the chat and Slack panels draw 40)."""
+SPEED_STEPS = 20
+"""Logged steps the speed line summarises (medians: a process's first, compiling step does not move them)."""
 
 
 class RunStatusReport(Frozen):
@@ -117,6 +120,18 @@ class RunStatusReport(Frozen):
     )
     planned_peak_bytes: int | None = Field(
         default=None, description="The planner's framework='jax' estimate for the same model and config."
+    )
+    tokens_per_s: float | None = Field(
+        default=None, description=f"Median positions per second of the last {SPEED_STEPS} logged steps (None before one)."
+    )
+    useful_token_fraction: float | None = Field(
+        default=None, description=f"Mean share of the batches' positions holding example tokens, last {SPEED_STEPS} steps."
+    )
+    loss_token_fraction: float | None = Field(
+        default=None, description=f"Mean share of the batches' positions trained on, last {SPEED_STEPS} steps."
+    )
+    host_wait_s: float | None = Field(
+        default=None, description=f"Median host time per step the device waited on, last {SPEED_STEPS} steps."
     )
 
 
@@ -186,6 +201,32 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.3f} GiB" if n >= 2**26 else f"{n / 2**20:.1f} MiB"
 
 
+def _speed(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """tokens/s, batch fill and host wait of the last `SPEED_STEPS` logged steps (a step's last record wins);
+    records from before these fields were logged leave them None."""
+    by_step = {r["step"]: r for r in records if isinstance(r.get("step"), int) and "useful_token_fraction" in r}
+    last = [by_step[s] for s in sorted(by_step)[-SPEED_STEPS:]]
+    if not last:
+        return {}
+
+    def median(key: str) -> float:
+        values = sorted(float(r.get(key, 0.0)) for r in last)
+        mid = len(values) // 2
+        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+    return {"tokens_per_s": median("tokens_per_s"), "host_wait_s": median("host_wait_s"),
+            "useful_token_fraction": sum(float(r["useful_token_fraction"]) for r in last) / len(last),
+            "loss_token_fraction": sum(float(r.get("loss_token_fraction", 1.0)) for r in last) / len(last)}
+
+
+def speed_line(report: RunStatusReport) -> str | None:
+    """'1,234 tokens/s; batches 96% tokens (61% trained on); host wait 0.2 ms/step' or None before a step."""
+    if report.tokens_per_s is None:
+        return None
+    return (f"{report.tokens_per_s:,.0f} tokens/s; batches {report.useful_token_fraction:.0%} tokens "
+            f"({report.loss_token_fraction:.0%} trained on); host wait {report.host_wait_s * 1e3:.1f} ms/step")
+
+
 def memory_line(report: RunStatusReport) -> str | None:
     """'compiled step 5.2 MiB, planned 5.6 MiB (+8.9%)' or None before the first build."""
     if report.compiled_peak_bytes is None or report.planned_peak_bytes is None:
@@ -228,7 +269,8 @@ def build_status(paths: RunPaths, loss_points: int = 200) -> RunStatusReport:
     raw = read_state(paths)
     state = RunState.model_validate(raw) if raw is not None else None
     by_step: dict[int, float] = {}
-    for rec in read_jsonl(paths.metrics):
+    records = read_jsonl(paths.metrics)
+    for rec in records:
         if isinstance(rec.get("step"), int) and isinstance(rec.get("loss"), (int, float)):
             by_step[rec["step"]] = float(rec["loss"])
     loss_steps = tuple(sorted(by_step))[-loss_points:]
@@ -251,6 +293,7 @@ def build_status(paths: RunPaths, loss_points: int = 200) -> RunStatusReport:
         **_source(paths, cfg),
         **_export(events),
         **_memory(events),
+        **_speed(records),
     )
     where = _run_state(state, alive, paths.lock.exists(), paths.run_id)
     if state is None:
@@ -346,6 +389,8 @@ def render_status(report: RunStatusReport) -> Any:
     t.add_row("fallback tier", str(report.fallback_tier))
     if memory_line(report):
         t.add_row("memory", memory_line(report))
+    if speed_line(report):
+        t.add_row("speed", speed_line(report))
     if report.losses:
         window = sparkline_window(report)
         t.add_row("loss", f"{sparkline(report.losses)}  last {report.losses[-1]:.4g}" + (f" ({window})" if window else ""))
@@ -393,6 +438,8 @@ def status_markdown(report: RunStatusReport) -> str:
         lines.append(f"- LR {st.lr:.3g}, grad clip {st.grad_clip:.3g}, fallback tier {st.fallback_tier}")
     if memory_line(st):
         lines.append(f"- Memory: {memory_line(st)}")
+    if speed_line(st):
+        lines.append(f"- Speed: {speed_line(st)}")
     if st.losses:
         window = sparkline_window(st, 40)
         lines.append(f"- Loss `{sparkline(st.losses, 40)}` last {st.losses[-1]:.4g}" + (f" ({window})" if window else ""))

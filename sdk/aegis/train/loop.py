@@ -99,6 +99,9 @@ class StepInfo(Frozen):
     useful_token_fraction: float = Field(
         default=1.0, description="Share of the batch's positions holding an example's tokens (not padding)."
     )
+    loss_token_fraction: float = Field(
+        default=1.0, description="Share of the batch's positions whose target the loss is taken over."
+    )
     host_wait_s: float = Field(
         default=0.0, description="Host time between the previous step's end and this step's dispatch (device idle)."
     )
@@ -370,6 +373,7 @@ class Trainer:
                 loss_scale=float(m["loss_scale"]),
                 scaler_overflow=bool(m["overflow"]),
                 useful_token_fraction=float((batch.segment_ids > 0).mean()),
+                loss_token_fraction=float((batch.loss_mask > 0).mean()),
                 host_wait_s=host_wait,
             )
             for fn, every in self._hooks:
