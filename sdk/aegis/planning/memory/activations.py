@@ -174,6 +174,16 @@ def _mlp(acc: _Acc, s: Setting, fam: Family, x_bytes: int, hidden: int, width: i
     return _linears(acc, s, d, width, [(lin_names("down_proj"), hidden)], label)
 
 
+CAT_ROPE_QUERY = frozenset({"phi3", "gpt_neox", "phi", "stablelm"})
+"""Model types whose attention (transformers 5) builds the rotated query with ``torch.cat`` of its rotated and
+passed-through head dims, in [b, heads, s, d] order: Phi-3's and GPT-NeoX's ``apply_rotary_pos_emb``
+(``torch.cat([q_rot * cos + rotate_half(q_rot) * sin, q_pass], dim=-1)``, also at a rotary factor of 1 with an empty
+``q_pass``), Phi's and StableLM's attention forward (``torch.cat((query_rot, query_pass), dim=-1)``). The result is
+contiguous in that order, unlike the strided projection view other families' elementwise RoPE follows (GPT-J
+concatenates before its permute: not here). See the SDPA output note in `_layer_acc`; traced on the tiny Phi-3 and
+GPT-NeoX of tests/data/sharded_configs.json (a ``clone`` of [b, s, heads, d] per layer, fake and real CPU alike)."""
+
+
 ACT_SAVED_WIDTHS: dict[str, int] = {
     "gelu": 1, "gelu_pytorch_tanh": 1, "relu": 1, "silu": 1, "swish": 1, "gelu_new": 4, "gelu_fast": 7,
 }
@@ -299,10 +309,17 @@ def _layer_acc(fam: Family, c: dict, layer: LayerShape, s: Setting) -> _Acc:
         for width_ in (v_w, q_w) if views else (q_w, k_w, v_w, q_w):
             acc.add("attention (q, k, v, out)", d * width_)
         acc.add("attention (q, k, v, out)", 4 * heads)  # log-sum-exp
-    # SDPA kernels write their output in [b, s, heads, d] layout: the transpose + contiguous before o_proj
-    # is free, so o_proj's input is the very tensor SDPA saved. Eager attention makes a copy.
+    # SDPA's 16-bit kernels allocate their output like q (CUDA flash ``mha_fwd``: ``out = at::empty_like(q)`` of q
+    # transposed to [b, s, heads, d]; the CPU flash kernel and its fake-tensor meta alike; flash-attention 2 the
+    # same). A q made of the projection's view by elementwise RoPE keeps the projection's [b, s, heads, d] memory
+    # order, so the ``transpose(1, 2).contiguous()`` before o_proj is free and o_proj's input is the very tensor SDPA
+    # saved. Where RoPE builds q with ``torch.cat`` (`CAT_ROPE_QUERY`) q is a new [b, heads, s, d]-contiguous tensor,
+    # the output has that order and the contiguous() copies it: a trainable o_proj saves the copy beside SDPA's output.
+    # Eager attention (and the math kernel) always makes a copy.
+    out_copy = d == 2 and not (s.eager or math_kernel) and fam.entry.model_type in CAT_ROPE_QUERY
     o_proj = lin_names(fam.entry.output_projection)
-    d_o = _linears(acc, s, d, q_w, [(o_proj, h)], "attention projections", input_saved=not (s.eager or math_kernel))
+    d_o = _linears(acc, s, d, q_w, [(o_proj, h)], "attention projections",
+                   input_saved=not (s.eager or math_kernel or out_copy))
     if fam.post_norms:
         _norm(acc, s, d_o, h, gemma=gemma, label="norms")
     if fam.residual_dropout(c) > 0:  # Seed-OSS: dropout on the attention and MLP outputs, a bool mask each
