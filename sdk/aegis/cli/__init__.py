@@ -264,6 +264,8 @@ def benchmark(
     gpu: Annotated[Optional[str], typer.Option(help="Catalog GPU id to file the result under (default: detected).")] = None,
     precision: Annotated[str, typer.Option(help="fp32, bf16, bf16_mixed or fp16_mixed.")] = "bf16",
     remat: Annotated[bool, typer.Option(help="Gradient checkpointing (recompute each layer's forward).")] = False,
+    packing: Annotated[bool, typer.Option(help="Pack several examples per row (--no-packing: one per row).")] = True,
+    buckets: Annotated[bool, typer.Option(help="With --no-packing: length-bucketed batches, padded to a few lengths.")] = False,
     json_: JsonOpt = False,
 ) -> None:
     """Run real training steps on this machine and store tokens/s and peak memory for `aegis plan`; report the
@@ -282,7 +284,7 @@ def benchmark(
     from aegis.train.benchmark import run_benchmark
 
     result = run_benchmark(model, method=method, micro_batch_size=batch, seq_len=seq, steps=steps, gpu_id=gpu,
-                           precision=precision, gradient_checkpointing=remat)
+                           precision=precision, gradient_checkpointing=remat, packing=packing, buckets=buckets)
     typer.echo(result.model_dump_json(indent=2) if json_ else _benchmark_text(result))
 
 
@@ -305,8 +307,10 @@ def _benchmark_text(result) -> str:
     ratio = getattr(result, "flops_ratio", None)
     if ratio is None:
         return line
+    layout = ("packed" if result.packing else f"bucketed ({len(result.batch_lengths)} lengths)" if result.buckets
+              else "padded")
     return (f"{line}\ncompiled step {result.compiled_flops_per_token / 1e6:,.2f} MFLOP/token = {ratio:.2f}x the "
-            f"model's {result.model_flops_per_token / 1e6:,.2f}; packed batches {result.useful_token_fraction:.0%} "
+            f"model's {result.model_flops_per_token / 1e6:,.2f}; {layout} batches {result.useful_token_fraction:.0%} "
             f"tokens ({result.loss_token_fraction:.0%} trained on); host wait {result.host_wait_s * 1e3:.1f} ms/step")
 
 

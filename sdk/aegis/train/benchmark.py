@@ -94,6 +94,10 @@ class BenchmarkResult(Frozen):
         default=0.0, description="Median host time per step that the device waited on (between steps)."
     )
     packing: bool = Field(default=True, description="Examples packed several per row (False: one per row).")
+    buckets: bool = Field(default=False, description="Packing off: length-bucketed batches (aegis.train.data).")
+    batch_lengths: tuple[int, ...] = Field(
+        default=(), description="Sequence lengths the timed batches took (one compiled step each)."
+    )
 
 
 def resolve_config(model: str | Mapping[str, Any] | ModelProfile, model_id: str | None = None) -> tuple[dict, str]:
@@ -307,13 +311,15 @@ def run_benchmark(
     seed: int = 0,
     examples: Sequence[Any] | None = None,
     packing: bool = True,
+    buckets: bool = False,
     devices: Sequence[jax.Device] | None = None,
 ) -> BenchmarkResult:
     """Run ``warmup_steps`` + ``steps`` real train steps through a :class:`~aegis.train.loop.Trainer` (its
     step builder, mesh, sharding, packing and prefetch: the step a run takes) and measure them.
 
     ``examples``: the data to pack (default: :func:`synthetic_examples`, long-tailed lengths). ``devices``:
-    the trainer's mesh (default: the first local device). Returns the :class:`BenchmarkResult`; when
+    the trainer's mesh (default: the first local device). ``packing=False, buckets=True``: length-bucketed
+    batches (tokens/s counts each batch's own positions). Returns the :class:`BenchmarkResult`; when
     ``record`` is true the :class:`CalibrationRecord` is written to ``store`` (default:
     ``$AEGIS_HOME/calibration.json``). ``gpu_id`` defaults to the catalog id matching the device (``cpu``
     on XLA:CPU).
@@ -341,8 +347,11 @@ def run_benchmark(
     if examples is None:
         per_step = micro_batch_size * gradient_accumulation_steps * len(devices) * 8
         examples = synthetic_examples(int(config["vocab_size"]), seq_len, per_step * (steps + warmup_steps), seed=seed)
-    trainer = Trainer(config, tc, examples, optimizer=settings, seed=seed, packing=packing, devices=devices)
+    trainer = Trainer(config, tc, examples, optimizer=settings, seed=seed, packing=packing, buckets=buckets,
+                      devices=devices)
 
+    lengths: list[int] = []  # each step's batch length (length buckets: a new one compiles a new program)
+    trainer.add_hook(lambda info: lengths.append(trainer.last_batch.shape[1]), every=1)
     t0 = time.perf_counter()
     for _ in trainer.train(warmup_steps):
         pass
@@ -354,9 +363,16 @@ def run_benchmark(
     infos = list(trainer.train(steps))
     elapsed = time.perf_counter() - t0
 
+    warm, lengths = lengths[:-steps], lengths[-steps:]
+    positions = trainer.global_batch_size * float(np.mean(lengths))  # mean positions per step (buckets vary)
     step_time = elapsed / steps
-    positions = trainer.global_batch_size * seq_len
     tokens_per_s = positions / step_time
+    # length buckets: a timed step whose length no earlier step had compiled is left out (its time is a compile)
+    compiled_before = [n in warm or n in lengths[:k] for k, n in enumerate(lengths)]
+    if not all(compiled_before) and any(compiled_before):
+        kept = [(i, n) for i, n, ok in zip(infos, lengths, compiled_before) if ok]
+        tokens_per_s = trainer.global_batch_size * sum(n for _, n in kept) / sum(i.step_time_s for i, _ in kept)
+        step_time = positions / tokens_per_s
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and stats.get("peak_bytes_in_use"):
         peak, source = int(stats["peak_bytes_in_use"]), "device"
@@ -372,7 +388,7 @@ def run_benchmark(
         mfu = model_flops_utilisation(tokens_per_s / len(devices), profile, tc, gpu)
     step_flops, flops_source = compiled_flops(trainer, arrays)
     model_flops = _model_flops_per_token(config, model_id, tc)
-    compiled_per_token = step_flops / positions
+    compiled_per_token = step_flops / arrays["input_ids"].size  # the compiled batch's own positions
     rec = CalibrationRecord(
         gpu_id=gpu_id,
         model_id=model_id,
@@ -404,8 +420,10 @@ def run_benchmark(
         compiled_flops_per_token=compiled_per_token,
         flops_ratio=compiled_per_token / model_flops if model_flops else None,
         flops_source=flops_source,
-        useful_token_fraction=float(np.mean([i.useful_token_fraction for i in infos])),
+        useful_token_fraction=sum(i.useful_token_fraction * n for i, n in zip(infos, lengths)) / sum(lengths),
         loss_token_fraction=target / (positions * steps),
         host_wait_s=float(np.median([i.host_wait_s for i in infos])),
         packing=packing,
+        buckets=trainer.sampler.buckets,
+        batch_lengths=tuple(sorted(set(lengths))),
     )

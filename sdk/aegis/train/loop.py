@@ -156,12 +156,15 @@ class Trainer:
         packing: bool = True,
         domain_weights: Mapping[str, float] | None = None,
         blacklist: Sequence[str] = (),
+        buckets: bool = False,
         devices: Sequence[jax.Device] | None = None,
         wrap_model: Callable[[Any], Any] | None = None,
         parallel: ParallelConfig | None = None,
     ) -> None:
         """``wrap_model``: the built model -> the model the steps run (same params tree), e.g. the BitNet
-        b1.58 straight-through forward of :mod:`aegis.forge.bitnet_train`; params and checkpoints are unchanged."""
+        b1.58 straight-through forward of :mod:`aegis.forge.bitnet_train`; params and checkpoints are unchanged.
+        ``buckets`` (with ``packing=False``): length-bucketed batches (:class:`~aegis.train.data.BatchSampler`), padded
+        to one of ``sampler.lengths``: one compiled step per length used."""
         from aegis.train.modeling import build_model, engine_attention
 
         self.model_config = dict(model_config)
@@ -200,6 +203,7 @@ class Trainer:
             packing=packing,
             domain_weights=domain_weights,
             blacklist=blacklist,
+            buckets=buckets,
         )
         self.eval_examples = list(eval_examples) if eval_examples is not None else list(examples)
         self.packing = packing
@@ -341,10 +345,10 @@ class Trainer:
 
     def train(self, num_steps: int) -> Iterator[StepInfo]:
         """Run ``num_steps`` optimizer steps, yielding a :class:`StepInfo` after each."""
-        positions = self.sampler.batch_size * self.sampler.seq_len
         ready = None  # when the previous step's metrics reached the host (the device was done)
         for i in range(num_steps):
             batch, arrays = self._take_batch()
+            positions = batch.input_ids.size  # length buckets: the batch's own length
             t0 = time.perf_counter()
             host_wait = 0.0 if ready is None else t0 - ready  # hooks, the caller, batch building: device idle
             self.state, metrics = self._step(self.state, self.frozen, arrays)
