@@ -225,6 +225,12 @@ def plan_request(
     multi = None
     if gpu_count > 1:
         solution, multi = _multi_gpu(profile, gpu, gpu_count, solution, kwargs)
+        from dataclasses import replace
+
+        from aegis.planning.memory.device import multi_gpu_device_level  # context, cuBLAS and NCCL per GPU
+
+        solution = replace(solution, recommended=multi_gpu_device_level(gpu, solution.recommended, gpu_count),
+                           aggressive=multi_gpu_device_level(gpu, solution.aggressive, gpu_count))
     if gpu_count == 1:
         solution = _device_level(profile, gpu, solution, dataset.row_lengths if dataset else None)
     rec = solution.recommended

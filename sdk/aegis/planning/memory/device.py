@@ -56,7 +56,7 @@ from aegis.errors import InvalidConfigError
 from aegis.schema import GPU, DeviceLevelMemory, MemoryEstimate, ModelProfile, Tier, TrainConfig, lora_selects, lora_target_names
 
 __all__ = ["DeviceMemory", "RunMemory", "device_memory", "allocation_stream", "with_device_memory", "device_check",
-           "run_lengths", "run_memory", "run_check"]
+           "run_lengths", "run_memory", "run_check", "multi_gpu_device_level", "NOT_REPLAYED"]
 
 STEPS = 2
 """Training steps written: the second runs with the optimizer states in place and a warm cache."""
@@ -492,3 +492,26 @@ def device_check(profile: ModelProfile, gpu: GPU, tier: Tier, row_lengths: Seque
         mem = mem.model_copy(update={"notes": mem.notes + notes})
     mem = mem.model_copy(update={"device_level": _device_level(gpu, dev, tier.memory.config, lengths)})
     return tier.model_copy(update={"memory": mem, "headroom_bytes": min(tier.headroom_bytes, headroom), "fits": fits})
+
+
+NOT_REPLAYED = ""
+"""`DeviceLevelMemory.replay` of a multi-GPU plan: no allocation stream was replayed (see `multi_gpu_device_level`)."""
+
+
+def multi_gpu_device_level(gpu: GPU, tier: Tier | None, world_size: int) -> Tier | None:
+    """``tier`` of a plan on ``world_size`` GPUs with its device-level memory on each GPU (rank 0's view).
+
+    The allocation stream (`allocation_stream`) is one GPU's unsharded step, so a DDP or FSDP step is not replayed:
+    its reserved figure is its allocated peak (the estimate's per-GPU tensor peak, sharding and DDP buckets
+    included), a lower bound, and the allocator's cache is not modelled (``replay`` is `NOT_REPLAYED`). On top, what
+    lives outside the allocator on every GPU (`aegis.planning.memory.runtime.device_level`): the CUDA context, the
+    cuBLAS workspace and NCCL's buffers for ``world_size`` ranks (`aegis.planning.memory.runtime.nccl_buffer_bytes`:
+    ``NCCL_MAX_CHANNELS`` channels x one connection's Simple, LL and LL128 buffers, NCCL's defaults). The tier's fit
+    and headroom are left as the estimate judged them."""
+    from aegis.planning.memory.runtime import device_level
+
+    if tier is None or world_size < 2:
+        return tier
+    peak = tier.memory.tensor_bytes
+    level = device_level(gpu, allocated_bytes=peak, reserved_bytes=peak, world_size=world_size, replay=NOT_REPLAYED)
+    return tier.model_copy(update={"memory": tier.memory.model_copy(update={"device_level": level})})

@@ -483,12 +483,14 @@ def _memory(report: PlanReport, facts: PlanFacts, explain: bool) -> Section:
                 "live tensors at the peak: torch.cuda.max_memory_allocated"),
             Row("Reserved (peak)", format_bytes(level.reserved_bytes),
                 f"allocated + {format_bytes(level.cache_bytes)} the {segments} keeps cached: "
-                f"torch.cuda.max_memory_reserved ({level.replay} replayed)"),
+                f"torch.cuda.max_memory_reserved ({level.replay} replayed)" if level.replay else
+                "at least the allocated peak: torch.cuda.max_memory_reserved (a multi-GPU step is not replayed "
+                "through the allocator model: its cache is not counted)"),
             Row("Device (nvidia-smi)", format_bytes(level.device_bytes),
                 f"reserved + CUDA context {format_bytes(level.context_bytes)} + cuBLAS workspace "
                 f"{format_bytes(level.cublas_workspace_bytes)}"
                 + (f" + NCCL buffers {format_bytes(level.nccl_bytes)}" if level.nccl_bytes else "")
-                + ": what nvidia-smi shows for the process"),
+                + ": what nvidia-smi shows for the process" + ("" if level.replay else ", at least, on each GPU")),
         ]
     elif explain and f.reserved_bytes is not None and f.device_bytes is not None:
         segments = "expandable segments" if mem.expandable_segments else "caching allocator"
