@@ -54,3 +54,20 @@ def test_the_speed_line_reads_the_report_and_is_absent_before_a_step():
                              host_wait_s=0.0002)
     assert speed_line(report) == "1,234 tokens/s; batches 96% tokens (61% trained on); host wait 0.2 ms/step"
     assert "- Speed: 1,234 tokens/s" in status_markdown(report)
+
+
+@pytest.mark.slow
+def test_length_buckets_fill_the_supervised_runs_batches(tmp_path):
+    """The same run with `training.length_buckets`: its batches hold the same share of trained-on targets per
+    example but far less padding (the arithmetic rows are ~10-20 tokens in rows of 64)."""
+    cfg = run_config(tmp_path, training={"steps_per_window": 2, "total_steps": 4, "length_buckets": True},
+                     checkpoints={"interval": 4})
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    runs = tmp_path / "runs"
+    res = runner.invoke(app, ["run", "--config", str(tmp_path / "run.yaml"), "--run-id", "b", "--runs-dir", str(runs), "-q"])
+    assert res.exit_code == 0, res.output
+    records = read_jsonl(runs / "b" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    fill = sum(r["useful_token_fraction"] for r in records) / 4
+    assert fill >= 0.7, fill  # padded to 64 the same rows fill ~0.2 (the test above)
+    assert all(len(r["sample_ids"]) == 8 for r in records)

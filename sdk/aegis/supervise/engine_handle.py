@@ -281,6 +281,7 @@ class Engine:
             load_params=load_params,
             seed=cfg.training.seed,
             packing=False,
+            buckets=cfg.training.length_buckets,
             wrap_model=_quantize_wrapper(cfg),
             parallel=cfg.parallel,
         )

@@ -81,6 +81,11 @@ class TrainingSection(Frozen):
         default=_RECIPE.min_lr_ratio, ge=0, le=1,
         description="Cosine decay ends at this share of the LR (1.0: constant LR).",
     )
+    length_buckets: bool = Field(
+        default=False,
+        description="Batch examples of similar length and pad each batch to one of a few lengths up to seq_len "
+        "(aegis.train.data.bucket_lengths: one compiled step each) instead of every row to seq_len.",
+    )
 
     @field_validator("lr", "grad_clip")
     @classmethod
