@@ -17,6 +17,8 @@ have. Conventions followed (all checked against traced peaks in tests/data/memor
   mean and rstd per row (``native_layer_norm``'s saved tensors; no Phi-MoE row is traced yet).
 - The loss upcasts logits to fp32: at the start of backward the log-softmax output, the NLL gradient
   and the log-softmax gradient ([tokens, vocab] fp32 each) are live at once.
+- SDPA's 16-bit output is laid out like q: free to hand to o_proj after elementwise RoPE, a copy (which a trainable
+  o_proj saves) where RoPE concatenates q (`CAT_ROPE_QUERY`: Phi-3, GPT-NeoX, Phi, StableLM).
 
 Stack profiles (`aegis.schema.StackProfile`, knobs set by `aegis.planning.memory.stack_effects.stack_setting`):
 
