@@ -183,9 +183,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=0, help="pin to this many cores (XLA's pool and torch follow)")
     ap.add_argument("--torch-loop", choices=["plain", "trainer"], default="plain",
                     help="plain: a torch + PEFT loop; trainer: transformers.Trainer.training_step and its optimizer")
+    ap.add_argument("--host-memory", choices=["reuse", "default"], default="reuse",
+                    help="reuse: the engine's reuse_host_memory() before JAX starts, as a Trainer run does; "
+                         "default: glibc's own settings (XLA:CPU maps its step temporaries afresh every step)")
     args = ap.parse_args(argv)
     if args.threads:  # before JAX sizes its CPU pool (from the affinity mask) and torch its OpenMP team
         os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.threads]))
+    from aegis.train.step import reuse_host_memory
+
+    reused = reuse_host_memory() if args.host_memory == "reuse" else False
     import jax
     import torch
 
@@ -196,7 +202,8 @@ def main(argv: list[str] | None = None) -> None:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"{jax.devices()[0].device_kind} (load {load}); jax {jax.__version__}, torch {torch.__version__} "
           f"({torch.get_num_threads()} threads); preset {args.preset}, batch {args.batch} x seq {args.seq}, "
-          f"{args.precision}, AdamW, clip 1.0; {args.rounds} alternating rounds of {args.per_round} steps, medians")
+          f"{args.precision}, AdamW, clip 1.0; {args.rounds} alternating rounds of {args.per_round} steps, medians; "
+          f"host memory {'reused' if reused else 'glibc default'}")
     print(f"{'method':<7}{'engine tok/s':>13}{'torch tok/s':>12}{'ratio wall':>11}{'ratio CPU':>10}"
           f"{'engine peak MB':>15}{'torch peak MB':>14}{'compile s':>10}")
     tokens = args.batch * args.seq

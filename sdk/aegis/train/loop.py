@@ -55,6 +55,7 @@ from aegis.train.step import (
     make_eval_step,
     make_optimizer,
     precision_dtypes,
+    reuse_host_memory,
 )
 
 __all__ = ["StepInfo", "Trainer", "build_trainable"]
@@ -167,6 +168,7 @@ class Trainer:
         to one of ``sampler.lengths``: one compiled step per length used."""
         from aegis.train.modeling import build_model, engine_attention
 
+        reuse_host_memory()  # XLA:CPU keeps its step buffers between steps (only before JAX's backend starts)
         self.model_config = dict(model_config)
         self.train_config = train_config
         self.settings = optimizer or OptimizerSettings()
