@@ -152,6 +152,9 @@ def test_a_binary_config_file_gets_one_line(tmp_path, payload):
     ({"total_steps": 0}, "training.total_steps 0 is out of range: accepted 1 or more"),
     ({"lr": "fast"}, "training.lr 'fast': input should be a valid number, unable to parse string as a number"),
     ({"lr": float("inf")}, "training.lr: must be a finite number, got inf"),
+    ({"packing": "sometimes"}, "training.packing 'sometimes': give true or false"),
+    ({"packing": True, "length_buckets": True},
+     "training: length_buckets applies only with packing off; set packing: false or drop length_buckets"),
 ])
 def test_every_validation_error_is_one_line_with_field_value_and_range(training, expected):
     with pytest.raises(InvalidConfigError) as err:
@@ -194,3 +197,14 @@ def test_aegis_run_with_an_empty_config_trains_nothing(tmp_path):
         result = CliRunner().invoke(app, ["run", "--config", str(tmp_path / name), "--runs-dir", str(runs)])
         assert result.exit_code == 2 and fragment in result.output and result.output.strip().count("\n") == 0
     assert not runs.exists()
+
+
+@pytest.mark.parametrize(("training", "layout"), [
+    ({}, (True, False)),  # a supervised run packs unless told
+    ({"packing": False}, (False, False)),
+    ({"length_buckets": True}, (False, True)),  # buckets are a padded layout: asking for them turns packing off
+    ({"packing": False, "length_buckets": True}, (False, True)),
+])
+def test_runs_pack_by_default_and_length_buckets_mean_padded_batches(training, layout):
+    cfg = parse_run_config({"model": "tiny-llama", "data": "toy", "training": training})
+    assert (cfg.training.packing, cfg.training.length_buckets) == layout

@@ -120,3 +120,35 @@ def test_a_plan_without_data_is_an_error_on_both_paths(workdir, monkeypatch):
         cli_run_config(None, workdir / "nodata.json")
     with pytest.raises(DatasetError, match="no dataset"):
         RunManager(AgentSettings(runs_dir=str(workdir / "runs")), compile_cache=False).run_config(report, "r")
+
+
+def _axolotl_packing(report) -> tuple[bool, str]:
+    """What the emitted axolotl config packs (``sample_packing``) and the reason it writes above it, from its text."""
+    text = emit(report, "axolotl")
+    match = re.search(r"^# (.+)\nsample_packing: (true|false)$", text, re.M)
+    assert match, "sample_packing"
+    return match.group(2) == "true", match.group(1)
+
+
+def test_the_run_packs_as_the_emitted_config_does_and_says_why(workdir, monkeypatch):
+    """`aegis run --plan` takes the plan's packing decision, the one `aegis plan --emit` writes: for this plan's
+    profile, for a profile where padding wastes little, and for a plan without one; a run YAML's own choice wins."""
+    from aegis.supervise.run_config import run_config_from_report
+
+    report, cfg, chat = _configs(workdir, "lora ./m on 3090 with ./d.jsonl", monkeypatch)
+    ds = report.dataset
+    assert ds is not None and ds.packing_efficiency > 1 - ds.padding_waste  # chats of mixed length: packing wins
+    assert (cfg.training.packing, cfg.training.packing_reason) == _axolotl_packing(report) == (
+        chat.training.packing, chat.training.packing_reason)
+    assert cfg.training.packing and f"{ds.packing_efficiency:.0%}" in cfg.training.packing_reason
+
+    even = report.model_copy(update={"dataset": ds.model_copy(update={"padding_waste": 0.01})})
+    no_profile = report.model_copy(update={"dataset": None})
+    for variant in (even, no_profile):
+        run = run_config_from_report(variant)
+        assert (run.training.packing, run.training.packing_reason) == _axolotl_packing(variant)
+        assert run.training.packing is False and run.training.packing_reason
+
+    assert run_config_from_report(report, {"training": {"packing": False}}).training.packing is False
+    bucketed = run_config_from_report(report, {"training": {"length_buckets": True}}).training
+    assert (bucketed.packing, bucketed.length_buckets) == (False, True)

@@ -32,7 +32,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from aegis.errors import DatasetError, InvalidConfigError, NothingFitsError
-from aegis.recipe import recipe, steps_for_epochs
+from aegis.recipe import packing_choice, recipe, steps_for_epochs
 from aegis.schema import Frozen, PlanReport, TrainConfig
 from aegis.train.parallel import ParallelConfig
 
@@ -81,11 +81,36 @@ class TrainingSection(Frozen):
         default=_RECIPE.min_lr_ratio, ge=0, le=1,
         description="Cosine decay ends at this share of the LR (1.0: constant LR).",
     )
+    packing: bool = Field(
+        default=True,
+        description="Pack several examples into each row (first fit, attention and positions per example) so "
+        "batches hold tokens, not padding; false: one example per row (length_buckets then applies).",
+    )
+    packing_reason: str | None = Field(
+        default=None,
+        description="Why packing is on or off when a plan decided it (aegis.recipe.packing_choice, as `aegis plan "
+        "--emit` decides); recorded, not read.",
+    )
     length_buckets: bool = Field(
         default=False,
-        description="Batch examples of similar length and pad each batch to one of a few lengths up to seq_len "
-        "(aegis.train.data.bucket_lengths: one compiled step each) instead of every row to seq_len.",
+        description="With packing off: batch examples of similar length and pad each batch to one of a few lengths "
+        "up to seq_len (aegis.train.data.bucket_lengths: one compiled step each) instead of every row to seq_len. "
+        "Set without `packing`, it turns packing off.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _buckets_unpack(cls, data: Any) -> Any:
+        """``length_buckets: true`` asks for padded batches: packing off unless the config also says ``packing``."""
+        if isinstance(data, dict) and data.get("length_buckets") is True and "packing" not in data:
+            return {**data, "packing": False}
+        return data
+
+    @model_validator(mode="after")
+    def _one_layout(self) -> "TrainingSection":
+        if self.packing and self.length_buckets:
+            raise ValueError("length_buckets applies only with packing off; set packing: false or drop length_buckets")
+        return self
 
     @field_validator("lr", "grad_clip")
     @classmethod
@@ -383,6 +408,8 @@ def _format_error(err: ValidationError, source: str) -> str:
         elif loc == ("model",):
             parts.append(f"model{shown or ' ' + _short(given)}: give a model folder, its config.json, a Hub id or "
                          "alias, or an inline config mapping")
+        elif e["type"] in ("bool_parsing", "bool_type"):
+            parts.append(f"{name}{shown}: give true or false")
         elif e["type"].startswith("value_error"):  # a validator's own sentence names the value
             parts.append(f"{name}: {msg}")
         else:
@@ -540,7 +567,9 @@ def run_config_from_report(
     run starts), its dataset, its recommended config (method, precision, seq len, LoRA rank and targets) and
     fallback chain, the mesh of its multi-GPU section (``parallel``: data ranks for DDP, fsdp ranks for FSDP), and
     ``total_steps`` = the plan's epochs over its dataset rows at the global batch (micro batch
-    x accumulation x the plan's GPUs), as transformers' Trainer counts them for the emitted script. The learning
+    x accumulation x the plan's GPUs), as transformers' Trainer counts them for the emitted script, and
+    ``training.packing`` (with ``packing_reason``) = the plan's packing decision, the one the emitted HF script
+    takes (:func:`aegis.recipe.packing_choice`). The learning
     rate, warm-up, cosine floor, clip and seed are the recipe's for the method (:mod:`aegis.recipe`), the values
     the emitted scripts use. ``sections`` (a run YAML's or a chat template's mapping) wins over all of this:
     supervision sections, a ``training`` key given there, or its ``model``/``data``/``train_config``.
@@ -580,6 +609,11 @@ def run_config_from_report(
                     training["total_steps"] = steps_for_epochs(
                         report.num_rows, report.epochs, micro, tier0.gradient_accumulation_steps, report.gpu_count
                     )
+        if "packing" not in training and "length_buckets" not in training:  # the plan's layout, as --emit writes it
+            ds = report.dataset
+            training["packing"], training["packing_reason"] = packing_choice(
+                *((ds.packing_efficiency, ds.padding_waste, ds.seq_len) if ds is not None else (None, None, None))
+            )
         data["training"] = training
     return parse_run_config(data, where)
 

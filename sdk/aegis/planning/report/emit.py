@@ -22,9 +22,9 @@ from pathlib import PurePosixPath
 from typing import Any, Literal, get_args
 
 from aegis.errors import InvalidConfigError, NothingFitsError
-from aegis.recipe import recipe
+from aegis.recipe import packing_choice, recipe
 from aegis.planning.report._sections import stack_text
-from aegis.planning.report.format import config_diff, format_bytes, format_bytes_range, format_int
+from aegis.planning.report.format import config_diff, format_bytes, format_bytes_range
 from aegis.schema import PlanReport
 
 __all__ = ["EmitKind", "EMIT_KINDS", "emit", "emit_filename", "emit_defaults"]
@@ -99,15 +99,10 @@ def _precision(precision: str, method: str, autocast: bool) -> dict[str, Any]:
 
 
 def _packing(report: PlanReport) -> tuple[bool, str]:
-    ds = report.dataset
+    ds = report.dataset  # the rule is the recipe's, shared with `aegis run --plan` (training.packing)
     if ds is None:
-        return False, "no dataset profile: padding each batch to its longest row"
-    if ds.packing_efficiency > 1 - ds.padding_waste:
-        return True, (
-            f"packing keeps {ds.packing_efficiency:.0%} of tokens real vs {1 - ds.padding_waste:.0%} when padding to "
-            f"{format_int(ds.seq_len)}; same tokens per micro batch, so the same memory"
-        )
-    return False, f"padding wastes only {ds.padding_waste:.0%} of tokens at {format_int(ds.seq_len)}"
+        return packing_choice(None, None, None)
+    return packing_choice(ds.packing_efficiency, ds.padding_waste, ds.seq_len)
 
 
 def _one_line(text: str) -> str:
