@@ -194,3 +194,73 @@ def test_micro_phase1_trains_for_real_and_loads_in_transformers(tmp_path):
     tok = transformers.AutoTokenizer.from_pretrained(folders[1])
     ids = tok("The answer is", return_tensors="pt")["input_ids"]
     assert model.generate(ids, max_new_tokens=3, do_sample=False).shape[1] == ids.shape[1] + 3
+
+
+def _layer0_max_logits(params, cfg, ids):
+    """Layer 0's largest pre-softmax attention logit per head on the first pass, in numpy float64 from the weights
+    (that layer's input is [persistent || embeddings]: no attention weight feeds it)."""
+    import numpy as np
+
+    f = lambda t: np.asarray(t, np.float64)  # noqa: E731
+    lp = {k: f(v[0]) for k, v in params["layers"].items()}
+    b, t = ids.shape
+    d, nh, hd, p = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.num_persistent
+    h = np.concatenate([np.broadcast_to(f(params["model.persistent"]), (b, p, d)), f(params["model.embed_tokens.weight"])[ids]], 1)
+    xn = h / np.sqrt((h * h).mean(-1, keepdims=True) + cfg.rms_norm_eps) * lp["attn_norm.weight"]
+    inv = 1.0 / cfg.rope_theta ** (np.arange(0, hd, 2) / hd)
+    ang = np.arange(p + t)[:, None] * inv[None]
+    cos, sin = np.cos(np.concatenate([ang, ang], -1))[:, None], np.sin(np.concatenate([ang, ang], -1))[:, None]
+
+    def rope(x):
+        return x * cos + np.concatenate([-x[..., hd // 2:], x[..., : hd // 2]], -1) * sin
+
+    q = rope((xn @ lp["q_proj.weight"].T).reshape(b, p + t, nh, hd))
+    k = rope((xn @ lp["k_proj.weight"].T).reshape(b, p + t, nh, hd))
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(hd)
+    i, j = np.arange(p + t)[:, None], np.arange(p + t)[None]
+    seen = (j < p) | ((j <= i) & (i - j < cfg.window))
+    return np.where(seen, scores, -np.inf).max(axis=(0, 2, 3))
+
+
+@pytest.mark.slow  # compiles a Cognate train step (~12 s of CPU)
+def test_qk_clip_in_cognate_training_caps_a_forced_large_logit_at_tau():
+    """MuonClip inside phase 1's step: a head forced to a large logit has W_q and W_k scaled by sqrt(tau/max) after
+    the step, so its largest logit, recomputed from the new weights in numpy, is tau (at learning rate 0: exactly,
+    the other heads untouched; after a real update: within the update's change, where unclipped it would stay ~60x
+    tau)."""
+    import numpy as np
+
+    from aegis.forge.cognate import phase1
+    from aegis.forge.cognate.hyperparams import CognateConfig, param_shapes
+    from aegis.forge.cognate.model import from_flat
+
+    cfg = CognateConfig(**{**MICRO["model"], "max_passes": 1})  # one layer, one pass: its max is layer 0's
+    rng = np.random.default_rng(0)  # numpy: an eager init_params dispatches ~50 small programs
+    flat = {n: np.full(shape, 1.0, np.float32) if n.endswith("norm.weight")
+            else (0.02 * rng.standard_normal(shape)).astype(np.float32) for n, shape in param_shapes(cfg).items()}
+    params = from_flat(flat, cfg)
+    hd = cfg.head_dim
+    layers = dict(params["layers"])
+    for name in ("q_proj.weight", "k_proj.weight"):  # head 1: 60x the rows of W_q and W_k -> 3600x its logits (0.02 -> 63)
+        layers[name] = layers[name].at[:, hd: 2 * hd].multiply(60.0)
+    params = {**params, "layers": layers}
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 12)).astype(np.int32)
+    before = _layer0_max_logits(params, cfg, ids)
+    tau = 1.0
+    assert before[1] > 40 * tau and before[0] < tau, before  # head 1 far over tau, head 0 under
+    tx, step = phase1._train_step(cfg, phase1.TrainSettings(qk_clip_tau=tau))
+    for lr in (0.0, 3e-3):  # one compiled step (the learning rate is an argument)
+        new, _, metrics = step(params, tx.init(params), ids, np.float32(0.95), np.float32(lr))
+        np.testing.assert_allclose(np.asarray(metrics["max_logits"])[0], before, rtol=1e-4)  # the forward's statistic
+        assert int(metrics["clipped_heads"]) == 1
+        after = _layer0_max_logits(new, cfg, ids)
+        if lr == 0.0:
+            np.testing.assert_allclose(after[1], tau, rtol=1e-4)
+            np.testing.assert_allclose(after[0], before[0], rtol=1e-5)
+            factor = np.sqrt(tau / before[1])
+            for name in ("q_proj.weight", "k_proj.weight"):
+                w0, w1 = np.asarray(params["layers"][name][0]), np.asarray(new["layers"][name][0])
+                np.testing.assert_allclose(w1[hd: 2 * hd], w0[hd: 2 * hd] * factor, rtol=1e-5)
+                np.testing.assert_array_equal(w1[:hd], w0[:hd])
+        else:
+            assert after[1] <= tau * 1.01, (after, before)

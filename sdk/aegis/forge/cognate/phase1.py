@@ -72,6 +72,9 @@ class TrainSettings(BaseModel):
     lr: float = Field(1e-3, gt=0, le=10, description="Peak LR (the seed's Muon x Grokfast pretrain preset: 1e-3).")
     warmup_steps: int = Field(100, ge=0)
     optimizer: Literal["muon_grokfast", "adamw"] = "muon_grokfast"
+    qk_clip_tau: float | None = Field(30.0, gt=0, description="QK-clip (Kimi K2's MuonClip; the pretrain preset's "
+                                      "tau): after each step, a head whose largest attention logit in the step's "
+                                      "forward exceeded tau has W_q and W_k scaled by sqrt(tau / max). None: off.")
     shared_shape: bool = Field(False, description="Train every variant at the widest LTM, the extra slots held at "
                                "zero (exact: a zero slot never activates, its gradient is zero), so one program "
                                "compiles; exported at the variant's own width. For CPU runs.")
@@ -205,14 +208,33 @@ def _optimizer(settings: TrainSettings) -> Any:
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1.0, weight_decay=0.01))
 
 
+def qk_clip_cognate(params: dict[str, Any], max_logits: Any, tau: float, cfg: CognateConfig) -> dict[str, Any]:
+    """MuonClip on a Cognate tree: each layer's head ``h`` whose largest logit ``max_logits[l, h]`` exceeds ``tau``
+    has its rows of ``q_proj`` and ``k_proj`` scaled by ``sqrt(tau / max)`` (RoPE is a rotation inside the head,
+    so that head's logits scale by ``tau / max``); the other heads are untouched."""
+    import jax.numpy as jnp
+
+    from aegis.forge.optim import qk_clip_heads
+
+    q_s, k_s = qk_clip_heads(jnp.asarray(max_logits, jnp.float32), tau, cfg.num_heads)  # (L, H) each
+    layers = dict(params["layers"])
+    for name, s in (("q_proj.weight", q_s), ("k_proj.weight", k_s)):
+        w = layers[name]  # (L, H*hd, D)
+        layers[name] = w * jnp.repeat(s, cfg.head_dim, axis=-1)[..., None].astype(w.dtype)
+    return {**params, "layers": layers}
+
+
 def _train_step(cfg: CognateConfig, settings: TrainSettings) -> tuple[Any, Any]:
-    """(optimizer, jitted step) shared by variants of one shape (the ACT threshold is an argument)."""
+    """(optimizer, jitted step) shared by variants of one shape (the ACT threshold is an argument). The step
+    applies QK-clip after the update with the max logits of its own forward (``settings.qk_clip_tau``)."""
     import jax
+    import jax.numpy as jnp
     import optax
 
     from aegis.forge.cognate.model import lm_loss
 
-    key = (cfg.model_copy(update={"act_threshold": 1.0, "ltm_slots": cfg.ltm_slots}), settings.optimizer)
+    tau = settings.qk_clip_tau
+    key = (cfg.model_copy(update={"act_threshold": 1.0, "ltm_slots": cfg.ltm_slots}), settings.optimizer, tau)
     if key not in _STEPS:
         tx = _optimizer(settings)
         shape_cfg = key[0]
@@ -222,6 +244,9 @@ def _train_step(cfg: CognateConfig, settings: TrainSettings) -> tuple[Any, Any]:
             (loss, metrics), grads = jax.value_and_grad(lm_loss, has_aux=True)(params, shape_cfg, ids, threshold)
             updates, opt_state = tx.update(grads, opt_state, params)
             params = optax.apply_updates(params, jax.tree.map(lambda u: lr * u, updates))
+            if tau is not None:
+                params = qk_clip_cognate(params, metrics["max_logits"], tau, shape_cfg)
+                metrics = {**metrics, "clipped_heads": jnp.sum(metrics["max_logits"] > tau)}
             return params, opt_state, metrics
 
         _STEPS[key] = (tx, step)
@@ -300,16 +325,19 @@ def _train_variant(v: Variant, seed: int, cfg: CognateConfig, p1: Phase1Config, 
             weights = {c: 1.0 for c in stage.categories}
         rng = np.random.default_rng([seed, i])
         t0 = time.perf_counter()
-        losses = []
+        losses, max_logit, clipped = [], 0.0, 0
         for n in range(lo, hi):
             ids = sample_batch(streams, weights, rng, batch=s.batch_size, seq_len=s.seq_len)
             params, opt_state, metrics = step(params, opt_state, ids, np.float32(v.act_threshold),
                                               np.float32(_lr(s, n, total)))
             losses.append(float(metrics["ce"]))
+            max_logit = max(max_logit, float(metrics["max_logits"].max()))
+            clipped += int(metrics.get("clipped_heads", 0))
             if not math.isfinite(losses[-1]):
                 raise InvalidConfigError(f"variant {v.name}: the loss is {losses[-1]} at step {n}; lower train.lr")
         history.append({"stage": stage.name, "steps": hi - lo, "categories": list(weights),
                         "first_ce": losses[0] if losses else None, "last_ce": losses[-1] if losses else None,
+                        "max_attention_logit": round(max_logit, 3), "qk_clipped_heads": clipped,
                         "seconds": round(time.perf_counter() - t0, 2)})
         if losses:
             log(f"  {v.name}: stage {stage.name} ({hi - lo} steps) CE {losses[0]:.3f} -> {losses[-1]:.3f}")
