@@ -30,6 +30,7 @@ from aegis.planning.memory.components import (
 from aegis.planning.memory.stack_effects import (
     backward_width, check_stack, checkpoint_keeps_inputs, fused_loss, profile_for_stack, stack_notes, stack_setting,
 )
+from aegis.planning.memory.zero_stages import ZERO_STAGES, ZeroPlan, zero_plan
 from aegis.units import gib
 from aegis.schema import (
     GPU, Attention, Framework, LoRAConfig, MemoryComponent, MemoryEstimate, Method, ModelProfile, Optimizer, Precision, StackProfile,
@@ -49,6 +50,9 @@ FSDP_QLORA_NOTE = (
     "prepare_model_for_kbit_training (TRL and axolotl skip it when sharding: FSDP1's flat parameters need one "
     "dtype): embeddings, head and norms stay bf16")
 """Why a sharded QLoRA plan is sized without k-bit preparation, whatever the trainer's single-GPU default."""
+ZERO_QLORA_NOTE = (
+    "DeepSpeed QLoRA: NF4 weights in bf16 storage (bnb_4bit_quant_storage=bfloat16), which ZeRO-3 partitions like any "
+    "bf16 parameter, and no prepare_model_for_kbit_training: the engine casts every float parameter to bf16 anyway")
 _DYNAMIC_FRACTION = 0.04
 _DYNAMIC_FLOOR = 256 << 20
 
@@ -82,6 +86,7 @@ def estimate_memory(
     tensor_shards: int = 1,
     ddp: bool = False,
     fsdp_reshard: bool = True,
+    zero_stage: int = 0,
     gradient_accumulation_steps: int = 1,
     framework: Framework = "hf",
     stack: StackProfile | None = None,
@@ -98,7 +103,12 @@ def estimate_memory(
     backward, one layer gathered at the loss and two in a layer's backward (checked against FSDP1 and FSDP2 steps
     traced by tools/truth/sharded.py). ``fsdp_reshard=False`` is SHARD_GRAD_OP (FSDP2: ``reshard_after_forward=False``):
     a layer stays gathered from its forward to the end of its backward. ``ddp`` one GPU of a DDP run (the same as
-    one GPU, plus DDP's gradient buckets). With ``framework="jax"``, ``fsdp_shards`` and ``tensor_shards`` are the run's mesh
+    one GPU, plus DDP's gradient buckets). ``zero_stage`` 2 or 3 sizes rank 0 of a DeepSpeed ZeRO-2/ZeRO-3 run under
+    the HF Trainer (bf16, HF's ZeRO configs with their "auto" buckets) on ``fsdp_shards`` GPUs: the fp32 master and
+    optimizer states partitioned, the gradient partition and reduce buckets, and under ZeRO-3 the partitioned
+    parameters with those kept gathered between a layer's forward and backward and the prefetch bucket
+    (`aegis.planning.memory.zero_stages`; checked against steps traced by tools/truth/zero.py); QLoRA as TRL shards it
+    (bf16 quant_storage, no k-bit preparation). With ``framework="jax"``, ``fsdp_shards`` and ``tensor_shards`` are the run's mesh
     (`aegis.train.parallel.ParallelConfig`): the estimate is one device's share of the sharded step.
 
     ``stack`` (or its fields ``trainer``/``transformers_version``) names the software the run uses
@@ -131,7 +141,8 @@ def estimate_memory(
     except ValueError as err:
         raise InvalidConfigError(_first_error(err)) from err
     return estimate(profile, cfg, gpu=gpu, eval_seq_len=eval_seq_len, eval_batch_size=eval_batch_size, fsdp_shards=fsdp_shards,
-                    tensor_shards=tensor_shards, ddp=ddp, framework=framework, fsdp_reshard=fsdp_reshard)
+                    tensor_shards=tensor_shards, ddp=ddp, framework=framework, fsdp_reshard=fsdp_reshard,
+                    zero_stage=zero_stage)
 
 
 def _first_error(err: ValueError) -> str:
@@ -155,8 +166,12 @@ def estimate(
     ddp: bool = False,
     framework: Framework = "hf",
     fsdp_reshard: bool = True,
+    zero_stage: int = 0,
 ) -> MemoryEstimate:
     """`estimate_memory` for a resolved profile and a full `TrainConfig`."""
+    if zero_stage:
+        _check_zero(cfg, zero_stage, ddp=ddp, framework=framework, fsdp_reshard=fsdp_reshard)
+        cfg = cfg.model_copy(update={"autocast": False})  # accelerate leaves mixed precision to the engine
     if ddp and fsdp_shards > 1:
         raise InvalidConfigError("ddp and fsdp_shards > 1 are two ways to use several GPUs: choose one")
     if framework == "jax":
@@ -181,10 +196,12 @@ def estimate(
     fam = get_family(profile.config)
     c = profile.config
     asked = cfg
-    n = fsdp_shards
-    if n > 1 and cfg.method == "qlora" and cfg.stack.kbit_prep_effective:
+    n = 1 if zero_stage else fsdp_shards  # ZeRO's partitions are `zero_plan`'s, not FSDP's
+    if (n > 1 or zero_stage) and cfg.method == "qlora" and cfg.stack.kbit_prep_effective:
         cfg = cfg.model_copy(update={"stack": cfg.stack.model_copy(update={"kbit_prep": False})})
     place = placement(cfg)
+    if zero_stage and cfg.method != "full":  # the engine casts the module to bf16, adapters included
+        place = place._replace(adapter_bytes=2)
     sz = sizes(profile, cfg, place)
     lora = cfg.lora_config
     b, s = cfg.micro_batch_size, cfg.seq_len
@@ -300,6 +317,19 @@ def estimate(
         "weights": weights, "adapters": adapters, "optimizer": states, "gradients": grads_total, "buckets": buckets,
         "optimizer temporaries": temp,
     }))
+    zp = None
+    if zero_stage:  # the same step, with what each rank holds under ZeRO in place of the one-GPU tensors
+        zp = zero_plan(profile, cfg, layers, world_size=fsdp_shards, stage=zero_stage,
+                       trainable_params=sz.trainable_params, decay_params=sz.decay_params,
+                       state_bytes_per_param=optimizer_state_bytes(cfg, 1, 4)[0], quant_state_bytes=sz.quant_state_bytes)
+        one_gpu = ("weights", "adapters", "optimizer", "gradients", "gathered", "buckets", "optimizer temporaries")
+        zero_moments = [_Moment(moments[0].name, {**{k: v for k, v in moments[0].parts.items() if k not in one_gpu},
+                                                  **zp.terms_at_loss()})]
+        for i, moment in zip(range(len(layers) - 1, -1, -1), moments[1:1 + len(layers)]):
+            zero_moments.append(_Moment(moment.name, {**{k: v for k, v in moment.parts.items() if k not in one_gpu},
+                                                      **zp.terms_in_backward(i)}))
+        zero_moments.append(_Moment("optimizer step", zp.terms_at_step()))
+        moments = zero_moments
     peak = max(moments, key=lambda m: m.total)
 
     layer_breakdown: dict[str, float] = {}
@@ -342,6 +372,7 @@ def estimate(
                   "torch.autocast casts fp32 weights per forward"),
         "buckets": ("DDP gradient buckets", f"{sz.trainable_params:,} trainable x {gb} B",
                     "DDP's all-reduce buffers, as large as the gradients (gradient_as_bucket_view off)"),
+        **_zero_labels(zp),
         "gathered": ("FSDP gathered parameters", f"root unit {root_gathered:,} B (embeddings, final norm, head) + "
                      f"{gathered_layer:,} B per gathered layer: the largest layer's parameters as stored"
                      + (" (NF4 packed 2 per byte in bf16 storage; norms and biases bf16)" if cfg.method == "qlora" else "")
@@ -359,11 +390,14 @@ def estimate(
     overhead = gpu_obj.overhead_bytes if gpu_obj else DEFAULT_OVERHEAD_BYTES
     dynamic = int(_DYNAMIC_FRACTION * tensor + _DYNAMIC_FLOOR)
     total = tensor + overhead  # the low end (below) keeps the fixed overhead: the margin is the tensors'
-    eval_peak = _eval_peak(profile, fam, cfg, place, static=weights + adapters + states + buckets,
+    static = weights + adapters + states + buckets
+    if zp is not None:  # what a rank keeps between steps (ZeRO-3 gathers again for the eval forward)
+        static = sum(v for k, v in zp.terms_at_loss().items() if k != "zero gathered")
+    eval_peak = _eval_peak(profile, fam, cfg, place, static=static,
                            seq=eval_seq_len or s, batch=eval_batch_size or b, width=width) + overhead
     notes = (f"peak at the {peak.name}",)
     if cfg is not asked:
-        notes += (FSDP_QLORA_NOTE,)
+        notes += (ZERO_QLORA_NOTE if zero_stage else FSDP_QLORA_NOTE,)
     if eager and cfg.attention != "eager":
         notes += (f"{profile.architecture} runs eager attention in transformers (no SDPA): scores are materialised",)
     return MemoryEstimate(
@@ -372,6 +406,57 @@ def estimate(
         low_bytes=total - min(dynamic, tensor), high_bytes=total + dynamic, eval_peak_bytes=eval_peak,
         peak_phase=peak.name, notes=notes, stack_notes=tuple(stack_notes(profile, cfg)),
     )
+
+
+def _check_zero(cfg: TrainConfig, stage: int, *, ddp: bool, framework: str, fsdp_reshard: bool) -> None:
+    """One-line refusals of what the ZeRO model does not size."""
+    if stage not in ZERO_STAGES:
+        raise InvalidConfigError(f"zero_stage must be 2 or 3 (DeepSpeed ZeRO-2 / ZeRO-3; 0 without DeepSpeed), got {stage}")
+    if framework != "hf":
+        raise InvalidConfigError("zero_stage sizes DeepSpeed under the HF Trainer: use framework='hf' "
+                                 "(the JAX engine shards with fsdp_shards)")
+    if ddp:
+        raise InvalidConfigError("ddp and zero_stage are two ways to use several GPUs: choose one "
+                                 "(fsdp_shards is the number of GPUs under ZeRO)")
+    if not fsdp_reshard:
+        raise InvalidConfigError("fsdp_reshard=False is FSDP's SHARD_GRAD_OP: leave it True with zero_stage")
+    if cfg.precision != "bf16":
+        raise InvalidConfigError("zero_stage is modelled for DeepSpeed's bf16 (bf16.enabled: bf16 weights, fp32 "
+                                 "master): use precision='bf16'")
+    if cfg.gradient_checkpointing:
+        raise InvalidConfigError("zero_stage is not modelled with gradient checkpointing yet: plan without it")
+    if cfg.autocast:
+        raise InvalidConfigError("DeepSpeed's bf16 runs without torch.autocast (accelerate leaves mixed precision to "
+                                 "the engine): leave autocast unset with zero_stage")
+
+
+def _zero_labels(zp: ZeroPlan | None) -> dict[str, tuple[str, str, str]]:
+    """Breakdown labels of the ZeRO terms (`aegis.planning.memory.zero_stages`)."""
+    if zp is None:
+        return {}
+    n, b = zp.world_size, zp.buckets
+    f = zp.formulas
+    return {
+        "weights": ("Model parameters (bf16)", f["weights"],
+                    "the engine casts the module to bf16, LoRA adapters included"),
+        "optimizer": ("Optimizer states (AdamW, fp32)", f["optimizer"], "of this rank's master partition only"),
+        "zero master": ("ZeRO fp32 master partition", f["zero master"],
+                        "the optimizer's fp32 copy of this rank's 1/n of the trainable parameters"),
+        "zero gradient partition": ("ZeRO gradient partition", f["zero gradient partition"],
+                                    "this rank's reduced bf16 gradients (contiguous_gradients)"
+                                    + ("; from the first reduction to the step" if zp.stage == 2 else "; allocated once")),
+        "zero reduce buckets": ("ZeRO reduce buckets", f["zero reduce buckets"],
+                                f"reduce_bucket_size {b.reduce_bucket_size:,} (HF 'auto': hidden²)"),
+        "zero fp32 gradients": ("ZeRO fp32 gradient copy", f["zero fp32 gradients"],
+                                "the optimizer steps the fp32 master with an fp32 copy of the gradient partition"),
+        "zero gathered": ("ZeRO-3 gathered parameters",
+                          (f"{sum(zp.gathered_layers):,} B of layers kept gathered from forward to backward "
+                           f"(stage3_max_reuse_distance {b.max_reuse_distance:,}) + {zp.gathered_root:,} B "
+                           f"embeddings/head + {zp.prefetch:,} B prefetched (stage3_prefetch_bucket_size "
+                           f"{b.prefetch_bucket_size:,})"),
+                          (f"parameters under stage3_param_persistence_threshold {b.persistence_threshold:,} stay "
+                           f"gathered (counted with the weights); the rest is 1/{n} per rank")),
+    }
 
 
 def step_setting(profile: ModelProfile, cfg: TrainConfig, fam, place) -> Setting:

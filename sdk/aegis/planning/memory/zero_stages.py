@@ -1,0 +1,254 @@
+"""DeepSpeed ZeRO-2 and ZeRO-3 on rank 0, by mechanism: what each rank holds, and when.
+
+`aegis.planning.memory.estimate.estimate` calls `zero_plan` when ``zero_stage`` is 2 or 3 and puts its terms into the
+moments of the step (start of backward, each layer's backward, the optimizer step):
+
+    plan = zero_plan(profile, cfg, place, layers, world_size=8, stage=3)
+    plan.terms_at_loss(), plan.terms_in_backward(i), plan.terms_at_step()
+
+The run is the HF Trainer under ``--deepspeed`` with ``bf16=True`` (accelerate leaves mixed precision to DeepSpeed:
+no autocast) and HF's documented ZeRO configs, whose "auto" buckets the Trainer resolves from the hidden size
+(`ZeroBuckets.for_hidden`). The engine casts the whole module to bf16 (``DeepSpeedEngine._configure_distributed_model``:
+``self.module.bfloat16()``), LoRA adapters included; the ZeRO optimizer keeps the fp32 master copy. Each mechanism
+below names the DeepSpeed 0.19 source it follows (``deepspeed/runtime/zero/``). Checked against rank 0 of traced
+steps (tools/truth/zero.py, tests/data/zero_truth.json).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aegis.models.families import get_family
+from aegis.schema import ModelProfile, TrainConfig, lora_selects, lora_target_names
+
+__all__ = ["ZERO_STAGES", "ZeroBuckets", "ZeroPlan", "zero_plan"]
+
+ZERO_STAGES = (2, 3)
+BF16 = 2
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class ZeroBuckets:
+    """The ZeRO config's sizes, in elements, as the HF Trainer fills HF's documented "auto" values
+    (``transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig.trainer_config_finalize``)."""
+
+    reduce_bucket_size: int
+    """``reduce_bucket_size`` = hidden²."""
+    prefetch_bucket_size: int
+    """``stage3_prefetch_bucket_size`` = 0.9 hidden²."""
+    persistence_threshold: int
+    """``stage3_param_persistence_threshold`` = 10 hidden."""
+    max_reuse_distance: int = 10**9
+    """``stage3_max_reuse_distance`` (1e9 in HF's config and DeepSpeed's default)."""
+
+    @classmethod
+    def for_hidden(cls, hidden: int) -> ZeroBuckets:
+        return cls(reduce_bucket_size=hidden * hidden, prefetch_bucket_size=int(0.9 * hidden * hidden),
+                   persistence_threshold=10 * hidden)
+
+
+@dataclass
+class ZeroPlan:
+    """Rank 0's ZeRO terms in bytes (``parts`` of the estimate's moments, named as in its breakdown)."""
+
+    stage: int
+    world_size: int
+    buckets: ZeroBuckets
+    weights: int
+    """bf16 module parameters each rank holds."""
+    master: int
+    """fp32 master partition of the trainable parameters."""
+    states: int
+    """Optimizer states of the master partition."""
+    grad_partition: int
+    """The reduced bf16 gradient partition (contiguous_gradients)."""
+    reduce_buckets: int
+    """The ipg buckets gradients are copied into before they are reduced."""
+    step_grad: int
+    """The fp32 copy of the gradient partition the optimizer steps with."""
+    step_temp: int
+    """foreach AdamW's sqrt(v) temporary over the largest group's master partition."""
+    gathered_layers: list[int] = field(default_factory=list)
+    """Stage 3: per layer, bf16 bytes of its parameters that stay gathered from its forward to its backward."""
+    gathered_root: int = 0
+    """Stage 3: embeddings and head kept gathered (reuse distance), bf16 bytes."""
+    prefetch: int = 0
+    """Stage 3: the prefetch bucket's parameters gathered ahead of use."""
+    layer_gathered: list[int] = field(default_factory=list)
+    """Stage 3: per layer, its non-persistent parameters gathered for its backward."""
+    grads_in_flight: list[int] = field(default_factory=list)
+    """Per layer: unreduced bf16 gradients of that layer that bypass the bucket (larger than it) while it runs."""
+    formulas: dict[str, str] = field(default_factory=dict)
+
+    def terms_at_loss(self) -> dict[str, int]:
+        out = {"weights": self.weights, "zero master": self.master, "optimizer": self.states}
+        if self.stage == 3:
+            out["zero gradient partition"] = self.grad_partition
+            out["zero reduce buckets"] = self.reduce_buckets
+            out["zero gathered"] = self.gathered_root + sum(self.gathered_layers) + self.prefetch
+        return out
+
+    def terms_in_backward(self, i: int) -> dict[str, int]:
+        out = {"weights": self.weights, "zero master": self.master, "optimizer": self.states,
+               "zero gradient partition": self.grad_partition, "zero reduce buckets": self.reduce_buckets,
+               "gradients": self.grads_in_flight[i] if self.grads_in_flight else 0}
+        if self.stage == 3:
+            kept = sum(self.gathered_layers[:i])  # layers below i still wait for their backward
+            current = max(self.layer_gathered[i], self.gathered_layers[i])
+            out["zero gathered"] = self.gathered_root + kept + current + self.prefetch
+        return out
+
+    def terms_at_step(self) -> dict[str, int]:
+        return {"weights": self.weights, "zero master": self.master, "optimizer": self.states,
+                "zero gradient partition": self.grad_partition,
+                "zero reduce buckets": self.reduce_buckets if self.stage == 3 else 0,
+                "zero fp32 gradients": self.step_grad, "optimizer temporaries": self.step_temp}
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _params(profile: ModelProfile, cfg: TrainConfig, layers) -> tuple[list[list[tuple[int, bool, str]]], list[int], int]:
+    """Per layer, every parameter as (elements, trainable, module name: its Linear's, "lora" or "norm"); the root's
+    (embeddings, head, final norm) elements and the final norm's."""
+    targets = (lora_target_names(cfg.lora_config.target_modules, profile.linear_modules) if cfg.method != "full"
+               else frozenset())
+    rank = cfg.lora_config.rank if cfg.method != "full" else 0
+    full = cfg.method == "full"
+    per_layer = []
+    for layer in layers:
+        params: list[tuple[int, bool, str]] = []
+        for lin in layer.linears:
+            elements = lin.in_features * lin.out_features
+            if cfg.method == "qlora" and lin.quantizable:  # packed NF4 (2 codes a byte) viewed as bf16 elements
+                elements = _ceil_div(_ceil_div(elements, 2), BF16)
+            for _ in range(lin.count):
+                params.append((elements, full, lin.name))
+                if lin.bias:
+                    params.append((lin.out_features, full, lin.name))
+                if not full and lora_selects(lin, targets):
+                    r = rank * lin.lora_rank_factor
+                    params += [(r * lin.in_features, True, "lora"), (r * lin.out_features, True, "lora")]
+        if layer.norm_params:
+            params.append((layer.norm_params, full, "norm"))  # under any persistence threshold however split
+        if layer.router_params:
+            params.append((layer.router_params, full, "router"))
+        per_layer.append(params)
+    root = [profile.embedding_params]
+    if profile.lm_head_params:
+        root.append(profile.lm_head_params)
+    final_norm = profile.total_params - sum(profile.layer_params) - sum(root)
+    root.append(final_norm)
+    return per_layer, root, final_norm
+
+
+def _reads_layer_input(fam, config) -> set[str]:
+    """Linears that read a decoder layer's (normed) input: attention's input projections, and in a parallel block
+    the MLP's too (the registry lists each block's output projection last)."""
+    names = {a.path.rsplit(".", 1)[-1] for a in fam.entry.attention[:-1]}
+    if fam.entry.is_parallel(config):
+        names |= {m.path.rsplit(".", 1)[-1] for m in fam.entry.mlp[:-1]}
+    return names
+
+
+def zero_plan(profile: ModelProfile, cfg: TrainConfig, layers, *, world_size: int, stage: int,
+              trainable_params: int, decay_params: int, state_bytes_per_param: int, quant_state_bytes: int = 0,
+              buckets: ZeroBuckets | None = None) -> ZeroPlan:
+    """Rank 0's ZeRO-``stage`` terms for ``world_size`` data-parallel ranks.
+
+    Every stage (``stage_1_and_2.py`` / ``stage3.py``): the trainable bf16 parameters are flattened per param group
+    and each rank keeps the fp32 master copy of its 1/n partition (``single_partition_of_fp32_groups`` /
+    ``fp32_partitioned_groups_flat``) and the optimizer's states of it; the states are fp32 whatever the weights.
+    The optimizer steps on an fp32 copy of the reduced gradient partition (stage 2: ``step`` flattens
+    ``averaged_gradients`` ``.to(fp32)``; stage 3: ``_prepare_fp32_grad_for_sub_group``), beside foreach AdamW's
+    state-sized temporary.
+
+    Stage 2: every rank holds the whole bf16 module. With ``contiguous_gradients`` each gradient is copied into an ipg
+    bucket of ``reduce_bucket_size`` elements, two of them under ``overlap_comm`` (``setup_buckets``), reduced when
+    full, and rank 0's share copied into ``grads_in_partition`` (``copy_grads_in_partition``: the bf16 size of the
+    parameters that overlap its partition), which lives until the step; a gradient larger than the bucket bypasses
+    it (``extra_large_param_to_reduce``) and lives until its reduction.
+
+    Stage 3: parameters are partitioned too (``partition_parameters.py``: each one's ``ds_tensor``, 1/n of it), except
+    that a parameter under ``stage3_param_persistence_threshold`` elements stays gathered (``ds_persist``). The
+    gradient partitions live in one flat buffer from the start (``grad_partitions_flat_buffer``) beside one ipg bucket.
+    A module's parameters are all-gathered for its forward and, once the trace of a step is complete, not released
+    when the module's next use lies within ``stage3_max_reuse_distance`` elements of fetches
+    (``partitioned_param_coordinator.__params_to_release``): a layer whose backward is nearer than that stays
+    gathered from its forward to its backward. Ahead of use the coordinator prefetches parameters until
+    ``stage3_prefetch_bucket_size`` elements are in flight.
+
+    QLoRA (TRL/axolotl's sharded QLoRA: ``bnb_4bit_quant_storage=torch.bfloat16``): a packed NF4 weight is a bf16
+    parameter of half as many elements as its codes, partitioned and gathered as such; its quantisation state
+    (``quant_state_bytes``: absmax, code book) is not a parameter and stays whole on every rank."""
+    n = world_size
+    b = buckets or ZeroBuckets.for_hidden(profile.hidden_size)
+    per_layer, root, final_norm = _params(profile, cfg, layers)
+    all_params = [p for layer in per_layer for p in layer] + [(r, cfg.method == "full", "root") for r in root]
+    total = sum(e for e, _, _ in all_params)
+    master = FP32 * _ceil_div(trainable_params, n)
+    states = state_bytes_per_param * _ceil_div(trainable_params, n)
+    step_grad = FP32 * _ceil_div(trainable_params, n)
+    step_temp = FP32 * _ceil_div(decay_params, n)
+    grad_partition = BF16 * _ceil_div(trainable_params, n)
+    formulas = {
+        "zero master": f"{trainable_params:,} trainable x 4 B (fp32) / {n} ranks",
+        "zero gradient partition": f"{trainable_params:,} trainable x 2 B (bf16) / {n} ranks",
+        "zero fp32 gradients": f"{trainable_params:,} trainable x 4 B / {n} ranks: the step's fp32 gradient copy",
+    }
+    formulas["optimizer"] = f"{state_bytes_per_param} B x {trainable_params:,} trainable / {n} ranks"
+    formulas["weights"] = (f"{total:,} params x 2 B, whole on every rank (ZeRO-2 partitions no parameters)" if stage == 2
+                           else f"{total:,} params x 2 B / {n} ranks (each one's ds_tensor) + the persistent ones whole")
+    if quant_state_bytes:
+        formulas["weights"] = ("NF4 packed 2 codes a byte in bf16 elements; " + formulas["weights"]
+                               + f" + {quant_state_bytes:,} B of quantisation state whole on every rank")
+    in_flight = [BF16 * sum(e for e, t, _ in layer if t and e > b.reduce_bucket_size) for layer in per_layer]
+    if stage == 2:
+        reduce_buckets = 2 * BF16 * b.reduce_bucket_size
+        formulas["zero reduce buckets"] = f"2 ipg buffers (overlap_comm) x {b.reduce_bucket_size:,} x 2 B"
+        return ZeroPlan(stage=2, world_size=n, buckets=b, weights=BF16 * total + quant_state_bytes, master=master,
+                        states=states,
+                        grad_partition=grad_partition, reduce_buckets=reduce_buckets, step_grad=step_grad,
+                        step_temp=step_temp, grads_in_flight=in_flight, formulas=formulas)
+
+    persist = sum(e for e, _, _ in all_params if e <= b.persistence_threshold)
+    weights = BF16 * sum(_ceil_div(e, n) for e, _, _ in all_params) + BF16 * persist + quant_state_bytes
+    reduce_buckets = BF16 * b.reduce_bucket_size
+    formulas["zero reduce buckets"] = f"1 ipg bucket x {b.reduce_bucket_size:,} x 2 B"
+    gathered_each = [BF16 * sum(e for e, _, _ in layer if e > b.persistence_threshold) for layer in per_layer]
+    layer_numel = [sum(e for e, _, _ in layer) for layer in per_layer]
+    head = profile.lm_head_params or 0
+    # fetches between a layer's forward and its backward: the layers above it and the root's head (and final norm),
+    # once in forward and once in backward
+    kept = []
+    for i in range(len(per_layer)):
+        distance = 2 * (sum(layer_numel[i + 1:]) + head + final_norm)
+        kept.append(gathered_each[i] if distance < b.max_reuse_distance else 0)
+    frozen_embedding = cfg.method != "full" and not profile.tie_word_embeddings
+    if frozen_embedding and per_layer:
+        # nothing below the first layer needs a gradient: the modules reading its input run no backward, so the
+        # coordinator's trace never meets them again and releases them after forward
+        unused = _reads_layer_input(get_family(profile.config), profile.config)
+        released = BF16 * sum(e for e, t, name in per_layer[0]
+                              if name in unused and not t and e > b.persistence_threshold)
+        kept[0] -= released if kept[0] else 0
+        gathered_each[0] -= released  # nor gathered for its backward
+    gathered_root = BF16 * (head if head > b.persistence_threshold else 0)  # the head: forward last, backward first
+    if profile.tie_word_embeddings or (2 * total < b.max_reuse_distance and not frozen_embedding):
+        # a tied embedding is the head's weight, used again at once; an untied one is next used by its own backward,
+        # the whole model's fetches away (a frozen one runs no backward)
+        gathered_root += BF16 * profile.embedding_params
+    prefetch = 0
+    below = [i for i in range(len(per_layer)) if not kept[i]]
+    if below:  # the next layer not kept gathered: its parameters, up to the bucket (at least one)
+        want = 0
+        for e, _, _ in reversed(per_layer[below[-1]]):
+            if e > b.persistence_threshold and want < b.prefetch_bucket_size:
+                want += e
+        prefetch = BF16 * want
+    return ZeroPlan(stage=3, world_size=n, buckets=b, weights=weights, master=master, states=states,
+                    grad_partition=grad_partition, reduce_buckets=reduce_buckets, step_grad=step_grad,
+                    step_temp=step_temp, gathered_layers=kept, gathered_root=gathered_root, prefetch=prefetch,
+                    layer_gathered=gathered_each, grads_in_flight=in_flight, formulas=formulas)
