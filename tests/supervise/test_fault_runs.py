@@ -34,7 +34,9 @@ def _kinds(sup: Supervisor, run_id: str) -> list[str]:
 @pytest.mark.slow
 def test_planted_toxic_samples_are_found_and_blacklisted(tmp_path):
     data = tmp_path / "toxic.jsonl"
-    clean, toxic = write_arith_dataset(data, 600, 8, seed=0)
+    # a packed batch holds ~37 of these 10-20 token rows (rows of 64, 8 rows): 3,000 clean rows keep a batch with a
+    # toxic row as rare (~9% of batches) as 600 did at one example per row, so such a batch is still an anomaly
+    clean, toxic = write_arith_dataset(data, 3000, 8, seed=0)
     cfg = parse_run_config(
         run_config(
             tmp_path,

@@ -353,6 +353,13 @@ def test_kill_9_then_resume_exports_the_same_adapter_and_a_changed_base_is_refus
     straight_log, killed_log = (read_jsonl(runs / r / "metrics.jsonl") for r in ("straight", "killed"))
     assert [r["step"] for r in killed_log] == [r["step"] for r in straight_log] == list(range(1, 41))
     np.testing.assert_allclose([r["loss"] for r in killed_log], [r["loss"] for r in straight_log], rtol=1e-6)
+    # packed (the default): the same examples in every step's batch, and the same sampler state at the end, the
+    # examples carried over to the next batch included
+    assert [r["sample_ids"] for r in killed_log] == [r["sample_ids"] for r in straight_log]
+    assert json.loads((runs / "killed" / "config.json").read_text())["training"]["packing"]
+    end = [json.loads((runs / r / "checkpoints" / "40" / "meta" / "metadata").read_text())["sampler"]
+           for r in ("straight", "killed")]
+    assert end[0] == end[1] and end[0]["pending"]
 
     # the base changes after a kill: resuming refuses it in one line, and trains nothing
     weights = folder.parent / "changed"

@@ -16,11 +16,15 @@ runner = CliRunner()
 
 
 @pytest.mark.slow
-def test_step_records_carry_batch_fill_and_host_wait_and_status_shows_them(tmp_path):
+@pytest.mark.parametrize("packing", [True, False])
+def test_step_records_carry_batch_fill_and_host_wait_and_status_shows_them(tmp_path, packing):
+    """A supervised run packs by default: its batches are >= 90% tokens where one example per row (the arithmetic
+    rows are ~10-20 tokens in rows of 64) leaves them ~20% tokens."""
     from aegis.supervise.engine_handle import load_examples
     from aegis.supervise.run_config import RunConfig
 
-    cfg = run_config(tmp_path, training={"steps_per_window": 2, "total_steps": 4}, checkpoints={"interval": 4})
+    cfg = run_config(tmp_path, training={"steps_per_window": 2, "total_steps": 4, "packing": packing},
+                     checkpoints={"interval": 4})
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
     runs = tmp_path / "runs"
     res = runner.invoke(app, ["run", "--config", str(tmp_path / "run.yaml"), "--run-id", "w", "--runs-dir", str(runs), "-q"])
@@ -39,11 +43,15 @@ def test_step_records_carry_batch_fill_and_host_wait_and_status_shows_them(tmp_p
         assert r["loss_token_fraction"] == pytest.approx(targets / (batch * seq))
         assert r["tokens"] == targets  # what the device's loss counted agrees with the host's mask
         assert 0 < r["useful_token_fraction"] <= 1 and r["host_wait_s"] >= 0 and r["step_time_s"] > 0
-    assert all(len(r["sample_ids"]) == batch for r in records)  # a supervised run lays one example per row
+    fill = sum(r["useful_token_fraction"] for r in records) / 4
+    if packing:  # several examples per row, each once
+        assert fill >= 0.9 and all(len(r["sample_ids"]) > 2 * batch for r in records), fill
+    else:  # one example per row
+        assert fill <= 0.3 and all(len(r["sample_ids"]) == batch for r in records), fill
+    assert all(len(set(r["sample_ids"])) == len(r["sample_ids"]) for r in records)
 
     res = runner.invoke(app, ["status", "--run-id", "w", "--runs-dir", str(runs)], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
-    fill = sum(r["useful_token_fraction"] for r in records) / 4
     assert f"batches {fill:.0%} tokens" in res.output and "host wait" in res.output and "tokens/s" in res.output
 
 
@@ -69,5 +77,5 @@ def test_length_buckets_fill_the_supervised_runs_batches(tmp_path):
     records = read_jsonl(runs / "b" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     fill = sum(r["useful_token_fraction"] for r in records) / 4
-    assert fill >= 0.7, fill  # padded to 64 the same rows fill ~0.2 (the test above)
+    assert fill >= 0.7, fill  # padded to 64 the same rows fill ~0.2 (the test above, packing off)
     assert all(len(r["sample_ids"]) == 8 for r in records)

@@ -280,8 +280,8 @@ class Engine:
             optimizer=settings,
             load_params=load_params,
             seed=cfg.training.seed,
-            packing=False,
-            buckets=cfg.training.length_buckets,
+            packing=cfg.training.packing,
+            buckets=cfg.training.length_buckets,  # applies with packing off
             wrap_model=_quantize_wrapper(cfg),
             parallel=cfg.parallel,
         )

@@ -7,7 +7,10 @@ Rules, in order of precedence, for a step with loss ``l`` and gradient norm ``g`
 3. ``loss_spike`` — ``l > mean + spike_sigma * std`` of the previous ``history_size`` clean steps,
    judged once ``min_history`` steps are known (``std`` floored at ``min_std``).
 
-Anomalous steps never enter the history, so one spike does not raise the bar for the next; nor
+Anomalous steps never enter the history, so one spike does not raise the bar for the next (a step kept
+while the history was still too short to judge it is left out of the mean when it lies ``spike_sigma``
+robust sigmas, 1.4826 x MAD, above the history's median: packed batches of ~40 examples meet a rare bad
+row often enough that one lands there); nor
 do the first ``warmup_steps`` steps, whose fast-falling loss would inflate the standard deviation.
 A step the fp16 loss scaler skipped (``overflow``: its scaled gradients overflowed, the update was
 not applied and the scale halved) is neither judged nor kept: the scaler already handled it.
@@ -21,6 +24,7 @@ not applied and the scale halved) is neither judged nor kept: the scaler already
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 
 from aegis.supervise.run_config import MonitoringSection
@@ -50,7 +54,14 @@ class Detector:
         """Current loss-spike threshold, or None while the history is too short."""
         if len(self.losses) < self.cfg.min_history:
             return None
-        mean, std = rolling_stats(tuple(self.losses))
+        # steps kept before the history was long enough to judge were never checked: one that stands out from
+        # the rest by spike_sigma robust sigmas (1.4826 x MAD about the median) is a spike, not a clean step
+        values = list(self.losses)
+        med = statistics.median(values)
+        mad = statistics.median(abs(v - med) for v in values)
+        if mad > 0:
+            values = [v for v in values if v <= med + self.cfg.spike_sigma * 1.4826 * mad]
+        mean, std = rolling_stats(tuple(values))
         return mean + self.cfg.spike_sigma * max(std, self.cfg.min_std)
 
     def check(self, m: StepMetrics) -> Anomaly | None:
