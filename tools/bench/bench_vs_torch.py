@@ -13,6 +13,9 @@ threads go quiet, runs ``--settle`` untimed steps, then ``--per-round`` timed on
 medians of wall and CPU time. Peak memory: the device allocator's peak on a GPU; on XLA:CPU the compiled
 step's memory analysis (arguments + outputs - donated + temporaries), on torch:CPU the bytes of params,
 gradients and optimizer state plus the step's peak of live allocations (the profiler's memory events).
+Host memory: the engine's ``reuse_host_memory()`` runs before JAX starts, as in a Trainer run (``--host-memory
+default`` leaves glibc's settings, under which XLA:CPU maps its step temporaries afresh every step); both sides
+run under the same settings.
 
     python -m tools.bench.bench_vs_torch --threads 1 --rounds 5                 # 25M llama, 256 tokens, batch 4
     python -m tools.bench.bench_vs_torch --preset llama-1b --precision bf16 --seq 2048 --batch 4   # on a GPU
