@@ -522,12 +522,8 @@ def token_loss_sum(
 
 
 def _all_finite(tree: Any) -> jax.Array:
-    """Whether every float in ``tree`` is finite: ``x * 0`` is 0 for a finite ``x`` and NaN for an infinite or NaN
-    one, so one fused sum per leaf answers it. ``all(isfinite(x))`` writes a boolean copy of each leaf and reduces
-    it in a second pass on XLA:CPU (25M bench params: 27.2 -> 20.8 ms)."""
-    leaves = [jnp.sum(x * jnp.zeros((), x.dtype), dtype=jnp.float32) for x in jax.tree.leaves(tree)
-              if jnp.issubdtype(x.dtype, jnp.inexact)]
-    return jnp.isfinite(sum(leaves)) if leaves else jnp.array(True)
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
 def _constrain(tree: Any, shardings: Any) -> Any:
