@@ -66,9 +66,13 @@ class ZeroSetup(BaseModel):
     lora_rank: int = 16
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
     steps: int = 2
+    max_reuse_distance: int = int(1e9)
+    """``stage3_max_reuse_distance``: HF's 1e9 keeps every layer of a tiny model gathered from its forward to its
+    backward; a smaller one makes the tiny model release layers as a 7-70B model does."""
 
 
-def zero_config(stage: int, hidden_size: int, world_size: int, micro_batch_size: int) -> dict[str, Any]:
+def zero_config(stage: int, hidden_size: int, world_size: int, micro_batch_size: int,
+                max_reuse_distance: int = int(1e9)) -> dict[str, Any]:
     """HF's documented ZeRO-2/3 config (docs/source/en/deepspeed.md) with the Trainer's "auto" values resolved."""
     zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
                             "reduce_bucket_size": hidden_size * hidden_size}
@@ -77,7 +81,7 @@ def zero_config(stage: int, hidden_size: int, world_size: int, micro_batch_size:
     else:
         zero.update(sub_group_size=int(1e9), stage3_prefetch_bucket_size=int(0.9 * hidden_size * hidden_size),
                     stage3_param_persistence_threshold=10 * hidden_size, stage3_max_live_parameters=int(1e9),
-                    stage3_max_reuse_distance=int(1e9), stage3_gather_16bit_weights_on_model_save=True)
+                    stage3_max_reuse_distance=max_reuse_distance, stage3_gather_16bit_weights_on_model_save=True)
     return {"bf16": {"enabled": True}, "zero_optimization": zero, "gradient_clipping": 1.0,
             "train_micro_batch_size_per_gpu": micro_batch_size, "gradient_accumulation_steps": 1,
             "train_batch_size": micro_batch_size * world_size, "zero_allow_untested_optimizer": True,
@@ -158,7 +162,8 @@ def trace_zero(config: dict[str, Any], setup: ZeroSetup, world_size: int) -> dic
         import deepspeed
 
         deepspeed.init_distributed()
-        ds_config = zero_config(setup.stage, config["hidden_size"], world_size, setup.micro_batch_size)
+        ds_config = zero_config(setup.stage, config["hidden_size"], world_size, setup.micro_batch_size,
+                                setup.max_reuse_distance)
         out = _run(config, setup, ds_config)
         out["ds_config"] = ds_config
         return out
@@ -200,7 +205,7 @@ def _trace_apart(family: str, setup: ZeroSetup, world_size: int) -> dict[str, An
 
 def row_key(row: dict[str, Any]) -> tuple:
     return (row["family"], row["method"], row["stage"], row["world_size"], row["micro_batch_size"], row["seq_len"],
-            row["lora_rank"], tuple(row["lora_targets"]))
+            row["lora_rank"], tuple(row["lora_targets"]), row.get("max_reuse_distance", int(1e9)))
 
 
 def _write(rows: list[dict[str, Any]]) -> None:
@@ -214,7 +219,8 @@ def _write(rows: list[dict[str, Any]]) -> None:
 
 
 def build_rows(only: str | None = None, stage: int | None = None, method: str | None = None,
-               world_size: int | None = None, write: bool = False) -> list[dict[str, Any]]:
+               world_size: int | None = None, write: bool = False, max_reuse_distance: int = int(1e9),
+               ) -> list[dict[str, Any]]:
     rows = []
     for family in GRID["families"]:
         if only and only not in family:
@@ -225,7 +231,8 @@ def build_rows(only: str | None = None, stage: int | None = None, method: str | 
                     if (method and how != method) or (stage and st != stage) or (world_size and ws != world_size):
                         continue
                     setup = ZeroSetup(method=how, stage=st, lora_targets=LORA_TARGETS.get(family, DEFAULT_LORA_TARGETS),
-                                      micro_batch_size=GRID["micro_batch_size"], seq_len=GRID["seq_len"])
+                                      micro_batch_size=GRID["micro_batch_size"], seq_len=GRID["seq_len"],
+                                      max_reuse_distance=max_reuse_distance)
                     traced = _trace_apart(family, setup, ws)
                     row = {"family": family, "world_size": ws, **setup.model_dump(), **traced}
                     print(f"{family:<8} {how:<5} zero{st} ws{ws}: {traced['peak_bytes']:,} B "
@@ -241,15 +248,21 @@ def planned_bytes(row: dict[str, Any], configs: dict[str, Any], **overrides: Any
     = world size, the row's ZeRO buckets); ``overrides`` go to `estimate_memory`."""
     from aegis.models.profiles import profile_from_config
     from aegis.planning.memory.estimate import estimate_memory
+    from aegis.planning.memory.zero_stages import ZeroBuckets
     from aegis.schema import LoRAConfig, StackProfile
 
     profile = profile_from_config(configs[row["family"]], model_id=f"tiny-{row['family']}", source="path")
     lora = None
     if row["method"] != "full":
         lora = LoRAConfig(rank=row["lora_rank"], alpha=2 * row["lora_rank"], target_modules=tuple(row["lora_targets"]))
+    zero = row["ds_config"]["zero_optimization"]
+    buckets = ZeroBuckets(reduce_bucket_size=zero["reduce_bucket_size"],
+                          prefetch_bucket_size=zero.get("stage3_prefetch_bucket_size", 0),
+                          persistence_threshold=zero.get("stage3_param_persistence_threshold", 0),
+                          max_reuse_distance=zero.get("stage3_max_reuse_distance", int(1e9)))
     kwargs = {"method": row["method"], "micro_batch_size": row["micro_batch_size"], "seq_len": row["seq_len"],
               "precision": "bf16", "lora": lora, "fsdp_shards": row["world_size"], "zero_stage": row["stage"],
-              "autocast": False, "stack": StackProfile(kbit_prep=False) if row["method"] == "qlora" else None,
+              "zero_buckets": buckets, "autocast": False, "stack": StackProfile(kbit_prep=False) if row["method"] == "qlora" else None,
               **overrides}
     return estimate_memory(profile, **kwargs).tensor_bytes
 
@@ -271,6 +284,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stage", type=int, choices=(2, 3), help="only this ZeRO stage")
     parser.add_argument("--method", choices=("full", "lora", "qlora"), help="only this method")
     parser.add_argument("--world-size", type=int, choices=(2, 8), help="only this world size")
+    parser.add_argument("--max-reuse-distance", type=int, default=int(1e9),
+                        help="stage3_max_reuse_distance (HF's 1e9 keeps every tiny layer gathered)")
     parser.add_argument("--write", action="store_true",
                         help=f"write each row into {TABLE.relative_to(ROOT)} as it is traced (replacing the same setup)")
     parser.add_argument("--show", action="store_true", help="print the stored rows against the planner")
@@ -284,7 +299,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.show:
         print(show())
         return
-    build_rows(args.only, args.stage, args.method, args.world_size, write=args.write)
+    build_rows(args.only, args.stage, args.method, args.world_size, write=args.write,
+               max_reuse_distance=args.max_reuse_distance)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from aegis.planning.memory.components import (
 from aegis.planning.memory.stack_effects import (
     backward_width, check_stack, checkpoint_keeps_inputs, fused_loss, profile_for_stack, stack_notes, stack_setting,
 )
-from aegis.planning.memory.zero_stages import ZERO_STAGES, ZeroPlan, zero_plan
+from aegis.planning.memory.zero_stages import ZERO_STAGES, ZeroBuckets, ZeroPlan, zero_plan
 from aegis.units import gib
 from aegis.schema import (
     GPU, Attention, Framework, LoRAConfig, MemoryComponent, MemoryEstimate, Method, ModelProfile, Optimizer, Precision, StackProfile,
@@ -87,6 +87,7 @@ def estimate_memory(
     ddp: bool = False,
     fsdp_reshard: bool = True,
     zero_stage: int = 0,
+    zero_buckets: ZeroBuckets | None = None,
     gradient_accumulation_steps: int = 1,
     framework: Framework = "hf",
     stack: StackProfile | None = None,
@@ -108,7 +109,7 @@ def estimate_memory(
     optimizer states partitioned, the gradient partition and reduce buckets, and under ZeRO-3 the partitioned
     parameters with those kept gathered between a layer's forward and backward and the prefetch bucket
     (`aegis.planning.memory.zero_stages`; checked against steps traced by tools/truth/zero.py); QLoRA as TRL shards it
-    (bf16 quant_storage, no k-bit preparation). With ``framework="jax"``, ``fsdp_shards`` and ``tensor_shards`` are the run's mesh
+    (bf16 quant_storage, no k-bit preparation); ``zero_buckets`` the ZeRO config's sizes when not HF's "auto" ones. With ``framework="jax"``, ``fsdp_shards`` and ``tensor_shards`` are the run's mesh
     (`aegis.train.parallel.ParallelConfig`): the estimate is one device's share of the sharded step.
 
     ``stack`` (or its fields ``trainer``/``transformers_version``) names the software the run uses
@@ -142,7 +143,7 @@ def estimate_memory(
         raise InvalidConfigError(_first_error(err)) from err
     return estimate(profile, cfg, gpu=gpu, eval_seq_len=eval_seq_len, eval_batch_size=eval_batch_size, fsdp_shards=fsdp_shards,
                     tensor_shards=tensor_shards, ddp=ddp, framework=framework, fsdp_reshard=fsdp_reshard,
-                    zero_stage=zero_stage)
+                    zero_stage=zero_stage, zero_buckets=zero_buckets)
 
 
 def _first_error(err: ValueError) -> str:
@@ -167,8 +168,11 @@ def estimate(
     framework: Framework = "hf",
     fsdp_reshard: bool = True,
     zero_stage: int = 0,
+    zero_buckets: ZeroBuckets | None = None,
 ) -> MemoryEstimate:
     """`estimate_memory` for a resolved profile and a full `TrainConfig`."""
+    if zero_buckets is not None and not zero_stage:
+        raise InvalidConfigError("zero_buckets sizes a DeepSpeed ZeRO run: give zero_stage 2 or 3 with it")
     if zero_stage:
         _check_zero(cfg, zero_stage, ddp=ddp, framework=framework, fsdp_reshard=fsdp_reshard)
         cfg = cfg.model_copy(update={"autocast": False})  # accelerate leaves mixed precision to the engine
@@ -321,7 +325,8 @@ def estimate(
     if zero_stage:  # the same step, with what each rank holds under ZeRO in place of the one-GPU tensors
         zp = zero_plan(profile, cfg, layers, world_size=fsdp_shards, stage=zero_stage,
                        trainable_params=sz.trainable_params, decay_params=sz.decay_params,
-                       state_bytes_per_param=optimizer_state_bytes(cfg, 1, 4)[0], quant_state_bytes=sz.quant_state_bytes)
+                       state_bytes_per_param=optimizer_state_bytes(cfg, 1, 4)[0], quant_state_bytes=sz.quant_state_bytes,
+                       buckets=zero_buckets)
         one_gpu = ("weights", "adapters", "optimizer", "gradients", "gathered", "buckets", "optimizer temporaries")
         zero_moments = [_Moment(moments[0].name, {**{k: v for k, v in moments[0].parts.items() if k not in one_gpu},
                                                   **zp.terms_at_loss()})]

@@ -180,6 +180,12 @@ def zero_plan(profile: ModelProfile, cfg: TrainConfig, layers, *, world_size: in
     gathered from its forward to its backward. Ahead of use the coordinator prefetches parameters until
     ``stage3_prefetch_bucket_size`` elements are in flight.
 
+    Not modelled yet: the coordinator also keeps a parameter whose next use its prefetcher scanned past while the
+    parameter was available ("Don't release params whose reuse was skipped by prefetch"). Traced with
+    ``stage3_max_reuse_distance`` 1e6, where the reuse distance alone releases every tiny layer, DeepSpeed still holds
+    the whole model gathered at the loss (rows 9-23% above this plan in tests/data/zero_truth.json), so a ZeRO-3
+    plan of a model larger than the reuse distance may be short by up to its gathered layers.
+
     QLoRA (TRL/axolotl's sharded QLoRA: ``bnb_4bit_quant_storage=torch.bfloat16``): a packed NF4 weight is a bf16
     parameter of half as many elements as its codes, partitioned and gathered as such; its quantisation state
     (``quant_state_bytes``: absmax, code book) is not a parameter and stays whole on every rank."""
