@@ -69,10 +69,12 @@ class ZeroSetup(BaseModel):
     max_reuse_distance: int = int(1e9)
     """``stage3_max_reuse_distance``: HF's 1e9 keeps every layer of a tiny model gathered from its forward to its
     backward; a smaller one makes the tiny model release layers as a 7-70B model does."""
+    max_live_parameters: int = int(1e9)
+    """``stage3_max_live_parameters``: HF's 1e9 is more than a tiny model; a smaller one caps what is gathered."""
 
 
 def zero_config(stage: int, hidden_size: int, world_size: int, micro_batch_size: int,
-                max_reuse_distance: int = int(1e9)) -> dict[str, Any]:
+                max_reuse_distance: int = int(1e9), max_live_parameters: int = int(1e9)) -> dict[str, Any]:
     """HF's documented ZeRO-2/3 config (docs/source/en/deepspeed.md) with the Trainer's "auto" values resolved."""
     zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
                             "reduce_bucket_size": hidden_size * hidden_size}
@@ -80,7 +82,7 @@ def zero_config(stage: int, hidden_size: int, world_size: int, micro_batch_size:
         zero.update(allgather_partitions=True, allgather_bucket_size=int(2e8), reduce_scatter=True)
     else:
         zero.update(sub_group_size=int(1e9), stage3_prefetch_bucket_size=int(0.9 * hidden_size * hidden_size),
-                    stage3_param_persistence_threshold=10 * hidden_size, stage3_max_live_parameters=int(1e9),
+                    stage3_param_persistence_threshold=10 * hidden_size, stage3_max_live_parameters=max_live_parameters,
                     stage3_max_reuse_distance=max_reuse_distance, stage3_gather_16bit_weights_on_model_save=True)
     return {"bf16": {"enabled": True}, "zero_optimization": zero, "gradient_clipping": 1.0,
             "train_micro_batch_size_per_gpu": micro_batch_size, "gradient_accumulation_steps": 1,
@@ -163,7 +165,7 @@ def trace_zero(config: dict[str, Any], setup: ZeroSetup, world_size: int) -> dic
 
         deepspeed.init_distributed()
         ds_config = zero_config(setup.stage, config["hidden_size"], world_size, setup.micro_batch_size,
-                                setup.max_reuse_distance)
+                                setup.max_reuse_distance, setup.max_live_parameters)
         out = _run(config, setup, ds_config)
         out["ds_config"] = ds_config
         return out
@@ -205,7 +207,8 @@ def _trace_apart(family: str, setup: ZeroSetup, world_size: int) -> dict[str, An
 
 def row_key(row: dict[str, Any]) -> tuple:
     return (row["family"], row["method"], row["stage"], row["world_size"], row["micro_batch_size"], row["seq_len"],
-            row["lora_rank"], tuple(row["lora_targets"]), row.get("max_reuse_distance", int(1e9)))
+            row["lora_rank"], tuple(row["lora_targets"]), row.get("max_reuse_distance", int(1e9)),
+            row.get("max_live_parameters", int(1e9)))
 
 
 def _write(rows: list[dict[str, Any]]) -> None:
@@ -220,7 +223,7 @@ def _write(rows: list[dict[str, Any]]) -> None:
 
 def build_rows(only: str | None = None, stage: int | None = None, method: str | None = None,
                world_size: int | None = None, write: bool = False, max_reuse_distance: int = int(1e9),
-               ) -> list[dict[str, Any]]:
+               max_live_parameters: int = int(1e9)) -> list[dict[str, Any]]:
     rows = []
     for family in GRID["families"]:
         if only and only not in family:
@@ -232,7 +235,8 @@ def build_rows(only: str | None = None, stage: int | None = None, method: str | 
                         continue
                     setup = ZeroSetup(method=how, stage=st, lora_targets=LORA_TARGETS.get(family, DEFAULT_LORA_TARGETS),
                                       micro_batch_size=GRID["micro_batch_size"], seq_len=GRID["seq_len"],
-                                      max_reuse_distance=max_reuse_distance)
+                                      max_reuse_distance=max_reuse_distance,
+                                      max_live_parameters=max_live_parameters)
                     traced = _trace_apart(family, setup, ws)
                     row = {"family": family, "world_size": ws, **setup.model_dump(), **traced}
                     print(f"{family:<8} {how:<5} zero{st} ws{ws}: {traced['peak_bytes']:,} B "
@@ -259,7 +263,8 @@ def planned_bytes(row: dict[str, Any], configs: dict[str, Any], **overrides: Any
     buckets = ZeroBuckets(reduce_bucket_size=zero["reduce_bucket_size"],
                           prefetch_bucket_size=zero.get("stage3_prefetch_bucket_size", 0),
                           persistence_threshold=zero.get("stage3_param_persistence_threshold", 0),
-                          max_reuse_distance=zero.get("stage3_max_reuse_distance", int(1e9)))
+                          max_reuse_distance=zero.get("stage3_max_reuse_distance", int(1e9)),
+                          max_live_parameters=zero.get("stage3_max_live_parameters", int(1e9)))
     kwargs = {"method": row["method"], "micro_batch_size": row["micro_batch_size"], "seq_len": row["seq_len"],
               "precision": "bf16", "lora": lora, "fsdp_shards": row["world_size"], "zero_stage": row["stage"],
               "zero_buckets": buckets, "autocast": False, "stack": StackProfile(kbit_prep=False) if row["method"] == "qlora" else None,
@@ -286,6 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--world-size", type=int, choices=(2, 8), help="only this world size")
     parser.add_argument("--max-reuse-distance", type=int, default=int(1e9),
                         help="stage3_max_reuse_distance (HF's 1e9 keeps every tiny layer gathered)")
+    parser.add_argument("--max-live-parameters", type=int, default=int(1e9),
+                        help="stage3_max_live_parameters (HF's 1e9 is more than a tiny model)")
     parser.add_argument("--write", action="store_true",
                         help=f"write each row into {TABLE.relative_to(ROOT)} as it is traced (replacing the same setup)")
     parser.add_argument("--show", action="store_true", help="print the stored rows against the planner")
@@ -300,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
         print(show())
         return
     build_rows(args.only, args.stage, args.method, args.world_size, write=args.write,
-               max_reuse_distance=args.max_reuse_distance)
+               max_reuse_distance=args.max_reuse_distance, max_live_parameters=args.max_live_parameters)
 
 
 if __name__ == "__main__":

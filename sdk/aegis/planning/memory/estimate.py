@@ -455,10 +455,9 @@ def _zero_labels(zp: ZeroPlan | None) -> dict[str, tuple[str, str, str]]:
         "zero fp32 gradients": ("ZeRO fp32 gradient copy", f["zero fp32 gradients"],
                                 "the optimizer steps the fp32 master with an fp32 copy of the gradient partition"),
         "zero gathered": ("ZeRO-3 gathered parameters",
-                          (f"{sum(zp.gathered_layers):,} B of layers kept gathered from forward to backward "
-                           f"(stage3_max_reuse_distance {b.max_reuse_distance:,}) + {zp.gathered_root:,} B "
-                           f"embeddings/head + {zp.prefetch:,} B prefetched (stage3_prefetch_bucket_size "
-                           f"{b.prefetch_bucket_size:,})"),
+                          (f"the parameters the backward uses, {sum(zp.gathered_layers):,} B of layers + "
+                           f"{zp.gathered_root:,} B embeddings/head, gathered ahead by the prefetcher up to "
+                           f"stage3_max_live_parameters {b.max_live_parameters:,}; a layer's freed by its backward"),
                           (f"parameters under stage3_param_persistence_threshold {b.persistence_threshold:,} stay "
                            f"gathered (counted with the weights); the rest is 1/{n} per rank")),
     }

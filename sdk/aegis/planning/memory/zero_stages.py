@@ -41,6 +41,8 @@ class ZeroBuckets:
     """``stage3_param_persistence_threshold`` = 10 hidden."""
     max_reuse_distance: int = 10**9
     """``stage3_max_reuse_distance`` (1e9 in HF's config and DeepSpeed's default)."""
+    max_live_parameters: int = 10**9
+    """``stage3_max_live_parameters`` (1e9 in HF's config and DeepSpeed's default)."""
 
     @classmethod
     def for_hidden(cls, hidden: int) -> ZeroBuckets:
@@ -70,13 +72,11 @@ class ZeroPlan:
     step_temp: int
     """foreach AdamW's sqrt(v) temporary over the largest group's master partition."""
     gathered_layers: list[int] = field(default_factory=list)
-    """Stage 3: per layer, bf16 bytes of its parameters that stay gathered from its forward to its backward."""
+    """Stage 3: per layer, bf16 bytes of its non-persistent parameters its backward uses."""
     gathered_root: int = 0
-    """Stage 3: embeddings and head kept gathered (reuse distance), bf16 bytes."""
-    prefetch: int = 0
-    """Stage 3: the prefetch bucket's parameters gathered ahead of use."""
-    layer_gathered: list[int] = field(default_factory=list)
-    """Stage 3: per layer, its non-persistent parameters gathered for its backward."""
+    """Stage 3: bf16 bytes of the embeddings and head the backward uses."""
+    live_cap: int = 0
+    """Stage 3: ``stage3_max_live_parameters`` in bf16 bytes."""
     grads_in_flight: list[int] = field(default_factory=list)
     """Per layer: unreduced bf16 gradients of that layer that bypass the bucket (larger than it) while it runs."""
     formulas: dict[str, str] = field(default_factory=dict)
@@ -86,7 +86,7 @@ class ZeroPlan:
         if self.stage == 3:
             out["zero gradient partition"] = self.grad_partition
             out["zero reduce buckets"] = self.reduce_buckets
-            out["zero gathered"] = self.gathered_root + sum(self.gathered_layers) + self.prefetch
+            out["zero gathered"] = min(self.gathered_root + sum(self.gathered_layers), self.live_cap)
         return out
 
     def terms_in_backward(self, i: int) -> dict[str, int]:
@@ -94,9 +94,8 @@ class ZeroPlan:
                "zero gradient partition": self.grad_partition, "zero reduce buckets": self.reduce_buckets,
                "gradients": self.grads_in_flight[i] if self.grads_in_flight else 0}
         if self.stage == 3:
-            kept = sum(self.gathered_layers[:i])  # layers below i still wait for their backward
-            current = max(self.layer_gathered[i], self.gathered_layers[i])
-            out["zero gathered"] = self.gathered_root + kept + current + self.prefetch
+            # layers above i are released by their backward (next used by the next step, past the trace)
+            out["zero gathered"] = min(self.gathered_root + sum(self.gathered_layers[:i + 1]), self.live_cap)
         return out
 
     def terms_at_step(self) -> dict[str, int]:
@@ -174,24 +173,29 @@ def zero_plan(profile: ModelProfile, cfg: TrainConfig, layers, *, world_size: in
     Stage 3: parameters are partitioned too (``partition_parameters.py``: each one's ``ds_tensor``, 1/n of it), except
     that a parameter under ``stage3_param_persistence_threshold`` elements stays gathered (``ds_persist``). The
     gradient partitions live in one flat buffer from the start (``grad_partitions_flat_buffer``) beside one ipg bucket.
-    A module's parameters are all-gathered for its forward and, once the trace of a step is complete, not released
-    when the module's next use lies within ``stage3_max_reuse_distance`` elements of fetches
-    (``partitioned_param_coordinator.__params_to_release``): a layer whose backward is nearer than that stays
-    gathered from its forward to its backward. Ahead of use the coordinator prefetches parameters until
-    ``stage3_prefetch_bucket_size`` elements are in flight.
+    Once a step's trace is complete (``partitioned_param_coordinator.py``), every module fetch starts a prefetch round
+    that walks the recorded parameter queue, forward then backward occurrences, gathering what is not available until
+    ``stage3_prefetch_bucket_size`` elements are in flight, and marks each parameter it walks past with the step of that
+    occurrence; a parameter whose mark lies ahead is not released ("Don't release params whose reuse was skipped by
+    prefetch", ``__params_to_release``), nor one whose next use is within ``stage3_max_reuse_distance``. The queue runs
+    ahead of the modules (one module's parameters plus a bucket a round), so it reaches the backward's occurrences
+    during forward and gathers them, up to ``stage3_max_live_parameters`` available elements
+    (``max_params_to_prefetch``). At the loss rank 0 therefore holds, gathered, the parameters the backward uses, up to
+    that cap, whatever the reuse distance (traced at 1e9 and 1e6: the same peak); a layer's are released by its
+    backward. Not used by the backward, and so released in forward: a frozen embedding, and under LoRA the first
+    layer's frozen modules that read its input.
 
-    Not modelled yet: the coordinator also keeps a parameter whose next use its prefetcher scanned past while the
-    parameter was available ("Don't release params whose reuse was skipped by prefetch"). Traced with
-    ``stage3_max_reuse_distance`` 1e6, where the reuse distance alone releases every tiny layer, DeepSpeed still holds
-    the whole model gathered at the loss (rows 9-23% above this plan in tests/data/zero_truth.json), so a ZeRO-3
-    plan of a model larger than the reuse distance may be short by up to its gathered layers.
+    Open: the cap is ``stage3_max_live_parameters`` as DeepSpeed documents it, but a tiny model traced with it at 1e6
+    still holds every parameter its backward uses (18% above this plan, tests/data/zero_truth.json): the prefetcher's
+    marks keep what it gathered before the cap bit. What bounds the gathered parameters of a model larger than the
+    cap (7-70B under HF's 1e9) is not traced; this plan takes the documented cap.
 
     QLoRA (TRL/axolotl's sharded QLoRA: ``bnb_4bit_quant_storage=torch.bfloat16``): a packed NF4 weight is a bf16
     parameter of half as many elements as its codes, partitioned and gathered as such; its quantisation state
     (``quant_state_bytes``: absmax, code book) is not a parameter and stays whole on every rank."""
     n = world_size
     b = buckets or ZeroBuckets.for_hidden(profile.hidden_size)
-    per_layer, root, final_norm = _params(profile, cfg, layers)
+    per_layer, root, _ = _params(profile, cfg, layers)
     all_params = [p for layer in per_layer for p in layer] + [(r, cfg.method == "full", "root") for r in root]
     total = sum(e for e, _, _ in all_params)
     master = FP32 * _ceil_div(trainable_params, n)
@@ -224,37 +228,18 @@ def zero_plan(profile: ModelProfile, cfg: TrainConfig, layers, *, world_size: in
     reduce_buckets = BF16 * b.reduce_bucket_size
     formulas["zero reduce buckets"] = f"1 ipg bucket x {b.reduce_bucket_size:,} x 2 B"
     gathered_each = [BF16 * sum(e for e, _, _ in layer if e > b.persistence_threshold) for layer in per_layer]
-    layer_numel = [sum(e for e, _, _ in layer) for layer in per_layer]
     head = profile.lm_head_params or 0
-    # fetches between a layer's forward and its backward: the layers above it and the root's head (and final norm),
-    # once in forward and once in backward
-    kept = []
-    for i in range(len(per_layer)):
-        distance = 2 * (sum(layer_numel[i + 1:]) + head + final_norm)
-        kept.append(gathered_each[i] if distance < b.max_reuse_distance else 0)
     frozen_embedding = cfg.method != "full" and not profile.tie_word_embeddings
     if frozen_embedding and per_layer:
         # nothing below the first layer needs a gradient: the modules reading its input run no backward, so the
-        # coordinator's trace never meets them again and releases them after forward
+        # step's trace meets them only in forward
         unused = _reads_layer_input(get_family(profile.config), profile.config)
-        released = BF16 * sum(e for e, t, name in per_layer[0]
-                              if name in unused and not t and e > b.persistence_threshold)
-        kept[0] -= released if kept[0] else 0
-        gathered_each[0] -= released  # nor gathered for its backward
-    gathered_root = BF16 * (head if head > b.persistence_threshold else 0)  # the head: forward last, backward first
-    if profile.tie_word_embeddings or (2 * total < b.max_reuse_distance and not frozen_embedding):
-        # a tied embedding is the head's weight, used again at once; an untied one is next used by its own backward,
-        # the whole model's fetches away (a frozen one runs no backward)
+        gathered_each[0] -= BF16 * sum(e for e, t, name in per_layer[0]
+                                       if name in unused and not t and e > b.persistence_threshold)
+    gathered_root = BF16 * (head if head > b.persistence_threshold else 0)
+    if not frozen_embedding:  # a tied embedding is the head's weight; an untied trainable one runs its backward
         gathered_root += BF16 * profile.embedding_params
-    prefetch = 0
-    below = [i for i in range(len(per_layer)) if not kept[i]]
-    if below:  # the next layer not kept gathered: its parameters, up to the bucket (at least one)
-        want = 0
-        for e, _, _ in reversed(per_layer[below[-1]]):
-            if e > b.persistence_threshold and want < b.prefetch_bucket_size:
-                want += e
-        prefetch = BF16 * want
     return ZeroPlan(stage=3, world_size=n, buckets=b, weights=weights, master=master, states=states,
                     grad_partition=grad_partition, reduce_buckets=reduce_buckets, step_grad=step_grad,
-                    step_temp=step_temp, gathered_layers=kept, gathered_root=gathered_root, prefetch=prefetch,
-                    layer_gathered=gathered_each, grads_in_flight=in_flight, formulas=formulas)
+                    step_temp=step_temp, gathered_layers=gathered_each, gathered_root=gathered_root,
+                    live_cap=BF16 * b.max_live_parameters, grads_in_flight=in_flight, formulas=formulas)
