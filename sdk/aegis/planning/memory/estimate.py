@@ -457,7 +457,8 @@ def _zero_labels(zp: ZeroPlan | None) -> dict[str, tuple[str, str, str]]:
         "zero gathered": ("ZeRO-3 gathered parameters",
                           (f"the parameters the backward uses, {sum(zp.gathered_layers):,} B of layers + "
                            f"{zp.gathered_root:,} B embeddings/head, gathered ahead by the prefetcher up to "
-                           f"stage3_max_live_parameters {b.max_live_parameters:,}; a layer's freed by its backward"),
+                           f"stage3_max_live_parameters {b.max_live_parameters:,}, or kept from forward within "
+                           f"stage3_max_reuse_distance {b.max_reuse_distance:,}; a layer's freed by its backward"),
                           (f"parameters under stage3_param_persistence_threshold {b.persistence_threshold:,} stay "
                            f"gathered (counted with the weights); the rest is 1/{n} per rank")),
     }

@@ -77,6 +77,15 @@ class ZeroPlan:
     """Stage 3: bf16 bytes of the embeddings and head the backward uses."""
     live_cap: int = 0
     """Stage 3: ``stage3_max_live_parameters`` in bf16 bytes."""
+    reuse_kept: list[int] = field(default_factory=list)
+    """Stage 3: per layer, bf16 bytes kept gathered from its forward by the reuse distance (cap or not)."""
+    reuse_kept_root: int = 0
+    """Stage 3: embeddings/head bytes the reuse distance keeps."""
+
+    def _gathered(self, upto: int) -> int:
+        kept = self.reuse_kept_root + sum(self.reuse_kept[:upto])
+        used = self.gathered_root + sum(self.gathered_layers[:upto])
+        return max(kept, min(used, self.live_cap))
     grads_in_flight: list[int] = field(default_factory=list)
     """Per layer: unreduced bf16 gradients of that layer that bypass the bucket (larger than it) while it runs."""
     formulas: dict[str, str] = field(default_factory=dict)
@@ -86,7 +95,7 @@ class ZeroPlan:
         if self.stage == 3:
             out["zero gradient partition"] = self.grad_partition
             out["zero reduce buckets"] = self.reduce_buckets
-            out["zero gathered"] = min(self.gathered_root + sum(self.gathered_layers), self.live_cap)
+            out["zero gathered"] = self._gathered(len(self.gathered_layers))
         return out
 
     def terms_in_backward(self, i: int) -> dict[str, int]:
@@ -95,7 +104,7 @@ class ZeroPlan:
                "gradients": self.grads_in_flight[i] if self.grads_in_flight else 0}
         if self.stage == 3:
             # layers above i are released by their backward (next used by the next step, past the trace)
-            out["zero gathered"] = min(self.gathered_root + sum(self.gathered_layers[:i + 1]), self.live_cap)
+            out["zero gathered"] = self._gathered(i + 1)
         return out
 
     def terms_at_step(self) -> dict[str, int]:
@@ -185,17 +194,17 @@ def zero_plan(profile: ModelProfile, cfg: TrainConfig, layers, *, world_size: in
     backward. Not used by the backward, and so released in forward: a frozen embedding, and under LoRA the first
     layer's frozen modules that read its input.
 
-    Open: the cap is ``stage3_max_live_parameters`` as DeepSpeed documents it, but a tiny model traced with it at 1e6
-    still holds every parameter its backward uses (18% above this plan, tests/data/zero_truth.json): the prefetcher's
-    marks keep what it gathered before the cap bit. What bounds the gathered parameters of a model larger than the
-    cap (7-70B under HF's 1e9) is not traced; this plan takes the documented cap.
+    The cap (``stage3_max_live_parameters``) bounds only the prefetch: a layer whose backward lies within
+    ``stage3_max_reuse_distance`` elements of fetches is kept whatever the cap (traced: a tiny model under a 1e6 cap
+    holds all of its 4.2M parameters). What bounds the gathered parameters of a model larger than both (7-70B under
+    HF's 1e9) is not traced: this plan takes the cap.
 
     QLoRA (TRL/axolotl's sharded QLoRA: ``bnb_4bit_quant_storage=torch.bfloat16``): a packed NF4 weight is a bf16
     parameter of half as many elements as its codes, partitioned and gathered as such; its quantisation state
     (``quant_state_bytes``: absmax, code book) is not a parameter and stays whole on every rank."""
     n = world_size
     b = buckets or ZeroBuckets.for_hidden(profile.hidden_size)
-    per_layer, root, _ = _params(profile, cfg, layers)
+    per_layer, root, final_norm = _params(profile, cfg, layers)
     all_params = [p for layer in per_layer for p in layer] + [(r, cfg.method == "full", "root") for r in root]
     total = sum(e for e, _, _ in all_params)
     master = FP32 * _ceil_div(trainable_params, n)
@@ -239,7 +248,16 @@ def zero_plan(profile: ModelProfile, cfg: TrainConfig, layers, *, world_size: in
     gathered_root = BF16 * (head if head > b.persistence_threshold else 0)
     if not frozen_embedding:  # a tied embedding is the head's weight; an untied trainable one runs its backward
         gathered_root += BF16 * profile.embedding_params
+    # the reuse distance keeps, cap or not, a layer whose backward is nearer than it: between its forward and its
+    # backward the layers above it and the head (and final norm) are fetched twice
+    numel = [sum(e for e, _, _ in layer) for layer in per_layer]
+    reuse_kept = [g if 2 * (sum(numel[i + 1:]) + head + final_norm) < b.max_reuse_distance else 0
+                  for i, g in enumerate(gathered_each)]
+    reuse_kept_root = BF16 * (head if head > b.persistence_threshold else 0)  # used again at once
+    if gathered_root > reuse_kept_root and 2 * sum(e for e, _, _ in all_params) < b.max_reuse_distance:
+        reuse_kept_root = gathered_root
     return ZeroPlan(stage=3, world_size=n, buckets=b, weights=weights, master=master, states=states,
                     grad_partition=grad_partition, reduce_buckets=reduce_buckets, step_grad=step_grad,
                     step_temp=step_temp, gathered_layers=gathered_each, gathered_root=gathered_root,
-                    live_cap=BF16 * b.max_live_parameters, grads_in_flight=in_flight, formulas=formulas)
+                    live_cap=BF16 * b.max_live_parameters, reuse_kept=reuse_kept, reuse_kept_root=reuse_kept_root,
+                    grads_in_flight=in_flight, formulas=formulas)
