@@ -115,3 +115,43 @@ def test_thoughts_help_on_held_out_parity_and_theater_checks_roll_back(tiny_quie
     assert saved["ablation"]["gain"] == pytest.approx(a["gain"])
     assert (tmp_path / "out" / "model" / "mixer.safetensors").is_file()
     assert (tmp_path / "out" / "report.md").read_text().startswith("# Phase 3")
+
+
+def test_quietstar_resumes_from_its_last_checkpoint_after_a_kill(tmp_path, monkeypatch):
+    """Killed inside prompt baking (at the step-6 checkpoint, before it is written; the last one on disk is step 3)
+    and re-run: the run starts from step 3, runs only the 6 steps the checkpoint lacks, and steps 4..6 redone give
+    the losses the killed run had computed (the same batches from the same weights: the data order is in the
+    checkpoint)."""
+    from tools.hf_folders import make_model_folder
+
+    from aegis.forge.quietstar import QuietStarSettings, parity_rows, run_quietstar
+    from aegis.forge.quietstar import run as qrun
+
+    folder = make_model_folder(tmp_path / "m", hidden=32, layers=2)
+    rows = parity_rows(16, bits=4)
+    settings = QuietStarSettings(bake_steps=9, bake_lr=3e-3, rl_steps=0, batch_size=4, save_every=3, num_thoughts=2,
+                                 min_diversity=0.0, min_divergence=0.0, min_thought_length=0.0)
+    real_save, saves, killed_losses = qrun._save_state, [], []
+
+    def kill_at_step_6(path, state):
+        saves.append(state["step"])
+        if state["step"] == 6:
+            killed_losses.extend(state["history"]["bake_loss"])
+            raise KeyboardInterrupt  # as if kill -9 hit between the checkpoints at steps 3 and 6
+        real_save(path, state)
+
+    monkeypatch.setattr(qrun, "_save_state", kill_at_step_6)
+    with pytest.raises(KeyboardInterrupt):
+        run_quietstar(folder, rows, tmp_path / "out", settings)
+    assert saves == [3, 6] and len(killed_losses) == 6 and not (tmp_path / "out" / "report.json").exists()
+    monkeypatch.setattr(qrun, "_save_state", real_save)
+
+    logs: list[str] = []
+    report = run_quietstar(folder, rows, tmp_path / "out", settings, log=logs.append)
+    assert "resuming phase 3 at bake step 3" in logs
+    assert report["resumed_from"] == {"stage": "bake", "step": 3}
+    assert report["steps_run"] == {"bake": 6, "rl": 0}  # steps 4..9: none of 1..3 again
+    assert report["bake"]["steps"] == 9
+    with (tmp_path / "out" / "state" / "quietstar.pkl").open("rb") as fh:
+        losses = __import__("pickle").load(fh)["history"]["bake_loss"]
+    assert len(losses) == 9 and losses[:6] == killed_losses  # 1..3 from the checkpoint, 4..6 recomputed equal

@@ -31,7 +31,11 @@ class QuietStarSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    bake_steps: int = Field(200, ge=0, description="Supervised prompt-baking steps on prompt + reasoning + answer.")
+    bake_steps: int = Field(200, ge=0, description="Most supervised prompt-baking steps on prompt + reasoning + "
+                            "answer (fewer when bake_target_loss is reached).")
+    bake_target_loss: float | None = Field(None, gt=0, description="Stop baking once the mean loss of the last "
+                                           "bake_window steps is at most this (None: run bake_steps).")
+    bake_window: int = Field(20, ge=1, description="Steps averaged for bake_target_loss.")
     bake_lr: float | None = Field(None, gt=0, description="Baking learning rate (default: the 'bake' preset's).")
     rl_steps: int = Field(50, ge=0, description="Quiet-STaR steps.")
     rl_lr: float | None = Field(None, gt=0, description="Quiet-STaR learning rate (default: the 'rl' preset's).")
@@ -46,6 +50,8 @@ class QuietStarSettings(BaseModel):
     min_divergence: float = Field(0.3, ge=0, description="Least answer divergence with vs without thoughts.")
     min_thought_length: float = Field(5.0, ge=0, description="Least mean thought length (tokens).")
     min_diversity: float = Field(3.0, ge=0, description="Least mean pairwise edit distance of a position's thoughts.")
+    diversity_rows: int = Field(16, ge=1, description="Held-out rows whose K sampled thoughts the diversity check "
+                                "compares (the accuracies use every held-out row).")
     holdout: float = Field(0.25, gt=0, lt=1, description="Fraction of rows held out for the ablation.")
     save_every: int = Field(50, ge=1, description="Steps between checkpoints under OUT/state.")
     seed: int = Field(0, ge=0)
@@ -167,13 +173,22 @@ def run_quietstar(
         with state_path.open("rb") as fh:
             st = pickle.load(fh)
         log(f"resuming phase 3 at {st['stage']} step {st['step']}")
+        rng_state = st.pop("rng", None)
         st = jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, st)
-        rng = np.random.default_rng(settings.seed + 1000 * (st["step"] + 1) + (st["stage"] == "rl"))
+        if rng_state is not None:  # the batches continue as if uninterrupted
+            rng.bit_generator.state = rng_state
+        else:
+            rng = np.random.default_rng(settings.seed + 1000 * (st["step"] + 1) + (st["stage"] == "rl"))
     else:
         mixer = core.init_mixer(jax.random.key(settings.seed), model.spec.hidden_size)
         st = {"stage": "bake", "step": 0, "params": params, "opt": bake_tx.init(params), "mixer": mixer,
               "history": {"bake_loss": [], "rl": [], "checks": []}, "kl_coef": kl0}
     hist = st["history"]
+    resumed = {"stage": st["stage"], "step": int(st["step"])} if state_path.exists() else None
+    ran = {"bake": 0, "rl": 0}  # steps run by this call (a resumed call runs only what the checkpoint lacks)
+
+    def save() -> None:
+        _save_state(state_path, {**st, "rng": rng.bit_generator.state})
 
     @jax.jit
     def bake_step(p, o, x, m):
@@ -181,19 +196,29 @@ def run_quietstar(
         u, o = bake_tx.update(g, o, p)
         return optax.apply_updates(p, u), o, loss
 
-    while st["stage"] == "bake" and st["step"] < settings.bake_steps:
+    def converged() -> bool:
+        w = settings.bake_window
+        return (settings.bake_target_loss is not None and len(hist["bake_loss"]) >= w
+                and float(np.mean(hist["bake_loss"][-w:])) <= settings.bake_target_loss)
+
+    while st["stage"] == "bake" and st["step"] < settings.bake_steps and not converged():
         sel = rng.choice(len(train_idx), batch, replace=len(train_idx) < batch)
         st["params"], st["opt"], loss = bake_step(st["params"], st["opt"], bake_ids[sel], bake_mask[sel])
         st["step"] += 1
+        ran["bake"] += 1
         hist["bake_loss"].append(float(loss))
         if st["step"] % 50 == 0:
             log(f"bake step {st['step']}/{settings.bake_steps}: loss {float(loss):.4f}")
         if st["step"] % settings.save_every == 0:
-            _save_state(state_path, st)
+            save()
     if st["stage"] == "bake":
+        if converged():
+            log(f"bake converged at step {st['step']}: mean loss of the last {settings.bake_window} steps "
+                f"{np.mean(hist['bake_loss'][-settings.bake_window:]):.4f} <= {settings.bake_target_loss}")
+        hist["bake_steps_run"] = int(st["step"])
         st = {**st, "stage": "rl", "step": 0, "baked": st["params"], "opt": rl_tx.init((st["params"], st["mixer"]))}
         st["good"] = (st["params"], st["mixer"], st["opt"])
-        _save_state(state_path, st)
+        save()
     baked = st["baked"]
 
     def sample_rows(p, x, pos, key):
@@ -219,17 +244,19 @@ def run_quietstar(
         wo, pwo, _ = core.answer_accuracy(model, p, mixer, *args, thoughts=False, rng=key, disallowed=thought_ids)
         return w, wo, pw, pwo, rows
 
+    n_div = min(settings.diversity_rows, len(hold_idx))
+
     @jax.jit
-    def thoughts_fn(p, key):  # K sampled thoughts at the answer position of each held-out row
-        pos = jnp.asarray(hold_len - 1)[:, None]
-        return sample_rows(p, jnp.asarray(hold_ids), pos, key)
+    def thoughts_fn(p, key):  # K sampled thoughts at the answer position of the first n_div held-out rows
+        pos = jnp.asarray(hold_len[:n_div] - 1)[:, None]
+        return sample_rows(p, jnp.asarray(hold_ids[:n_div]), pos, key)
 
     def checks(p, mixer, key) -> dict[str, Any]:
         w, wo, pw, pwo, _ = answer_fn(p, mixer, key)
         pw, pwo = np.asarray(pw), np.asarray(pwo)
         div = float(np.mean([core.edit_distance(a, b) / max(1, len(a)) for a, b in zip(pw, pwo)]))
         rows = np.asarray(thoughts_fn(p, key))
-        start = np.repeat(hold_len - 1, spec.num_thoughts) + 2
+        start = np.repeat(hold_len[:n_div] - 1, spec.num_thoughts) + 2
         th = [r[s: s + T] for r, s in zip(rows, start)]
         stop = {end_id, pad, tok.eos_token_id}
         lens = [next((i for i, t in enumerate(x) if t in stop), T) for x in th]
@@ -263,6 +290,7 @@ def run_quietstar(
                                          jnp.float32(st["kl_coef"]))
         st.update(params=p, mixer=mixer, opt=o)
         st["step"] += 1
+        ran["rl"] += 1
         hist["rl"].append({"step": st["step"], "loss": float(loss), **{k: float(v) for k, v in aux.items()}})
         if st["step"] % 10 == 0:
             log(f"quiet-star step {st['step']}/{settings.rl_steps}: loss {float(loss):.4f} "
@@ -280,9 +308,13 @@ def run_quietstar(
             log(f"anti-theater at step {st['step']}: divergence {res['divergence']:.2f}, thought length "
                 f"{res['thought_length']:.1f}, diversity {res['diversity']:.2f} -> {res['action']}")
         if st["step"] % settings.save_every == 0:
-            _save_state(state_path, st)
+            save()
 
-    final = checks(st["params"], st["mixer"], jax.random.key(settings.seed + 99))
+    last = hist["checks"][-1]
+    if last["step"] == settings.rl_steps and last.get("action") in ("kept", "baseline (baked)"):
+        final = {k: v for k, v in last.items() if k not in ("step", "action")}  # the weights it checked are final
+    else:
+        final = checks(st["params"], st["mixer"], jax.random.key(settings.seed + 99))
     report = {
         "phase": "quietstar",
         "model": str(model_dir),
@@ -291,8 +323,13 @@ def run_quietstar(
         "rows": {"train": int(len(train_idx)), "held_out": int(len(hold_idx))},
         "batch_size": int(batch),
         "thought": {"length": T, "num_thoughts": spec.num_thoughts, "n_true": spec.n_true},
-        "bake": {"steps": settings.bake_steps, "first_loss": hist["bake_loss"][0] if hist["bake_loss"] else None,
-                 "last_loss": hist["bake_loss"][-1] if hist["bake_loss"] else None},
+        "bake": {"steps": int(hist.get("bake_steps_run", settings.bake_steps)), "max_steps": settings.bake_steps,
+                 "target_loss": settings.bake_target_loss, "window": settings.bake_window,
+                 "first_loss": hist["bake_loss"][0] if hist["bake_loss"] else None,
+                 "last_loss": hist["bake_loss"][-1] if hist["bake_loss"] else None,
+                 "last_window_mean": float(np.mean(hist["bake_loss"][-settings.bake_window:]))
+                 if hist["bake_loss"] else None},
+        "resumed_from": resumed, "steps_run": ran,
         "quietstar": {"steps": settings.rl_steps, "kl_coef_final": float(st["kl_coef"]),
                       "last": hist["rl"][-1] if hist["rl"] else None},
         "anti_theater": {"thresholds": {"divergence": settings.min_divergence,
