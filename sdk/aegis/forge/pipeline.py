@@ -38,9 +38,9 @@ def tiny_config() -> dict[str, Any]:
         "tiny": True,
         "phase1": {},
         "phase2": {"generations": 1, "population": 8, "max_eval_rows": 16, "seq_len": 64},
-        "phase3": {"data": "parity", "rows": 256, "bake_steps": 600, "bake_target_loss": 0.03, "bake_lr": 3e-3, "rl_steps": 6, "batch_size": 8,
-                   "rl_lr": 1e-3, "check_every": 3, "min_diversity": 0.0, "min_divergence": 0.0,
-                   "min_thought_length": 1.0},
+        "phase3": {"data": "parity", "rows": 256, "bake_steps": 600, "bake_target_loss": 0.03, "bake_lr": 3e-3,
+                   "rl_steps": 6, "batch_size": 8, "rl_lr": 1e-3, "check_every": 3, "min_diversity": 0.0,
+                   "min_divergence": 0.0, "min_thought_length": 1.0},
         "phase4": {},
     }
 
