@@ -102,8 +102,9 @@ def steps_for_epochs(rows: int, epochs: float, micro_batch_size: int, accumulati
 def packing_choice(packing_efficiency: float | None, padding_waste: float | None, seq_len: int | None) -> tuple[bool, str]:
     """Whether a plan's dataset trains packed (several examples per row) and why: packing when it keeps more tokens
     real than padding each row to the longest does (the data profile's ``packing_efficiency`` vs
-    ``1 - padding_waste``); no profile: padding. The HF emitter's ``packing`` and ``aegis run --plan``'s
-    ``training.packing`` both come from here, so an emitted script and a supervised run lay batches out alike."""
+    ``1 - padding_waste``); no profile: padding. The emitters' ``packing`` (axolotl's ``sample_packing``) and
+    ``aegis run --plan``'s ``training.packing`` both come from here, so an emitted config and a supervised run lay
+    batches out alike."""
     if packing_efficiency is None or padding_waste is None or seq_len is None:
         return False, "no dataset profile: padding each batch to its longest row"
     if packing_efficiency > 1 - padding_waste:

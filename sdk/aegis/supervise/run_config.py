@@ -568,8 +568,8 @@ def run_config_from_report(
     fallback chain, the mesh of its multi-GPU section (``parallel``: data ranks for DDP, fsdp ranks for FSDP), and
     ``total_steps`` = the plan's epochs over its dataset rows at the global batch (micro batch
     x accumulation x the plan's GPUs), as transformers' Trainer counts them for the emitted script, and
-    ``training.packing`` (with ``packing_reason``) = the plan's packing decision, the one the emitted HF script
-    takes (:func:`aegis.recipe.packing_choice`). The learning
+    ``training.packing`` (with ``packing_reason``) = the plan's packing decision, the one ``aegis plan --emit``
+    writes (axolotl's ``sample_packing``; :func:`aegis.recipe.packing_choice`). The learning
     rate, warm-up, cosine floor, clip and seed are the recipe's for the method (:mod:`aegis.recipe`), the values
     the emitted scripts use. ``sections`` (a run YAML's or a chat template's mapping) wins over all of this:
     supervision sections, a ``training`` key given there, or its ``model``/``data``/``train_config``.
