@@ -122,7 +122,7 @@ CORPUS = [
        dataset="HuggingFaceH4/no_robots")),
     ("lora mistral-7b-v0.3 on H200, grad accumulation 4, micro batch 8, use paged adamw 32bit",
      R(model=MISTRAL, method="lora", gpu="h200", micro_batch_size=8, effective_batch_size=32, optimizer="adamw")),
-    ("4 a100s, llama-3.1-70b, qlora, ZeRO-3", R(model=LLAMA70, method="qlora", gpu="a100-80gb", gpu_count=4)),
+    ("4 a100s, llama-3.1-70b, qlora, ZeRO-3", R(model=LLAMA70, method="qlora", gpu="a100-80gb", gpu_count=4, zero_stage=3)),
     ("lora llama-3.1-8b, mixed precision with fp16, grad ckpt = 1",
      R(model=LLAMA8, method="lora", precision="fp16_mixed", gradient_checkpointing=True)),
     ("gradient checkpointing 1 epochs on mi300 x2", R(gradient_checkpointing=True, epochs=1, gpu="mi300x", gpu_count=2)),

@@ -24,9 +24,15 @@ QLoRA is sharded as TRL/axolotl shard it (`tools.truth.sharded`): NF4 without k-
 viewed as bf16 (``bnb_4bit_quant_storage=torch.bfloat16``), so ZeRO-3 partitions them like any bf16 parameter while
 each ``Linear4bit`` keeps its quantisation state (absmax, code book: not parameters) whole.
 
+Gradient checkpointing (``--gradient-checkpointing``) is what the Trainer's ``gradient_checkpointing=True`` does with
+TRL's ``use_reentrant=False``: ``gradient_checkpointing_enable`` on the model before PEFT wraps it and DeepSpeed
+partitions it (which also calls ``enable_input_require_grads``); the recompute in backward runs each layer's forward
+again, so ZeRO-3 gathers its parameters again.
+
 Regenerate the rows (tests/data/zero_truth.json):
 
     python -m tools.truth.zero --write          # every row of GRID; --only llama, --stage 3 to filter
+    python -m tools.truth.zero --write --gradient-checkpointing --only qwen2   # the checkpointed rows
     python -m tools.truth.zero --show           # the stored rows against the planner
 """
 
@@ -71,6 +77,9 @@ class ZeroSetup(BaseModel):
     backward; a smaller one makes the tiny model release layers as a 7-70B model does."""
     max_live_parameters: int = int(1e9)
     """``stage3_max_live_parameters``: HF's 1e9 is more than a tiny model; a smaller one caps what is gathered."""
+    gradient_checkpointing: bool = False
+    """HF Trainer's ``gradient_checkpointing=True`` with ``use_reentrant=False`` (what TRL sets):
+    ``model.gradient_checkpointing_enable`` before PEFT wraps it and DeepSpeed partitions it."""
 
 
 def zero_config(stage: int, hidden_size: int, world_size: int, micro_batch_size: int,
@@ -112,7 +121,8 @@ def _run(config: dict[str, Any], setup: ZeroSetup, ds_config: dict[str, Any]) ->
     qlora = setup.method == "qlora"
     trace = TraceSetup(method=setup.method, micro_batch_size=setup.micro_batch_size, seq_len=setup.seq_len,
                        lora_rank=setup.lora_rank, lora_alpha=2 * setup.lora_rank, lora_targets=setup.lora_targets,
-                       autocast=False, kbit_prep=not qlora, trainer="peft" if qlora else "hf")
+                       autocast=False, kbit_prep=not qlora, trainer="peft" if qlora else "hf",
+                       gradient_checkpointing=setup.gradient_checkpointing, checkpointing="non_reentrant")
     with tracker:
         model = build_model(config, trace).model
         if qlora:
@@ -149,7 +159,7 @@ def _run(config: dict[str, Any], setup: ZeroSetup, ds_config: dict[str, Any]) ->
         engine.destroy()
     return {"peak_bytes": tracker.peak_bytes, "peak_phase": tracker.peak_phase, "phase_peak_bytes": phase_peaks,
             "after_setup_bytes": after_setup, "trace_seconds": round(time.perf_counter() - start, 2),
-            "peak_live": dict(sorted(live.items(), key=lambda kv: -kv[1])[:16])}
+            "peak_live": dict(sorted(live.items(), key=lambda kv: -kv[1])[:int(os.environ.get("ZERO_TRUTH_TOP", "16"))])}
 
 
 def trace_zero(config: dict[str, Any], setup: ZeroSetup, world_size: int) -> dict[str, Any]:
@@ -208,7 +218,7 @@ def _trace_apart(family: str, setup: ZeroSetup, world_size: int) -> dict[str, An
 def row_key(row: dict[str, Any]) -> tuple:
     return (row["family"], row["method"], row["stage"], row["world_size"], row["micro_batch_size"], row["seq_len"],
             row["lora_rank"], tuple(row["lora_targets"]), row.get("max_reuse_distance", int(1e9)),
-            row.get("max_live_parameters", int(1e9)))
+            row.get("max_live_parameters", int(1e9)), row.get("gradient_checkpointing", False))
 
 
 def _write(rows: list[dict[str, Any]]) -> None:
@@ -223,7 +233,7 @@ def _write(rows: list[dict[str, Any]]) -> None:
 
 def build_rows(only: str | None = None, stage: int | None = None, method: str | None = None,
                world_size: int | None = None, write: bool = False, max_reuse_distance: int = int(1e9),
-               max_live_parameters: int = int(1e9)) -> list[dict[str, Any]]:
+               max_live_parameters: int = int(1e9), gradient_checkpointing: bool = False) -> list[dict[str, Any]]:
     rows = []
     for family in GRID["families"]:
         if only and only not in family:
@@ -236,10 +246,12 @@ def build_rows(only: str | None = None, stage: int | None = None, method: str | 
                     setup = ZeroSetup(method=how, stage=st, lora_targets=LORA_TARGETS.get(family, DEFAULT_LORA_TARGETS),
                                       micro_batch_size=GRID["micro_batch_size"], seq_len=GRID["seq_len"],
                                       max_reuse_distance=max_reuse_distance,
-                                      max_live_parameters=max_live_parameters)
+                                      max_live_parameters=max_live_parameters,
+                                      gradient_checkpointing=gradient_checkpointing)
                     traced = _trace_apart(family, setup, ws)
                     row = {"family": family, "world_size": ws, **setup.model_dump(), **traced}
-                    print(f"{family:<8} {how:<5} zero{st} ws{ws}: {traced['peak_bytes']:,} B "
+                    print(f"{family:<8} {how:<5} zero{st} ws{ws}{' ckpt' if gradient_checkpointing else ''}: "
+                          f"{traced['peak_bytes']:,} B "
                           f"({traced['peak_phase']}, {traced['trace_seconds']} s)", flush=True)
                     rows.append(row)
                     if write:
@@ -267,7 +279,7 @@ def planned_bytes(row: dict[str, Any], configs: dict[str, Any], **overrides: Any
                           max_live_parameters=zero.get("stage3_max_live_parameters", int(1e9)))
     kwargs = {"method": row["method"], "micro_batch_size": row["micro_batch_size"], "seq_len": row["seq_len"],
               "precision": "bf16", "lora": lora, "fsdp_shards": row["world_size"], "zero_stage": row["stage"],
-              "zero_buckets": buckets, "autocast": False, "stack": StackProfile(kbit_prep=False) if row["method"] == "qlora" else None,
+              "zero_buckets": buckets, "autocast": False, "gradient_checkpointing": row.get("gradient_checkpointing", False), "stack": StackProfile(kbit_prep=False) if row["method"] == "qlora" else None,
               **overrides}
     return estimate_memory(profile, **kwargs).tensor_bytes
 
@@ -275,10 +287,12 @@ def planned_bytes(row: dict[str, Any], configs: dict[str, Any], **overrides: Any
 def show() -> str:
     """The truth table: traced rank-0 peak against the planner's, per row."""
     configs = json.loads(CONFIGS.read_text(encoding="utf-8"))
-    lines = [f"{'family':<8} {'method':<6} {'stage':>5} {'ws':>2} {'traced B':>12} {'planned B':>12} {'error':>7}"]
+    lines = [f"{'family':<8} {'method':<6} {'stage':>5} {'ws':>2} {'ckpt':>4} {'traced B':>12} {'planned B':>12} "
+             f"{'error':>7}"]
     for row in json.loads(TABLE.read_text(encoding="utf-8"))["rows"]:
         plan = planned_bytes(row, configs)
         lines.append(f"{row['family']:<8} {row['method']:<6} {row['stage']:>5} {row['world_size']:>2} "
+                     f"{'on' if row.get('gradient_checkpointing') else 'off':>4} "
                      f"{row['peak_bytes']:>12,} {plan:>12,} {(plan - row['peak_bytes']) / row['peak_bytes']:>+7.2%}")
     return "\n".join(lines)
 
@@ -293,6 +307,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="stage3_max_reuse_distance (HF's 1e9 keeps every tiny layer gathered)")
     parser.add_argument("--max-live-parameters", type=int, default=int(1e9),
                         help="stage3_max_live_parameters (HF's 1e9 is more than a tiny model)")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="HF Trainer's gradient_checkpointing=True (use_reentrant=False, as TRL sets)")
     parser.add_argument("--write", action="store_true",
                         help=f"write each row into {TABLE.relative_to(ROOT)} as it is traced (replacing the same setup)")
     parser.add_argument("--show", action="store_true", help="print the stored rows against the planner")
@@ -307,7 +323,8 @@ def main(argv: list[str] | None = None) -> None:
         print(show())
         return
     build_rows(args.only, args.stage, args.method, args.world_size, write=args.write,
-               max_reuse_distance=args.max_reuse_distance, max_live_parameters=args.max_live_parameters)
+               max_reuse_distance=args.max_reuse_distance, max_live_parameters=args.max_live_parameters,
+               gradient_checkpointing=args.gradient_checkpointing)
 
 
 if __name__ == "__main__":

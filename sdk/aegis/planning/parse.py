@@ -252,6 +252,15 @@ _COUNT_ONLY = [
     _word(r"(?:num~gpus|n~gpus|gpu~count|gpus|world~size|nproc~per~node)~(?:=|:)\s*" + _COUNT),
 ]
 _DATASET_NAME = r"([a-z0-9][a-z0-9_.-]*[a-z0-9])"
+_ZERO = r"(?:(?:deep~?speed|ds)~)?(?:zero|ze~ro)~(?:stage~)?"
+_ZERO_STAGES: list[tuple[int, re.Pattern[str]]] = [
+    (stage, _word(_ZERO + str(stage) + r"(?![\d.])|deep~?speed~(?:zero~)?stage~" + str(stage) + r"(?![\d.])"))
+    for stage in (1, 2, 3)
+]
+"""DeepSpeed ZeRO, said with its stage: 'zero3', 'ZeRO-3', 'ZeRO stage 3', 'deepspeed zero2', 'deepspeed stage 3'."""
+_DEEPSPEED = _word(r"deep~?speed(?:~zero)?")
+"""DeepSpeed (or ZeRO) without a stage: the request must say which."""
+
 _DATASET_WORD = _word(r"(?:dataset|data~set)~(?:=|:|is|called|named)?~" + _DATASET_NAME)
 _DATASET_ASSIGN = _word(r"data~(?:=|:)~" + _DATASET_NAME)
 
@@ -493,6 +502,19 @@ def _read_stack(r: _Reader) -> None:
             r.consume(m.start(), m.end())
     for _, said in r.values.get("checkpointing_mode", []):
         r.put("gradient_checkpointing", True, said)
+
+
+def _read_zero(r: _Reader) -> None:
+    """DeepSpeed ZeRO and its stage (``zero_stage``; the planner refuses a stage it does not model); DeepSpeed named
+    without a stage is an issue that asks for it."""
+    r.scan("zero_stage", _ZERO_STAGES)
+    for m in list(_DEEPSPEED.finditer(r.work)):
+        if _MASK in m.group():
+            continue
+        said = r.text[m.start():m.end()]
+        r.issues.append(ParseIssue(part="request", text=said, message=(
+            f"{said!r} names no ZeRO stage: say 'deepspeed zero2' or 'deepspeed zero3' (Aegis plans those two)")))
+        r.consume(m.start(), m.end())
 
 
 def _read_settings(r: _Reader) -> None:
@@ -755,7 +777,8 @@ def _ambiguous(part: Part, said: str, ids: list[str], where: str) -> ParseIssue:
 _LABELS = {"model": "models", "gpu": "GPUs", "dataset": "datasets", "method": "methods", "optimizer": "optimizers",
            "precision": "precisions", "gradient_checkpointing": "gradient checkpointing settings",
            "lora_targets": "LoRA target sets", "trainer": "trainers", "transformers_version": "transformers versions",
-           "kbit_prep": "k-bit preparation settings", "liger": "Liger settings", "checkpointing_mode": "checkpointing modes"}
+           "kbit_prep": "k-bit preparation settings", "liger": "Liger settings", "checkpointing_mode": "checkpointing modes",
+           "zero_stage": "DeepSpeed ZeRO stages"}
 
 
 def _issue_part(part: str) -> Part:
@@ -838,6 +861,7 @@ def parse_request_lenient(text: str) -> ParsedRequest:
         return ParsedRequest(request=PlanRequest(), issues=(issue,))
     r = _Reader(text=text, work=_lower(text))
     _read_items(r)
+    _read_zero(r)
     r.scan("checkpointing_mode", _CKPT_MODES)
     r.scan("trainer", _TRAINERS)  # before the methods: "plain peft loop" is a trainer, a bare "peft" LoRA
     r.scan("method", _METHODS)

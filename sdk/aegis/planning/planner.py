@@ -221,10 +221,16 @@ def plan_request(
                   optimizer=req.optimizer or "adamw", precision=precision,
                   micro_batch_size=req.micro_batch_size, gradient_checkpointing=req.gradient_checkpointing,
                   gpu_count=gpu_count, eval_seq_len=eval_seq, stack=stack, autocast=req.autocast)
-    solution = solve(profile, gpu, **kwargs)
+    zero = req.zero_stage
+    if zero is not None:
+        _check_zero_request(zero, gpu_count, req.autocast)
+        kwargs["autocast"] = False  # accelerate leaves DeepSpeed's bf16 to the engine: no torch.autocast
+    solution = solve(profile, gpu, **kwargs) if zero is None else solve(profile, gpu, fsdp_shards=gpu_count,
+                                                                        zero_stage=zero, **kwargs)
     multi = None
     if gpu_count > 1:
-        solution, multi = _multi_gpu(profile, gpu, gpu_count, solution, kwargs)
+        solution, multi = (_multi_gpu(profile, gpu, gpu_count, solution, kwargs) if zero is None
+                           else _deepspeed(profile, gpu, gpu_count, zero, solution, kwargs))
         from dataclasses import replace
 
         from aegis.planning.memory.device import multi_gpu_device_level  # context, cuBLAS and NCCL per GPU
@@ -240,7 +246,9 @@ def plan_request(
     if dataset is not None:  # at the effective batch the report states: the recommended tier's, across the GPUs
         steps_per_epoch = math.ceil(dataset.num_rows / (rec.config.effective_batch_size * gpu_count if rec else eff))
     if rec is not None:
-        efficiency = (1.0, 1.0) if gpu_count == 1 else (_FSDP_EFFICIENCY if multi and multi.assumed == "fsdp" else _DDP_EFFICIENCY)
+        efficiency = (1.0, 1.0) if gpu_count == 1 else (_FSDP_EFFICIENCY if multi and multi.assumed == "fsdp" else
+                                                        (multi.efficiency_low, multi.efficiency_high)
+                                                        if multi and multi.assumed == "deepspeed" else _DDP_EFFICIENCY)
         lo, hi, basis, source = tokens_per_s_range(profile, rec.config, gpu, gpu_count=gpu_count, efficiency=efficiency)
         if dataset is not None:
             mean_tokens = min(dataset.tokens.mean, seq_len)
@@ -363,6 +371,45 @@ def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: d
     mesh = {"data": n} if use_ddp else {"fsdp": n}
     return chosen, MultiGPU(gpu_count=n, ddp_bytes=ddp_bytes, fsdp_bytes=fsdp_bytes, assumed="ddp" if use_ddp else "fsdp",
                             reason=reason, compared_at=at, efficiency_low=eff[0], efficiency_high=eff[1], parallel=mesh)
+
+
+def _check_zero_request(stage: int, gpu_count: int, autocast: bool | None) -> None:
+    """One-line refusals of DeepSpeed requests the ZeRO model does not plan."""
+    if stage == 1:
+        raise InvalidConfigError("DeepSpeed ZeRO-1 is not modelled (ZeRO-2 partitions the gradients too, for the same "
+                                 "communication): ask for zero2 or zero3")
+    if stage not in (2, 3):
+        raise InvalidConfigError(f"DeepSpeed ZeRO stage {stage} does not exist: ask for zero2 or zero3")
+    if gpu_count < 2:
+        raise InvalidConfigError(f"DeepSpeed ZeRO-{stage} partitions the model over several GPUs: name them "
+                                 f"('... on 8x a100 with zero{stage}'), or drop zero{stage} for a one-GPU plan")
+    if autocast:
+        raise InvalidConfigError("DeepSpeed's bf16 runs without torch.autocast (accelerate leaves mixed precision to "
+                                 "the engine): drop --autocast with zero2/zero3")
+
+
+def _deepspeed(profile: ModelProfile, gpu: GPU, n: int, stage: int, solution: Solution,
+               kwargs: dict) -> tuple[Solution, MultiGPU]:
+    """The ZeRO stage the request asked for, with DDP's and FSDP's per-GPU peak at the same configuration beside it."""
+    from aegis.planning.memory.zero_stages import ZeroBuckets, hf_deepspeed_config
+
+    ref = (solution.recommended or solution.smallest).config
+    zero_bytes = (solution.recommended or solution.smallest).memory.total_bytes
+    plain = ref.model_copy(update={"autocast": None})  # DDP and FSDP under the Trainer's own autocast
+    ddp_bytes = estimate(profile, plain, gpu=gpu, ddp=True).total_bytes
+    fsdp_bytes = estimate(profile, plain, gpu=gpu, fsdp_shards=n).total_bytes
+    buckets = ZeroBuckets.for_hidden(profile.hidden_size)
+    eff = _FSDP_EFFICIENCY if stage == 3 else _DDP_EFFICIENCY  # ZeRO-3 gathers every layer's parameters twice a step
+    reason = (f"as asked: HF Trainer with HF's documented ds_config_zero{stage}.json, its "
+              f"'auto' buckets resolved for hidden {profile.hidden_size:,} (reduce_bucket_size "
+              f"{buckets.reduce_bucket_size:,}"
+              + (f", stage3_prefetch_bucket_size {buckets.prefetch_bucket_size:,}, stage3_param_persistence_threshold "
+                 f"{buckets.persistence_threshold:,}" if stage == 3 else "") + "), bf16 without autocast")
+    at = f"micro batch {ref.micro_batch_size}, checkpointing {'ON' if ref.gradient_checkpointing else 'OFF'}"
+    return solution, MultiGPU(gpu_count=n, ddp_bytes=ddp_bytes, fsdp_bytes=fsdp_bytes, assumed="deepspeed",
+                              zero_stage=stage, zero_bytes=zero_bytes, deepspeed=hf_deepspeed_config(stage, buckets),
+                              reason=reason, compared_at=at, efficiency_low=eff[0], efficiency_high=eff[1],
+                              parallel={"fsdp": n})
 
 
 def _nothing_fits(profile: ModelProfile, gpu: GPU, gpu_count: int, solution: Solution, kwargs: dict) -> str:

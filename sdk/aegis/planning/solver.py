@@ -72,8 +72,8 @@ class Solution:
 
 
 def _tier(profile: ModelProfile, gpu: GPU, cfg: TrainConfig, name: str, summary: str, fsdp: int, eval_seq: int | None,
-          ddp: bool = False) -> Tier:
-    est = estimate(profile, cfg, gpu=gpu, fsdp_shards=fsdp, eval_seq_len=eval_seq, ddp=ddp)
+          ddp: bool = False, zero_stage: int = 0) -> Tier:
+    est = estimate(profile, cfg, gpu=gpu, fsdp_shards=fsdp, eval_seq_len=eval_seq, ddp=ddp, zero_stage=zero_stage)
     room = headroom_bytes(est, gpu)
     return Tier(name=name, config=cfg, memory=est, headroom_bytes=room, fits=room >= 0, summary=summary,
                 relative_speed=relative_speed(cfg))
@@ -104,8 +104,10 @@ def solve(
     eval_seq_len: int | None = None,
     stack: StackProfile | None = None,
     autocast: bool | None = None,
+    zero_stage: int = 0,
 ) -> Solution:
-    """Search micro batch (binary search over powers of two), checkpointing, optimizer, chunked CE, rank."""
+    """Search micro batch (binary search over powers of two), checkpointing, optimizer, chunked CE, rank.
+    ``zero_stage`` 2 or 3: DeepSpeed ZeRO over ``fsdp_shards`` GPUs (`aegis.planning.memory.zero_stages`)."""
     lora = lora if method != "full" else None
     if method != "full" and lora is None:
         lora = LoRAConfig()
@@ -126,7 +128,7 @@ def solve(
     def tier(cfg: TrainConfig, name: str = "", summary: str = "") -> Tier:
         if cfg not in cache:
             cache[cfg] = _tier(profile, gpu, cfg, name, summary, fsdp_shards, eval_seq_len,
-                               ddp=gpu_count > 1 and fsdp_shards == 1)
+                               ddp=gpu_count > 1 and fsdp_shards == 1 and not zero_stage, zero_stage=zero_stage)
         return cache[cfg].model_copy(update={"name": name, "summary": summary})
 
     def largest(ckpt: bool, room: int, **extra) -> int | None:

@@ -6,7 +6,7 @@ build these classes.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -111,6 +111,9 @@ class PlanRequest(Frozen):
         default=None, description="Checkpointing variant (default non_reentrant; offload with Unsloth)."
     )
     lora_dropout: float | None = Field(default=None, ge=0, lt=1, description="LoRA dropout (default 0).")
+    zero_stage: int | None = Field(
+        default=None, description="DeepSpeed ZeRO stage (2 or 3) the HF Trainer runs over the GPUs (default: none; "
+        "the planner chooses DDP or FSDP).")
     autocast: bool | None = Field(
         default=None, description="The step runs under torch.autocast (default: the trainer's; HF Trainer, TRL and "
         "axolotl with bf16=True / fp16=True do). False: a pure bf16 step, as a custom loop without autocast runs it.")
@@ -190,12 +193,18 @@ class MultiGPU(Frozen):
     gpu_count: int
     ddp_bytes: int = Field(description="Per-GPU peak with plain data parallel (everything replicated).")
     fsdp_bytes: int = Field(description="Per-GPU peak fully sharded (weights, grads, optimizer states / N + gathered layer + buffers).")
-    assumed: Literal["ddp", "fsdp"] = Field(description="Which one the recommendation assumes.")
+    assumed: Literal["ddp", "fsdp", "deepspeed"] = Field(description="Which one the recommendation assumes "
+                                                          "('deepspeed': the ZeRO stage the request asked for).")
     reason: str
     compared_at: str = Field(default="", description="The one configuration both figures are for, e.g. "
                                                      "'micro batch 1, checkpointing ON' (the recommended tier may differ).")
     efficiency_low: float = Field(description="Scaling efficiency range used for time estimates.")
     efficiency_high: float
+    zero_stage: int | None = Field(default=None, description="DeepSpeed ZeRO stage (2 or 3) when assumed is 'deepspeed'.")
+    zero_bytes: int | None = Field(default=None, description="Per-GPU peak under that ZeRO stage.")
+    deepspeed: dict[str, Any] | None = Field(
+        default=None, description="The HF Trainer's deepspeed= config the ZeRO plan was sized for (HF's documented "
+        "ZeRO config with its 'auto' buckets resolved for this model).")
     parallel: dict[str, int] = Field(
         default_factory=dict,
         description="The JAX engine's mesh for this plan (`aegis run --plan`, `aegis.train.parallel`): every GPU a "

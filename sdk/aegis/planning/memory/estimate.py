@@ -109,7 +109,10 @@ def estimate_memory(
     optimizer states partitioned, the gradient partition and reduce buckets, and under ZeRO-3 the partitioned
     parameters with those kept gathered between a layer's forward and backward and the prefetch bucket
     (`aegis.planning.memory.zero_stages`; checked against steps traced by tools/truth/zero.py); QLoRA as TRL shards it
-    (bf16 quant_storage, no k-bit preparation); ``zero_buckets`` the ZeRO config's sizes when not HF's "auto" ones. With ``framework="jax"``, ``fsdp_shards`` and ``tensor_shards`` are the run's mesh
+    (bf16 quant_storage, no k-bit preparation); with ``gradient_checkpointing`` (non-reentrant, as TRL sets it) each
+    layer's input is kept and one layer recomputed, as on one GPU, and under ZeRO-3 the recompute and the embedding's
+    backward (``enable_input_require_grads``) gather their parameters again; ``zero_buckets`` the ZeRO config's sizes
+    when not HF's "auto" ones. With ``framework="jax"``, ``fsdp_shards`` and ``tensor_shards`` are the run's mesh
     (`aegis.train.parallel.ParallelConfig`): the estimate is one device's share of the sharded step.
 
     ``stack`` (or its fields ``trainer``/``transformers_version``) names the software the run uses
@@ -326,7 +329,7 @@ def estimate(
         zp = zero_plan(profile, cfg, layers, world_size=fsdp_shards, stage=zero_stage,
                        trainable_params=sz.trainable_params, decay_params=sz.decay_params,
                        state_bytes_per_param=optimizer_state_bytes(cfg, 1, 4)[0], quant_state_bytes=sz.quant_state_bytes,
-                       buckets=zero_buckets)
+                       buckets=zero_buckets, head_input_bytes=tokens * hidden * 2)
         one_gpu = ("weights", "adapters", "optimizer", "gradients", "gathered", "buckets", "optimizer temporaries")
         zero_moments = [_Moment(moments[0].name, {**{k: v for k, v in moments[0].parts.items() if k not in one_gpu},
                                                   **zp.terms_at_loss()})]
@@ -428,8 +431,9 @@ def _check_zero(cfg: TrainConfig, stage: int, *, ddp: bool, framework: str, fsdp
     if cfg.precision != "bf16":
         raise InvalidConfigError("zero_stage is modelled for DeepSpeed's bf16 (bf16.enabled: bf16 weights, fp32 "
                                  "master): use precision='bf16'")
-    if cfg.gradient_checkpointing:
-        raise InvalidConfigError("zero_stage is not modelled with gradient checkpointing yet: plan without it")
+    if cfg.gradient_checkpointing and cfg.stack.checkpointing != "non_reentrant":
+        raise InvalidConfigError("zero_stage is modelled with non-reentrant gradient checkpointing (use_reentrant="
+                                 "False, as TRL sets): leave the stack's checkpointing at 'non_reentrant'")
     if cfg.autocast:
         raise InvalidConfigError("DeepSpeed's bf16 runs without torch.autocast (accelerate leaves mixed precision to "
                                  "the engine): leave autocast unset with zero_stage")
@@ -452,6 +456,8 @@ def _zero_labels(zp: ZeroPlan | None) -> dict[str, tuple[str, str, str]]:
                                     + ("; from the first reduction to the step" if zp.stage == 2 else "; allocated once")),
         "zero reduce buckets": ("ZeRO reduce buckets", f["zero reduce buckets"],
                                 f"reduce_bucket_size {b.reduce_bucket_size:,} (HF 'auto': hidden²)"),
+        "zero linear inputs": ("ZeRO-3 saved head input", f"the frozen head's bf16 input: {zp.head_input:,} B",
+                               "DeepSpeed's memory-efficient linear saves every Linear's input, frozen or not"),
         "zero fp32 gradients": ("ZeRO fp32 gradient copy", f["zero fp32 gradients"],
                                 "the optimizer steps the fp32 master with an fp32 copy of the gradient partition"),
         "zero gathered": ("ZeRO-3 gathered parameters",

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from aegis.models.families import get_family
 from aegis.schema import ModelProfile, TrainConfig, lora_selects, lora_target_names
 
-__all__ = ["ZERO_STAGES", "ZeroBuckets", "ZeroPlan", "zero_plan"]
+__all__ = ["ZERO_STAGES", "ZeroBuckets", "ZeroPlan", "hf_deepspeed_config", "zero_plan"]
 
 ZERO_STAGES = (2, 3)
 BF16 = 2
@@ -48,6 +48,26 @@ class ZeroBuckets:
     def for_hidden(cls, hidden: int) -> ZeroBuckets:
         return cls(reduce_bucket_size=hidden * hidden, prefetch_bucket_size=int(0.9 * hidden * hidden),
                    persistence_threshold=10 * hidden)
+
+
+def hf_deepspeed_config(stage: int, buckets: ZeroBuckets) -> dict:
+    """The HF Trainer's ``deepspeed=`` dict for a ZeRO-``stage`` plan: HF's documented ``ds_config_zero2.json`` /
+    ``ds_config_zero3.json`` (no optimizer section: the Trainer's own AdamW, ``zero_allow_untested_optimizer``) with
+    the bucket sizes the plan was sized for written out (the values the Trainer's "auto" resolves them to for this
+    model); batch sizes and clipping stay "auto" (the Trainer fills them from its arguments)."""
+    zero: dict = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
+                  "reduce_bucket_size": buckets.reduce_bucket_size}
+    if stage == 2:
+        zero.update(allgather_partitions=True, allgather_bucket_size=int(2e8), reduce_scatter=True)
+    else:
+        zero.update(sub_group_size=int(1e9), stage3_prefetch_bucket_size=buckets.prefetch_bucket_size,
+                    stage3_param_persistence_threshold=buckets.persistence_threshold,
+                    stage3_max_live_parameters=buckets.max_live_parameters,
+                    stage3_max_reuse_distance=buckets.max_reuse_distance,
+                    stage3_gather_16bit_weights_on_model_save=True)
+    return {"bf16": {"enabled": "auto"}, "zero_optimization": zero, "gradient_clipping": "auto",
+            "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+            "train_batch_size": "auto", "zero_allow_untested_optimizer": True}
 
 
 @dataclass
@@ -86,6 +106,8 @@ class ZeroPlan:
         kept = self.reuse_kept_root + sum(self.reuse_kept[:upto])
         used = self.gathered_root + sum(self.gathered_layers[:upto])
         return max(kept, min(used, self.live_cap))
+    head_input: int = 0
+    """Stage 3: the frozen head's bf16 input, which DeepSpeed's ``LinearFunctionForZeroStage3`` saves."""
     grads_in_flight: list[int] = field(default_factory=list)
     """Per layer: unreduced bf16 gradients of that layer that bypass the bucket (larger than it) while it runs."""
     formulas: dict[str, str] = field(default_factory=dict)
@@ -96,6 +118,8 @@ class ZeroPlan:
             out["zero gradient partition"] = self.grad_partition
             out["zero reduce buckets"] = self.reduce_buckets
             out["zero gathered"] = self._gathered(len(self.gathered_layers))
+            if self.head_input:
+                out["zero linear inputs"] = self.head_input
         return out
 
     def terms_in_backward(self, i: int) -> dict[str, int]:
@@ -152,6 +176,33 @@ def _params(profile: ModelProfile, cfg: TrainConfig, layers) -> tuple[list[list[
     return per_layer, root, final_norm
 
 
+def _grads_in_flight(per_layer: list[list[tuple[int, bool, str]]], bucket: int) -> list[int]:
+    """Per layer, the most bf16 bytes of gradients larger than the bucket alive at once in its backward.
+
+    Such a gradient bypasses the ipg bucket (``extra_large_param_to_reduce``, one pending at a time) and is reduced,
+    and freed outside rank 0's partition, when the next gradient that overflows the bucket arrives
+    (``reduce_independent_p_g_buckets_and_remove_grads`` -> ``reduce_ipg_grads``): while a layer runs backward, the
+    pending one (perhaps the layer above's) and the one just made. Backward runs a layer's Linears last to first."""
+    out, pending = [], 0
+    for layer in reversed(per_layer):
+        most = pending
+        for e, trainable, _ in reversed(layer):
+            if trainable and e > bucket:
+                most = max(most, pending + BF16 * e)
+                pending = BF16 * e
+        out.append(most)
+    return out[::-1]
+
+
+def _inputs_require_grad(cfg: TrainConfig) -> bool:
+    """Whether the embedding's output requires grad: under gradient checkpointing transformers'
+    ``gradient_checkpointing_enable`` calls ``enable_input_require_grads`` (for any model whose input is input_ids),
+    so under ZeRO-3 the embedding's backward hooks run (its parameters are in the backward's trace, gathered ahead
+    like a layer's) and every module of the first layer runs backward, after recomputing its forward (traced: LoRA
+    and QLoRA rows with checkpointing hold the embedding and the first layer's q/k/v gathered at the loss)."""
+    return cfg.gradient_checkpointing
+
+
 def _reads_layer_input(fam, config) -> set[str]:
     """Linears that read a decoder layer's (normed) input: attention's input projections, and in a parallel block
     the MLP's too (the registry lists each block's output projection last)."""
@@ -163,7 +214,7 @@ def _reads_layer_input(fam, config) -> set[str]:
 
 def zero_plan(profile: ModelProfile, cfg: TrainConfig, layers, *, world_size: int, stage: int,
               trainable_params: int, decay_params: int, state_bytes_per_param: int, quant_state_bytes: int = 0,
-              buckets: ZeroBuckets | None = None) -> ZeroPlan:
+              buckets: ZeroBuckets | None = None, head_input_bytes: int = 0) -> ZeroPlan:
     """Rank 0's ZeRO-``stage`` terms for ``world_size`` data-parallel ranks.
 
     Every stage (``stage_1_and_2.py`` / ``stage3.py``): the trainable bf16 parameters are flattened per param group
@@ -199,6 +250,11 @@ def zero_plan(profile: ModelProfile, cfg: TrainConfig, layers, *, world_size: in
     holds all of its 4.2M parameters). What bounds the gathered parameters of a model larger than both (7-70B under
     HF's 1e9) is not traced: this plan takes the cap.
 
+    ZeRO-3 replaces ``torch.nn.functional.linear`` with ``zero3_linear_wrap`` (``memory_efficient_linear``, on by
+    default), whose ``LinearFunctionForZeroStage3`` saves every Linear's input whether its weight trains or not: under
+    LoRA/QLoRA the frozen head's input (``head_input_bytes``, the final norm's bf16 output, which torch's linear would
+    not keep) lives until the head's backward. The layers' frozen Linears read inputs their adapters keep anyway.
+
     QLoRA (TRL/axolotl's sharded QLoRA: ``bnb_4bit_quant_storage=torch.bfloat16``): a packed NF4 weight is a bf16
     parameter of half as many elements as its codes, partitioned and gathered as such; its quantisation state
     (``quant_state_bytes``: absmax, code book) is not a parameter and stays whole on every rank."""
@@ -223,7 +279,7 @@ def zero_plan(profile: ModelProfile, cfg: TrainConfig, layers, *, world_size: in
     if quant_state_bytes:
         formulas["weights"] = ("NF4 packed 2 codes a byte in bf16 elements; " + formulas["weights"]
                                + f" + {quant_state_bytes:,} B of quantisation state whole on every rank")
-    in_flight = [BF16 * sum(e for e, t, _ in layer if t and e > b.reduce_bucket_size) for layer in per_layer]
+    in_flight = _grads_in_flight(per_layer, b.reduce_bucket_size)
     if stage == 2:
         reduce_buckets = 2 * BF16 * b.reduce_bucket_size
         formulas["zero reduce buckets"] = f"2 ipg buffers (overlap_comm) x {b.reduce_bucket_size:,} x 2 B"
@@ -238,7 +294,7 @@ def zero_plan(profile: ModelProfile, cfg: TrainConfig, layers, *, world_size: in
     formulas["zero reduce buckets"] = f"1 ipg bucket x {b.reduce_bucket_size:,} x 2 B"
     gathered_each = [BF16 * sum(e for e, _, _ in layer if e > b.persistence_threshold) for layer in per_layer]
     head = profile.lm_head_params or 0
-    frozen_embedding = cfg.method != "full" and not profile.tie_word_embeddings
+    frozen_embedding = cfg.method != "full" and not profile.tie_word_embeddings and not _inputs_require_grad(cfg)
     if frozen_embedding and per_layer:
         # nothing below the first layer needs a gradient: the modules reading its input run no backward, so the
         # step's trace meets them only in forward
@@ -260,4 +316,5 @@ def zero_plan(profile: ModelProfile, cfg: TrainConfig, layers, *, world_size: in
                     grad_partition=grad_partition, reduce_buckets=reduce_buckets, step_grad=step_grad,
                     step_temp=step_temp, gathered_layers=gathered_each, gathered_root=gathered_root,
                     live_cap=BF16 * b.max_live_parameters, reuse_kept=reuse_kept, reuse_kept_root=reuse_kept_root,
-                    grads_in_flight=in_flight, formulas=formulas)
+                    head_input=head_input_bytes if cfg.method != "full" else 0, grads_in_flight=in_flight,
+                    formulas=formulas)

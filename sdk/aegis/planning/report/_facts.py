@@ -12,7 +12,7 @@ function that also sizes those tensors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aegis.planning.memory._dtypes import dtype_name, placement
 from aegis.schema import PlanReport, Tier, TrainConfig
@@ -157,5 +157,11 @@ def plan_facts(report: PlanReport) -> PlanFacts:
         lora = None if report.method == "full" else report.lora
         return PlanFacts(tier=None, dtypes=dtype_facts(TrainConfig(method=report.method, lora=lora)), batch=None,
                          memory=None)
-    return PlanFacts(tier=tier, dtypes=dtype_facts(tier.config), batch=batch_facts(report, tier.config),
+    dtypes = dtype_facts(tier.config)
+    if report.multi_gpu is not None and report.multi_gpu.assumed == "deepspeed":
+        # DeepSpeed's bf16 (`aegis.planning.memory.zero_stages`): the engine casts the module, adapters included, to
+        # bf16; the optimizer steps an fp32 master partition with fp32 states
+        dtypes = replace(dtypes, adapters="bf16" if dtypes.adapters else None, gradients="bf16",
+                         optimizer="fp32" if dtypes.optimizer in ("bf16", "fp32") else dtypes.optimizer)
+    return PlanFacts(tier=tier, dtypes=dtypes, batch=batch_facts(report, tier.config),
                      memory=memory_facts(report, tier))

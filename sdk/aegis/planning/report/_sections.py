@@ -143,7 +143,8 @@ def _component_name(c: MemoryComponent, d: DtypeFacts) -> str:
         return f"LoRA adapters ({d.adapters})"
     if c.key == "optimizer":
         inner = c.name.removeprefix("Optimizer states (").removesuffix(")")
-        return f"Optimizer states ({inner}, {d.optimizer})" if d.optimizer != "none" else c.name
+        said = "," in inner  # the ZeRO row names its dtype itself
+        return f"Optimizer states ({inner}, {d.optimizer})" if d.optimizer != "none" and not said else c.name
     if c.key == "gradients":
         return f"Gradients ({d.gradients})"
     return c.name
@@ -331,9 +332,11 @@ def stack_text(report: PlanReport) -> str:
         return f" ({src[key]})" if src.get(key, "default") != "default" else ""
 
     parts = [_TRAINER_NAMES[st.trainer] + origin("trainer"), f"transformers {st.transformers_version}" + origin("transformers_version")]
-    sharded = report.multi_gpu is not None and report.gpu_count > 1 and report.multi_gpu.assumed == "fsdp"
+    sharded = report.multi_gpu is not None and report.gpu_count > 1 and report.multi_gpu.assumed in ("fsdp", "deepspeed")
     if report.method == "qlora" and sharded and st.kbit_prep_effective:  # `aegis.planning.memory.estimate.FSDP_QLORA_NOTE`
-        parts.append("no k-bit prep under FSDP (TRL and axolotl skip it when sharding): bf16 embeddings/head/norms")
+        parts.append("no k-bit prep under FSDP (TRL and axolotl skip it when sharding): bf16 embeddings/head/norms"
+                     if report.multi_gpu.assumed == "fsdp" else  # `ZERO_QLORA_NOTE`
+                     "no k-bit prep under DeepSpeed (the engine casts every float parameter to bf16)")
     tier = report.recommended or (report.fallbacks[0] if report.fallbacks else None)
     if report.method == "qlora" and not (sharded and st.kbit_prep_effective):
         if not st.kbit_prep_effective:
@@ -346,6 +349,9 @@ def stack_text(report: PlanReport) -> str:
     if tier is not None and tier.config.autocast_effective:  # the Trainer's bf16/fp16 flag: accelerate's autocast
         dt = "fp16" if tier.config.precision == "fp16_mixed" else "bf16"
         parts.append(f"{dt}=True: {dt} autocast")
+    if report.multi_gpu is not None and report.multi_gpu.assumed == "deepspeed":
+        parts.append(f"DeepSpeed ZeRO-{report.multi_gpu.zero_stage} (HF's ds_config_zero{report.multi_gpu.zero_stage}"
+                     ".json, 'auto' buckets), bf16 without autocast")
     if st.liger:
         parts.append("Liger kernels")
     if st.checkpointing != "non_reentrant":
@@ -664,7 +670,7 @@ def _aggressive(report: PlanReport, tier: Tier, explain: bool) -> Section:
 def _multi_gpu(report: PlanReport) -> Section:
     mg = report.multi_gpu
     assert mg is not None
-    mark = {"ddp": "", "fsdp": ""}
+    mark = {"ddp": "", "fsdp": "", "deepspeed": ""}
     mark[mg.assumed] = "  <- assumed"
     items: list[Line | Table] = [
         Line("DDP", f"{format_bytes(mg.ddp_bytes)} per GPU{mark['ddp']}", "plain data parallel: everything replicated on each GPU"),
@@ -674,7 +680,12 @@ def _multi_gpu(report: PlanReport) -> Section:
             f"FULL_SHARD / ZeRO-3: weights, gradients and optimizer states / {mg.gpu_count}, plus the largest "
             "gathered layer and communication buffers",
         ),
-        Line("Assumes", mg.assumed.upper(), mg.reason, key_reason=True),
+        *([Line(f"ZeRO-{mg.zero_stage}", f"{format_bytes(mg.zero_bytes or 0)} per GPU{mark['deepspeed']}",
+                "DeepSpeed: fp32 master, optimizer states and gradients / GPUs"
+                + (", parameters too (each layer gathered for its forward and backward)" if mg.zero_stage == 3 else
+                   ", parameters whole on every GPU"))] if mg.assumed == "deepspeed" else []),
+        Line("Assumes", f"DeepSpeed ZeRO-{mg.zero_stage}" if mg.assumed == "deepspeed" else mg.assumed.upper(),
+             mg.reason, key_reason=True),
         Line(
             "Scaling",
             f"{format_share(mg.efficiency_low)}-{format_share(mg.efficiency_high)} efficiency over {mg.gpu_count} GPUs",

@@ -124,6 +124,7 @@ def _context(report: PlanReport) -> dict[str, Any]:
     model_name = report.model.model_id.rstrip("/").split("/")[-1]
     multi = report.multi_gpu if report.gpu_count > 1 else None
     fsdp = multi is not None and multi.assumed == "fsdp"
+    deepspeed = multi.deepspeed if multi is not None and multi.assumed == "deepspeed" else None
     fallbacks = [
         f"{i}. {config_diff(cfg, t.config)} -> {format_bytes(t.memory.total_bytes, 1)} ({t.summary})"
         for i, t in enumerate(report.fallbacks, 1)
@@ -162,10 +163,16 @@ def _context(report: PlanReport) -> dict[str, Any]:
         "stack_label": _one_line(stack_text(report)),
         "stack": report.stack,
         "fsdp": fsdp,
-        # sharded QLoRA is planned without k-bit preparation (`aegis.planning.memory.estimate.FSDP_QLORA_NOTE`)
-        "kbit_prep": report.stack.kbit_prep_effective and not (fsdp and cfg.method == "qlora"),
+        # the ZeRO plan's deepspeed= dict (`aegis.planning.memory.zero_stages.hf_deepspeed_config`): its buckets
+        "deepspeed": deepspeed,
+        "zero_stage": multi.zero_stage if deepspeed else None,
+        # sharded QLoRA is planned without k-bit preparation (`aegis.planning.memory.estimate.FSDP_QLORA_NOTE`,
+        # `ZERO_QLORA_NOTE`)
+        "kbit_prep": report.stack.kbit_prep_effective and not ((fsdp or deepspeed) and cfg.method == "qlora"),
         "use_reentrant": report.stack.checkpointing == "reentrant",
         **_precision(cfg.precision, cfg.method, cfg.autocast_effective),
+        # DeepSpeed's bf16 needs the Trainer's bf16=True (accelerate then leaves mixed precision to the engine)
+        **({"bf16": True} if deepspeed else {}),
     }
 
 
