@@ -151,3 +151,16 @@ def test_checkpointing_gathers_the_embedding_and_the_first_layer_under_zero3(mon
     monkeypatch.setattr(zero_stages, "_inputs_require_grad", lambda cfg: False)
     missed = [_id(r) for r in CHECKPOINTED if abs(_error(r)) > BAR]
     assert missed and all(r.endswith("-ckpt") and "zero3" in r and "full" not in r for r in missed), missed
+
+
+def test_one_oversized_gradient_is_pending_at_a_time(monkeypatch):
+    """ZeRO-2 reduces a gradient larger than the bucket when the next one arrives: a layer's backward holds the pending
+    one and the one just made, not all of them (summed, Phi-3's fused gate_up/qkv rows plan over the bar)."""
+    bf16 = 2
+
+    def summed(per_layer, bucket):
+        return [bf16 * sum(e for e, t, _ in layer if t and e > bucket) for layer in per_layer]
+
+    monkeypatch.setattr(zero_stages, "_grads_in_flight", summed)
+    missed = [_id(r) for r in ROWS if abs(_error(r)) > BAR]
+    assert missed and all("phi3" in r for r in missed), missed

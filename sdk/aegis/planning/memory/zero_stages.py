@@ -11,7 +11,9 @@ no autocast) and HF's documented ZeRO configs, whose "auto" buckets the Trainer 
 (`ZeroBuckets.for_hidden`). The engine casts the whole module to bf16 (``DeepSpeedEngine._configure_distributed_model``:
 ``self.module.bfloat16()``), LoRA adapters included; the ZeRO optimizer keeps the fp32 master copy. Each mechanism
 below names the DeepSpeed 0.19 source it follows (``deepspeed/runtime/zero/``). Checked against rank 0 of traced
-steps (tools/truth/zero.py, tests/data/zero_truth.json).
+steps (tools/truth/zero.py, tests/data/zero_truth.json), with and without the Trainer's gradient checkpointing
+(non-reentrant): the activations are then the one-GPU model's checkpointed ones, and `_inputs_require_grad` says what
+checkpointing changes here.
 """
 
 from __future__ import annotations
