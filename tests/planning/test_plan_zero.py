@@ -127,3 +127,10 @@ def test_sdk_bad_zero_fields_are_refused(fields, words):
     with pytest.raises(InvalidConfigError, match=words) as err:
         aegis.plan("lora llama 3.1 8b on 4x a100", detect_stack=False, **fields)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("kind", ["axolotl", "unsloth"])
+def test_other_emitters_refuse_a_deepspeed_plan_in_one_line(full_zero3, kind):
+    with pytest.raises(InvalidConfigError, match="--emit hf") as err:
+        emit(full_zero3, kind)
+    assert "\n" not in str(err.value)

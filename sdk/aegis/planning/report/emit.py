@@ -199,5 +199,8 @@ def emit(report: PlanReport, kind: EmitKind) -> str:
     if kind not in _TEMPLATES:
         raise InvalidConfigError(f"unknown emitter {kind!r}: choose one of {', '.join(EMIT_KINDS)}")
     context = _context(report)
+    if context["deepspeed"] and kind != "hf":
+        raise InvalidConfigError(f"this plan runs DeepSpeed ZeRO-{context['zero_stage']} under the HF Trainer: --emit hf "
+                                 f"writes it with its deepspeed= config ({kind} is not emitted for DeepSpeed plans)")
     context["stack_warning"] = _one_line(_stack_warning(report, kind))
     return _environment().get_template(_TEMPLATES[kind]).render(**context)
