@@ -12,6 +12,12 @@ of the mean ACT halting steps > 2.0, of the memory share (the MAG gate's 1 - g) 
 A failed check retrains the variant closest to the others with a changed seed (``diversity.retries`` times), then
 is reported as a warning.
 
+``train.batch_size: auto`` (the default; ``--tiny`` pins 4) reads the batch at run time: the training step is compiled
+at the run's seq_len for powers of two up to ``train.max_batch_size`` (bisection) and XLA's memory analysis of each is
+held against the device's memory limit (a GPU's ``bytes_limit``; on a CPU ``train.host_memory_gib``) less
+``train.memory_headroom`` (`cognate.step_memory`); the largest that fits trains, reusing that compiled step, and each
+variant's ``report.json`` records it under ``batch``.
+
 ``OUT/<variant>/`` is a Hugging Face folder (loads with ``trust_remote_code=True``) with ``report.json``; its presence
 is the variant's completion marker (the folder is published atomically), so a re-run after ``kill -9`` skips it.
 ``OUT/.cognate-work/`` holds stage checkpoints (a killed variant resumes at its last finished stage) and
@@ -30,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from aegis.errors import InvalidConfigError, OutputPathError
 from aegis.forge.cognate.hyperparams import TINY_MODEL, CognateConfig
@@ -67,7 +73,13 @@ class Stage(BaseModel):
 class TrainSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     steps: int = Field(3000, ge=1, le=10_000_000, description="Steps per variant (times its steps_scale).")
-    batch_size: int = Field(16, ge=1, le=65536)
+    batch_size: int | Literal["auto"] = Field("auto", description="Sequences per step, or 'auto': the largest "
+                                              "power of two <= max_batch_size whose compiled step fits the memory "
+                                              "budget (XLA's memory analysis, `cognate.step_memory`).")
+    max_batch_size: int = Field(16, ge=1, le=65536, description="auto's cap (the seed's batch: 16).")
+    host_memory_gib: float = Field(8.0, gt=0, description="auto's budget where the device reports no memory limit "
+                                   "(a CPU); a GPU's is its bytes_limit.")
+    memory_headroom: float = Field(0.1, ge=0, lt=1, description="Share of the budget auto keeps free.")
     seq_len: int = Field(512, ge=2, le=1_000_000)
     lr: float = Field(1e-3, gt=0, le=10, description="Peak LR (the seed's Muon x Grokfast pretrain preset: 1e-3).")
     warmup_steps: int = Field(100, ge=0)
@@ -79,6 +91,13 @@ class TrainSettings(BaseModel):
                                "zero (exact: a zero slot never activates, its gradient is zero), so one program "
                                "compiles; exported at the variant's own width. For CPU runs.")
     eval_rows: int = Field(8, ge=1, le=4096, description="Held-out sequences for the diversity checks.")
+
+    @field_validator("batch_size", mode="before")
+    @classmethod
+    def _batch(cls, v: Any) -> Any:
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 65536):
+            return v
+        raise ValueError(f"give 'auto' or a whole number 1-65536, not {v!r}")
 
 
 class Diversity(BaseModel):
@@ -234,7 +253,7 @@ def _train_step(cfg: CognateConfig, settings: TrainSettings) -> tuple[Any, Any]:
     from aegis.forge.cognate.model import lm_loss
 
     tau = settings.qk_clip_tau
-    key = (cfg.model_copy(update={"act_threshold": 1.0, "ltm_slots": cfg.ltm_slots}), settings.optimizer, tau)
+    key = _step_key(cfg, settings)
     if key not in _STEPS:
         tx = _optimizer(settings)
         shape_cfg = key[0]
@@ -251,6 +270,58 @@ def _train_step(cfg: CognateConfig, settings: TrainSettings) -> tuple[Any, Any]:
 
         _STEPS[key] = (tx, step)
     return _STEPS[key]
+
+
+def _step_key(cfg: CognateConfig, settings: TrainSettings) -> tuple[Any, ...]:
+    return cfg.model_copy(update={"act_threshold": 1.0}), settings.optimizer, settings.qk_clip_tau
+
+
+def _shape_cfg(cfg: CognateConfig, p1: Phase1Config) -> CognateConfig:
+    """The shape a variant trains at: with ``train.shared_shape``, the widest variant's LTM."""
+    if p1.train.shared_shape:
+        return cfg.model_copy(update={"ltm_slots": max(x.ltm_slots for x in p1.variants)})
+    return cfg
+
+
+_BATCHES: dict[Any, Any] = {}
+
+
+def _choose_batch(cfg: CognateConfig, p1: Phase1Config) -> tuple[int, dict[str, Any]]:
+    """(batch size, its report entry): the configured number, or for ``auto`` the largest power of two up to
+    ``train.max_batch_size`` whose compiled step fits the memory budget (`cognate.step_memory`). The chosen
+    batch's executable is kept for the training loop."""
+    s = p1.train
+    if s.batch_size != "auto":
+        return s.batch_size, {"batch_size": s.batch_size, "chosen_by": "config"}
+    import jax
+    import jax.numpy as jnp
+
+    from aegis.forge.cognate.model import init_params
+    from aegis.forge.cognate.step_memory import fit_batch, memory_budget
+
+    shape = _shape_cfg(cfg, p1)
+    budget, source = memory_budget(host_gib=s.host_memory_gib, headroom=s.memory_headroom)
+    key = (_step_key(shape, s), s.seq_len, s.max_batch_size, budget)
+    if key not in _BATCHES:
+        tx, step = _train_step(shape, s)
+        params = jax.eval_shape(lambda k: init_params(shape, k), jax.random.key(0))
+        opt_state = jax.eval_shape(tx.init, params)
+        scalar = jax.ShapeDtypeStruct((), jnp.float32)
+
+        def args_for(b: int) -> tuple[Any, ...]:
+            return params, opt_state, jax.ShapeDtypeStruct((b, s.seq_len), jnp.int32), scalar, scalar
+
+        _BATCHES[key] = fit_batch(step, args_for, cap=s.max_batch_size, budget_bytes=budget, budget_source=source)
+    choice = _BATCHES[key]
+    return choice.batch_size, choice.to_json()
+
+
+def _compiled_step(cfg: CognateConfig, s: TrainSettings) -> Any:
+    """The executable ``_choose_batch`` compiled for this shape and batch, if any."""
+    for (k, seq, _cap, _budget), choice in _BATCHES.items():
+        if k == _step_key(cfg, s) and seq == s.seq_len and choice.batch_size == s.batch_size:
+            return choice.compiled
+    return None
 
 
 def _lr(settings: TrainSettings, step: int, total: int) -> float:
@@ -297,9 +368,9 @@ def _train_variant(v: Variant, seed: int, cfg: CognateConfig, p1: Phase1Config, 
     s = p1.train
     total = max(len(p1.curriculum), round(s.steps * v.steps_scale))
     own = cfg.ltm_slots
-    if s.shared_shape:
-        cfg = cfg.model_copy(update={"ltm_slots": max(x.ltm_slots for x in p1.variants)})
+    cfg = _shape_cfg(cfg, p1)
     tx, step = _train_step(cfg, s)
+    step = _compiled_step(cfg, s) or step
     params = _widen(init_params(cfg.model_copy(update={"ltm_slots": own}), jax.random.key(seed)), cfg.ltm_slots)
     opt_state = tx.init(params)
     history: list[dict[str, Any]] = []
@@ -502,11 +573,14 @@ def run_phase1(config: dict[str, Any] | Phase1Config | str | Path | None, out: P
         log(f"{v.name}: training (ACT {v.act_threshold}, LTM {v.ltm_slots}, seed {seed}, "
             f"{cfg.num_parameters():,} params)")
         t0 = time.perf_counter()
-        params, history = _train_variant(v, seed, cfg, p1, streams, out / WORK / f"{v.name}-{seed}", log)
+        batch, batch_report = _choose_batch(cfg, p1)
+        log(f"  {v.name}: {batch_report.get('summary') or f'batch {batch} (configured)'}")
+        p1v = p1.model_copy(update={"train": p1.train.model_copy(update={"batch_size": batch})})
+        params, history = _train_variant(v, seed, cfg, p1v, streams, out / WORK / f"{v.name}-{seed}", log)
         m = _measure(params, cfg, eval_ids)
         report = {"complete": True, "name": v.name, "act_threshold": v.act_threshold, "ltm_slots": v.ltm_slots,
                   "seed": seed, "mix": v.mix, "size": _size(cfg.num_parameters()), "metrics": m,
-                  "curriculum": history, "optimizer": p1.train.optimizer, "train_seconds":
+                  "curriculum": history, "batch": batch_report, "optimizer": p1.train.optimizer, "train_seconds":
                   round(time.perf_counter() - t0, 1), "architecture": cfg.model_dump()}
         from aegis.forge.cognate.hf_folder import save_pretrained
 
