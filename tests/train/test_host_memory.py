@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(
     sys.platform != "linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc settings"
 )
 
-# One jitted call with a 48 MB temporary (sin(x) feeds a dot): the page faults of each of 8 calls.
+# One jitted call with a 48 MB temporary (sin(x) feeds a dot): the page faults of each of 16 calls.
 _PROGRAM = """
 import json, resource, sys
 from aegis.train.step import reuse_host_memory
@@ -26,7 +26,7 @@ import jax, jax.numpy as jnp
 f = jax.jit(lambda x: jnp.sum(jnp.sin(x) @ jnp.cos(x[:64]).T))
 x = jnp.ones((12288, 1024))
 faults = []
-for _ in range(8):
+for _ in range(16):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     f(x).block_until_ready()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -51,8 +51,10 @@ def test_reused_host_memory_stops_the_per_step_page_faults_glibc_takes():
         assert proc.returncode == 0, stderr[-2000:]
         out[mode] = json.loads(stdout.strip().splitlines()[-1])
     block_pages = 12288 * 1024 * 4 // 4096
-    # some calls may still land in fresh pages (the previous call's buffers are freed asynchronously): the median
-    default, reused = out["default"]["faults"][1:], sorted(out["reuse"]["faults"][1:])
+    # the first calls still land in fresh pages: a call's temporary is allocated before the previous call's is
+    # freed (asynchronously), so the heap grows for a few calls (measured: 1 to 6) and then serves every call from
+    # memory it keeps; the steady state is the last 8 calls
+    default, reused = out["default"]["faults"][1:], sorted(out["reuse"]["faults"][8:])
     assert out["reuse"]["applied"] is True and out["reuse"]["again"] is False
     assert min(default) > 0.9 * block_pages  # glibc maps the temporary afresh every call
-    assert reused[len(reused) // 2] < 0.05 * block_pages  # reused: most calls fault none of it in again
+    assert reused[len(reused) // 2] < 0.05 * block_pages  # reused: in steady state no call faults it in again
