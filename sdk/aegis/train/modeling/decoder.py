@@ -168,7 +168,10 @@ def _computed_once(tables: Any, positions: jax.Array) -> Any:
     which XLA cannot fold away. Left as plain elementwise results, XLA fuses cos and sin into every consumer (each
     layer's q and k rotation, forward and backward: 60 evaluations on the 25M bench, each once per head; an
     optimisation barrier does not stop it, XLA:CPU removes barriers before fusion). Measured on the 25M bench
-    (fp32, full FT, in-process A/B): step CPU time 1.571 -> 1.537 s."""
+    (fp32, full FT, in-process A/B): step CPU time 1.571 -> 1.537 s. CPU only: on a GPU a conditional reads its
+    predicate on the host (a sync per step), and recomputing sin/cos inside fused kernels costs next to nothing."""
+    if jax.default_backend() != "cpu":
+        return tables
     keep = positions.reshape(-1)[0] >= 0  # always true; XLA cannot tell
     return jax.lax.cond(keep, lambda t: jax.tree.map(lambda a: a + 0, t), lambda t: t, tables)
 
