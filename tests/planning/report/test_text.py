@@ -198,7 +198,7 @@ from aegis.models import catalog  # noqa: E402
 from aegis.errors import AegisError  # noqa: E402
 from aegis.planning.planner import plan  # noqa: E402
 from aegis.planning.report import text as text_module  # noqa: E402
-from aegis.planning.report._sections import Row, Section, Table  # noqa: E402
+from aegis.planning.report._layout import Row, Section, Table  # noqa: E402
 
 
 def _both(sections, width, explain):

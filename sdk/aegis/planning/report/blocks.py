@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from aegis.planning.report._sections import Table, breakdown_tier, build_sections
+from aegis.planning.report._layout import Table
+from aegis.planning.report._sections import breakdown_tier, build_sections
 from aegis.planning.report.format import (
     format_bytes,
     format_bytes_range,

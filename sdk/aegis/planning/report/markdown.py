@@ -12,8 +12,14 @@ With ``explain=True`` each figure carries its formula or reason in italics.
 from __future__ import annotations
 
 from aegis.planning.report._facts import plan_facts
-from aegis.planning.report._sections import Line, Section, Table, build_sections
-from aegis.planning.report.format import RISK_MARKERS, format_bytes, format_int, method_short
+from aegis.planning.report._layout import Line, Section, Table
+from aegis.planning.report._sections import build_sections
+from aegis.planning.report.format import (
+    RISK_MARKERS,
+    format_bytes,
+    format_int,
+    method_short,
+)
 from aegis.schema import PlanReport
 
 __all__ = ["render_markdown", "verdict_line"]

@@ -19,7 +19,8 @@ import io
 import re
 from typing import TYPE_CHECKING
 
-from aegis.planning.report._sections import Line, Section, Table, build_sections
+from aegis.planning.report._layout import Line, Section, Table
+from aegis.planning.report._sections import build_sections
 from aegis.planning.report.format import RISK_MARKERS
 from aegis.schema import PlanReport
 
