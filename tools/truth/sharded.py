@@ -419,13 +419,18 @@ def main(argv: list[str] | None = None) -> None:
         return
     rows = build_rows(args.only, args.fsdp, args.strategy)
     if args.write:
-        if TABLE.exists():
-            fresh = {row_key(r) for r in rows}
-            old = json.loads(TABLE.read_text(encoding="utf-8"))["rows"]
-            rows = [r for r in old if row_key(r) not in fresh] + rows
-        doc = {"description": "rank 0's traced peak of sharded training steps (tools/truth/sharded.py)",
-               "versions": versions(), "grid": GRID, "rows": rows}
-        TABLE.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        write_table(TABLE, rows, row_key, "rank 0's traced peak of sharded training steps (tools/truth/sharded.py)",
+                    versions(), GRID)
+
+
+def write_table(table: Path, rows: list[dict[str, Any]], key: Any, description: str, stack: dict[str, str],
+                grid: dict[str, Any]) -> None:
+    """Write ``rows`` into the truth table ``table``, replacing stored rows of the same setup (``key(row)``)."""
+    if table.exists():
+        fresh = {key(r) for r in rows}
+        rows = [r for r in json.loads(table.read_text(encoding="utf-8"))["rows"] if key(r) not in fresh] + rows
+    doc = {"description": description, "versions": stack, "grid": grid, "rows": rows}
+    table.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

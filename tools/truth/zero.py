@@ -54,6 +54,7 @@ from tools.truth.sharded import (
     LORA_TARGETS,
     ShardedLiveBytes,
     _bf16_quant_storage,
+    write_table,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -222,13 +223,8 @@ def row_key(row: dict[str, Any]) -> tuple:
 
 
 def _write(rows: list[dict[str, Any]]) -> None:
-    if TABLE.exists():
-        fresh = {row_key(r) for r in rows}
-        old = json.loads(TABLE.read_text(encoding="utf-8"))["rows"]
-        rows = [r for r in old if row_key(r) not in fresh] + rows
-    doc = {"description": "rank 0's traced peak of DeepSpeed ZeRO training steps (tools/truth/zero.py)",
-           "versions": versions(), "grid": GRID, "rows": rows}
-    TABLE.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    write_table(TABLE, rows, row_key, "rank 0's traced peak of DeepSpeed ZeRO training steps (tools/truth/zero.py)",
+                versions(), GRID)
 
 
 def build_rows(only: str | None = None, stage: int | None = None, method: str | None = None,
