@@ -380,7 +380,7 @@ def estimate(
                   "torch.autocast casts fp32 weights per forward"),
         "buckets": ("DDP gradient buckets", f"{sz.trainable_params:,} trainable x {gb} B",
                     "DDP's all-reduce buffers, as large as the gradients (gradient_as_bucket_view off)"),
-        **_zero_labels(zp),
+        **_zero_labels(zp, cfg),
         "gathered": ("FSDP gathered parameters", f"root unit {root_gathered:,} B (embeddings, final norm, head) + "
                      f"{gathered_layer:,} B per gathered layer: the largest layer's parameters as stored"
                      + (" (NF4 packed 2 per byte in bf16 storage; norms and biases bf16)" if cfg.method == "qlora" else "")
@@ -439,7 +439,7 @@ def _check_zero(cfg: TrainConfig, stage: int, *, ddp: bool, framework: str, fsdp
                                  "the engine): leave autocast unset with zero_stage")
 
 
-def _zero_labels(zp: ZeroPlan | None) -> dict[str, tuple[str, str, str]]:
+def _zero_labels(zp: ZeroPlan | None, cfg: TrainConfig) -> dict[str, tuple[str, str, str]]:
     """Breakdown labels of the ZeRO terms (`aegis.planning.memory.zero_stages`)."""
     if zp is None:
         return {}
@@ -448,7 +448,9 @@ def _zero_labels(zp: ZeroPlan | None) -> dict[str, tuple[str, str, str]]:
     return {
         "weights": ("Model parameters (bf16)", f["weights"],
                     "the engine casts the module to bf16, LoRA adapters included"),
-        "optimizer": ("Optimizer states (AdamW, fp32)", f["optimizer"], "of this rank's master partition only"),
+        "optimizer": (f"Optimizer states ({_opt_label(cfg)}{', fp32' if cfg.optimizer in ('adamw', 'adafactor') else ''})",
+                      f["optimizer"], "of this rank's master partition only"
+                      + ("" if cfg.optimizer == "adamw" else "; traced under ZeRO for AdamW only")),
         "zero master": ("ZeRO fp32 master partition", f["zero master"],
                         "the optimizer's fp32 copy of this rank's 1/n of the trainable parameters"),
         "zero gradient partition": ("ZeRO gradient partition", f["zero gradient partition"],
