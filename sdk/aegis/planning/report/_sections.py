@@ -94,7 +94,7 @@ def _component_name(c: MemoryComponent, d: DtypeFacts) -> str:
         return f"LoRA adapters ({d.adapters})"
     if c.key == "optimizer":
         inner = c.name.removeprefix("Optimizer states (").removesuffix(")")
-        said = "," in inner  # the ZeRO row names its dtype itself
+        said = "," in inner or d.optimizer in inner  # the ZeRO row names its dtype itself; 'AdamW 8-bit' says it
         return f"Optimizer states ({inner}, {d.optimizer})" if d.optimizer != "none" and not said else c.name
     if c.key == "gradients":
         return f"Gradients ({d.gradients})"
