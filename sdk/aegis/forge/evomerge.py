@@ -48,6 +48,7 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from aegis.errors import AegisError, InvalidConfigError
+from aegis.forge._quiet_logs import quiet_cognate_config_warning
 from aegis.schema import Frozen
 
 __all__ = ["EvoMergeConfig", "EvoMergeResult", "load_evomerge_config", "evomerge"]
@@ -357,6 +358,7 @@ def _next_generation(run: _Run, pop: list[dict[str, Any]], dist: Any, gen: int, 
     return genomes, {"mutation_rate": rate, "injected_random": injected, "elites": elite_idx}
 
 
+@quiet_cognate_config_warning()  # it loads the Cognate variants' tokenizers (no remote code) for every candidate
 def evomerge(
     config: EvoMergeConfig | Mapping[str, Any] | str | Path,
     out: str | Path,

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["ThoughtSpec", "init_mixer", "mix_weight", "build_rows", "sample_thoughts", "quietstar_loss",
-           "base_logprobs", "answer_accuracy", "bake_loss", "edit_distance"]
+           "base_logprobs", "answer_accuracy", "answer_scores", "bake_loss", "edit_distance"]
 
 
 @dataclass(frozen=True)
@@ -197,6 +197,53 @@ def answer_accuracy(model: Any, params: Any, mixer: Any, prompts: jax.Array, len
     valid = answers != spec.pad_id
     correct = jnp.all((pred == answers) | ~valid, axis=-1)
     return correct, pred, rows
+
+
+def answer_scores(model: Any, params: Any, mixer: Any, prompts: jax.Array, lengths: jax.Array, candidates: jax.Array,
+                  spec: ThoughtSpec, *, thoughts: bool, rng: jax.Array,
+                  temperature: float = 0.0) -> tuple[jax.Array, jax.Array | None]:
+    """Format-free scoring (as lm-evaluation-harness scores a multiple choice): the summed log-likelihood of each
+    valid answer's tokens, teacher-forced after each prompt; the model's answer is the argmax over the answers, so
+    a row is scored on which answer the model prefers, never on whether it writes the answer's format.
+
+    ``prompts [B, S]`` (only the first ``lengths[b]`` tokens are read), ``candidates [C, n]`` the answers' tokens
+    (``spec.pad_id`` past an answer's end). With ``thoughts``, one thought is sampled from the prompt alone (greedy
+    at temperature 0) and every answer is scored after it with the mixing head's mixture of the post-thought and
+    the base distributions, as Quiet-STaR trains. Returns ``(scores [B, C], thought rows [B, ...] or None)``."""
+    b, s = prompts.shape
+    c, n = candidates.shape
+    valid = candidates != spec.pad_id  # [C, n]
+    L = lengths[:, None]
+    j = jnp.arange(s + n)[None, :]
+    padded = jnp.pad(prompts, ((0, 0), (0, n)), constant_values=spec.pad_id)
+    head = jnp.where(j < L, padded, spec.pad_id)
+    src = jnp.clip(j - L, 0, n - 1)
+    in_ans = (j >= L) & (j < L + n)
+    # x[b*C + c] = prompt_b + answer_c
+    x = jnp.stack([jnp.where(in_ans, candidates[ci][src], head) for ci in range(c)], axis=1).reshape(b * c, s + n)
+    r = jnp.arange(b * c)[:, None]
+    at = jnp.repeat(L - 1, c, axis=0) + jnp.arange(n)[None, :]  # base predictions of answer token m sit at L-1+m
+    logp_base, h_base = base_logprobs(model, params, x)
+    lp = logp_base[r, at]  # [B*C, n, V]
+    rows = None
+    if thoughts:
+        spec1 = ThoughtSpec(spec.start_id, spec.end_id, spec.pad_id, spec.length, 1, n, spec.banned)
+        rows, posr = build_rows(prompts, L - 1, spec1)
+        rows = sample_thoughts(model, params, rows, posr, spec1, rng, temperature)
+        rc = jnp.repeat(rows, c, axis=0)
+        t1 = jnp.repeat(posr, c)[:, None] + spec.length + 2  # the end marker; answer token m follows at t1+1+m
+        jj = jnp.arange(rc.shape[1])[None, :]
+        cand = jnp.tile(candidates, (b, 1))  # [B*C, n], row b*C + c holds answer c
+        slot = jnp.clip(jj - t1 - 1, 0, n - 1)
+        rc = jnp.where((jj > t1) & (jj <= t1 + n), jnp.take_along_axis(cand, slot, axis=1), rc)
+        h_rows = model.hidden(params, rc)
+        post_at = t1 + jnp.arange(n)[None, :]
+        lp_post = jax.nn.log_softmax(model.project(h_rows[r, post_at], model.head_weight(params)), -1)
+        w = mix_weight(mixer, h_base[r, at], h_rows[r, post_at])[..., None]
+        lp = jnp.logaddexp(jnp.log(w + 1e-9) + lp_post, jnp.log1p(-w + 1e-9) + lp)
+    tgt = jnp.tile(candidates, (b, 1))
+    tok_lp = jnp.take_along_axis(lp, tgt[..., None], -1)[..., 0] * jnp.tile(valid, (b, 1))
+    return tok_lp.sum(-1).reshape(b, c), rows
 
 
 def edit_distance(a: list[int] | np.ndarray, b: list[int] | np.ndarray) -> int:
