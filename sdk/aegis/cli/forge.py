@@ -249,9 +249,14 @@ def quietstar(
         if not isinstance(err, (AegisError, ImportError)):
             raise
         _fail(err, "`aegis quietstar`")
-    a = r["ablation"]
-    typer.echo(f"quiet-star: held-out accuracy with thoughts {a['accuracy_with_thoughts']:.3f}, without "
-               f"{a['accuracy_without']:.3f} ({a['gain']:+.3f}) -> {out / 'model'}")
+    a, fg = r["ablation"], r["ablation"]["free_generation"]
+    if "format_free" in a:
+        ff = a["format_free"]
+        typer.echo(f"quiet-star: held-out format-free accuracy with thoughts {ff['with_thoughts']:.3f}, without "
+                   f"{ff['without_thoughts']:.3f} ({ff['gain']:+.3f}; chance {a['chance']:.3f})")
+    typer.echo(f"quiet-star: held-out free-generation accuracy with thoughts {fg['with_thoughts']:.3f}, without "
+               f"{fg['without_thoughts']:.3f} ({fg['gain']:+.3f}); model from step {a['selected_step']} "
+               f"-> {out / 'model'}")
 
 
 def forge(
