@@ -32,8 +32,9 @@ PHASES = ("phase1_cognate", "phase2_evomerge", "phase3_quietstar", "phase4_bitne
 def tiny_config() -> dict[str, Any]:
     """Toy scale for a CPU: tiny Cognate models, one EvoMerge generation, the bundled parity task (8 rows a step:
     a Cognate step runs its three passes and the memory scan, several times a plain decoder's cost). Baking stops
-    once the mean loss of 20 steps is <= 0.03 (~450 steps; 600 at most: at 0.08, ~280 steps, the
-    held-out gain of thoughts measured +0.52 and -0.02 on two runs, at 0.03 +0.38)."""
+    once the mean loss of 20 steps is <= 0.03 (600 at most). Phase 3 selects its model on 32 validation rows
+    and scores the 64 test rows once: measured format-free accuracy 0.547 with thoughts vs 0.453 without (+0.094;
+    chance 0.5, majority answer 0.547), selected Quiet-STaR step 3 of 6."""
     return {
         "tiny": True,
         "phase1": {},
