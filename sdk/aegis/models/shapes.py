@@ -37,7 +37,7 @@ __all__ = [
     "param_shapes", "layer_shapes", "layer_stacks", "stack_spec", "tree_leaves",
     "CheckpointNames", "checkpoint_names",
     "LOGICAL_AXIS_RULES", "EXPRESSION_AXES", "TOP_LEVEL_AXES", "Logical", "logical_axes", "leaf_logical",
-    "mesh_axes_of", "shard_count",
+    "mesh_axes_of", "shard_count", "query_blocks", "causal_key_span",
 ]
 
 BUFFER_LEAVES = ("e_score_correction_bias",)
@@ -654,3 +654,33 @@ def checkpoint_names(entry: registry.Architecture, config: dict[str, Any] | None
         lm_head=entry.lm_head_saved_as, in_layer=tuple(in_layer),
         **({"position_embedding": wpe.path.rsplit(".", 1)[0]} if wpe is not None else {}),
     )
+
+
+# ----- causal attention in query blocks ------------------------------------------------------------------------------
+QUERY_BLOCK = 64
+"""Query block of the engine's explicit-scores (``xla``) attention, doubled until a sequence has at most
+:data:`QUERY_BLOCKS_MAX` blocks: smaller blocks make GEMMs too thin to pay for the scores they skip."""
+QUERY_BLOCKS_MAX = 16
+"""Most query blocks per sequence (each is its own pair of batched GEMMs in the compiled step)."""
+
+
+def query_blocks(seq_len: int) -> tuple[tuple[int, int], ...]:
+    """``(start, end)`` of the query blocks the engine's ``xla`` attention computes one at a time.
+
+    A causal (or packed, or windowed: each is a subset of causal) mask lets the queries ``[start, end)`` see keys
+    ``[0, end)`` only, so a block computes its scores against those keys and skips the ones above the diagonal:
+    with ``n`` equal blocks the scores are ``(n + 1) / (2n)`` of the full ``s x s`` (``n = 16``: 53%), the rest of
+    the ``s^2`` a single block would compute, mask and drop. Blocks of 64 queries (the last one shorter), the size
+    doubled until there are at most 16: the scored area then grows with the sequence (a longer sequence never
+    scores fewer keys, so memory stays monotonic in the length).
+    """
+    size = QUERY_BLOCK
+    while -(-seq_len // size) > QUERY_BLOCKS_MAX:
+        size *= 2
+    return tuple((start, min(seq_len, start + size)) for start in range(0, seq_len, size))
+
+
+def causal_key_span(seq_len: int) -> float:
+    """Keys per query the blocked attention scores, on average over the sequence (``seq_len`` for one block):
+    the per-token width of its score tensors, ``sum(block rows x block end) / seq_len``."""
+    return sum((end - start) * end for start, end in query_blocks(seq_len)) / seq_len

@@ -19,8 +19,9 @@ component by component, without importing JAX:
   gradient; the head's comes after the logits are freed.
 - **activations**: what the backward pass reads, per layer and token, as XLA keeps it (its memory
   report of the compiled step, for the engine's `train/models/layers.py` computation): the float32
-  masked attention scores per head ([b, heads, s, s]: the engine's ``xla`` attention materialises
-  them; on a GPU where the engine runs cuDNN flash attention, only its float32 softmax statistics
+  masked attention scores per head (the engine's ``xla`` attention materialises them one query block
+  at a time against the keys up to the block's end: `aegis.models.shapes.causal_key_span` keys per
+  query, 53% of the square at 2,048 tokens; on a GPU where the engine runs cuDNN flash attention, only its float32 softmax statistics
   per head and token), hidden-wide tensors (RMSNorm float32 inputs, normed outputs, residual stream, projection
   inputs), q/k/v, six [b, s, intermediate] MLP tensors, LoRA ``x @ A``. Under remat (scanned
   layers) each layer keeps only its input and one layer is recomputed in the backward pass.
@@ -87,6 +88,7 @@ from aegis.schema import GPU, MemoryComponent, MemoryEstimate, ModelProfile, Tra
 from aegis.models.arch_spec import arch_spec
 from aegis.models.shapes import (
     BUFFER_LEAVES,
+    causal_key_span,
     STACKS,
     ArchSpec,
     layer_stacks,
@@ -346,7 +348,8 @@ def _layer_residual_per_token(
     # the gated MLP's 28.7 and 17.5); full fine-tuning keeps as many as the gated MLP (46.0 vs 53.9 B per element
     # and token with a third fewer MLP weights)
     plain = sh.fam.plain_mlp and not full
-    scores = (1 if scanned else 2) * _FP32 * sh.heads * seq + 2 * _FP32 * sh.heads
+    # the engine scores each query block against the keys up to its end (`aegis.models.shapes.query_blocks`)
+    scores = round((1 if scanned else 2) * _FP32 * sh.heads * causal_key_span(seq)) + 2 * _FP32 * sh.heads
     terms = {
         "attention " + ("softmax stats" if flash else "scores"): _FP32 * sh.heads if flash else scores,
         "hidden": 9 * r * sh.d,
@@ -543,7 +546,7 @@ def estimate_jax(
     # ----- copies and backward temporaries ----------------------------------------------------
     # one layer's backward: the float32 score gradient, plus (without remat) MLP and hidden gradients;
     # under remat the recomputed layer's residuals are freed as its MLP gradients are made
-    bwd_per_token = sh.heads * s * _FP32
+    bwd_per_token = round(sh.heads * causal_key_span(s) * _FP32)
     if not remat:
         bwd_per_token += 3 * _FP32 * sh.inter + 4 * _FP32 * sh.d
     backward = tokens * bwd_per_token + recompute
@@ -631,7 +634,7 @@ def estimate_jax(
     total = tensor + overhead
     eval_tokens = (eval_batch_size or b) * (eval_seq_len or s)
     eval_seq = eval_seq_len or s
-    eval_peak = (weights + adapters + optimizer + eval_tokens * (sh.vocab * 2 * _FP32 + sh.heads * eval_seq * (_FP32 + r)
+    eval_peak = (weights + adapters + optimizer + eval_tokens * (sh.vocab * 2 * _FP32 + round(sh.heads * causal_key_span(eval_seq) * (_FP32 + r))
                                                                   + 3 * r * sh.inter + 4 * r * sh.d)) + overhead
     notes = (f"JAX engine on XLA:{plat.upper()}: peak at the {peak_name}",)
     if upcast:
