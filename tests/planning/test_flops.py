@@ -58,6 +58,34 @@ def test_token_flops_match_torchs_counter(name: str) -> None:
     assert lora.forward == full.forward
 
 
+@pytest.mark.parametrize("name", CONFIGS)
+def test_lora_adapters_add_their_own_matmuls_as_peft_runs_them(name: str) -> None:
+    """A PEFT LoRA model (rank 4 on every linear but the head, base frozen, adapters trained) counted by torch: the
+    frozen path's forward and input gradients plus each adapter's ``x A`` and ``(x A) B`` with their input and weight
+    gradients, which `token_flops` counts as 6 x rank x (in + out) per adapted module."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from aegis.schema import LoRAConfig
+
+    config, seq = CONFIGS[name], 32
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config, attn_implementation="eager"))
+    model = get_peft_model(model, PeftLoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=list(targets)))
+    ids = torch.randint(0, config["vocab_size"], (1, seq))
+    embeds = model.get_input_embeddings()(ids).detach().requires_grad_()  # input gradients from layer 0 on
+    with FlopCounterMode(display=False) as counter:
+        model(inputs_embeds=embeds).logits.float().sum().backward()
+    profile = profile_from_config(config, model_id=name, source="path")
+    causal_attention = 2 * profile.num_layers * profile.num_attention_heads * profile.head_dim * seq
+    lora = token_flops(profile, "lora", seq, lora=LoRAConfig(rank=4, alpha=8, target_modules=targets))
+    assert counter.get_total_flops() / seq == pytest.approx(lora.training + 3 * causal_attention, rel=1e-9)
+    assert lora.training > token_flops(profile, "lora", seq).training
+    assert "LoRA adapter params" in lora.formula
+
+
 def test_mfu_of_a_measured_rate_inverts_the_planners_prediction() -> None:
     """At the planner's compute-bound rate for an MFU m, the measured-rate MFU the benchmark prints is m again."""
     profile, gpu = resolve_model("llama-3.1-8b"), find_gpu("h100-sxm")

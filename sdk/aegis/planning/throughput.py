@@ -21,7 +21,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from aegis.planning.calibration import CalibrationRecord, CalibrationStore
-from aegis.schema import GPU, Cost, Framework, MemoryEstimate, Method, ModelProfile, TrainConfig
+from aegis.schema import (
+    GPU, Cost, Framework, LoRAConfig, MemoryEstimate, Method, ModelProfile, TrainConfig, lora_selects, lora_target_names,
+)
 
 __all__ = ["MFU_RANGE", "TokenFlops", "bytes_per_token", "costs", "flops_per_token", "measured_mfu",
            "measured_tokens_per_s", "model_flops_utilisation", "token_flops", "tokens_per_s_range"]
@@ -44,7 +46,9 @@ class TokenFlops(NamedTuple):
     """How ``training`` was counted, in words."""
 
 
-def token_flops(profile: ModelProfile, method: Method, seq_len: int, *, recompute: bool = False) -> TokenFlops:
+def token_flops(
+    profile: ModelProfile, method: Method, seq_len: int, *, recompute: bool = False, lora: LoRAConfig | None = None,
+) -> TokenFlops:
     """FLOPs per token, PaLM-style with causal attention.
 
     Matmul parameters: the parameters a token passes through (routed experts only, `active_params_per_token`),
@@ -53,21 +57,38 @@ def token_flops(profile: ModelProfile, method: Method, seq_len: int, *, recomput
     parameter, plus causal attention's QK^T and AV, ``2 x layers x heads x head_dim x seq_len`` (each query sees
     seq_len/2 keys on average). Backward: input gradients (one forward's worth) plus weight gradients (another) for
     full fine-tuning; frozen weights (LoRA, QLoRA) need no weight gradients; attention always has both halves.
+    ``lora`` (LoRA, QLoRA): the adapters' own matmuls, ``x A`` then ``(x A) B``, ``rank x (in + out)`` parameters
+    per adapted module a token passes through, trained: 6 FLOPs each (forward, input and weight gradients).
     ``recompute`` (gradient checkpointing) adds one forward."""
     matmul = (profile.active_params_per_token - profile.embedding_params - profile.position_embedding_params
               - profile.norm_params - _active_bias_params(profile))
     if profile.tie_word_embeddings:
         matmul += profile.embedding_params  # the tied head still multiplies
     attn_fwd = 2 * profile.num_layers * profile.num_attention_heads * profile.head_dim * seq_len
-    fwd = 2 * matmul + attn_fwd
+    adapters = _adapter_matmul_params(profile, lora) if method != "full" and lora is not None else 0
+    fwd = 2 * matmul + attn_fwd + 2 * adapters
     passes = 3.0 if method == "full" else 2.0  # frozen weights need no weight gradients
-    total = passes * 2 * matmul + 3 * attn_fwd
+    total = passes * 2 * matmul + 3 * attn_fwd + 6 * adapters
     params = f"{matmul / 1e9:.2f}B" if matmul >= 1e7 else f"{matmul / 1e6:.2f}M"
     text = f"{'6' if method == 'full' else '4'} x {params} matmul params + causal attention"
+    if adapters:
+        text += f" + 6 x {adapters / 1e6:.2f}M LoRA adapter params"
     if recompute:
         total += fwd
         text += " + recomputed forward"
     return TokenFlops(training=float(total), forward=float(fwd), formula=text)
+
+
+def _adapter_matmul_params(profile: ModelProfile, lora: LoRAConfig) -> int:
+    """LoRA parameters a token passes through: ``rank x (in + out)`` per adapted module (an expert's adapters only
+    for the top-k routed experts)."""
+    targets = lora_target_names(lora.target_modules, profile.linear_modules)
+    total = 0.0
+    for m in profile.linear_modules:
+        if lora_selects(m, targets):
+            share = profile.num_experts_per_tok / profile.num_experts if "expert" in m.name and profile.num_experts else 1
+            total += lora.rank * (m.in_features + m.out_features) * m.count * share
+    return int(total)
 
 
 def _active_bias_params(profile: ModelProfile) -> int:
@@ -82,7 +103,8 @@ def _active_bias_params(profile: ModelProfile) -> int:
 
 def flops_per_token(profile: ModelProfile, cfg: TrainConfig) -> tuple[float, str]:
     """Training FLOPs per token of ``cfg`` (`token_flops` at its method, length and checkpointing) and the formula."""
-    f = token_flops(profile, cfg.method, cfg.seq_len, recompute=cfg.gradient_checkpointing)
+    f = token_flops(profile, cfg.method, cfg.seq_len, recompute=cfg.gradient_checkpointing,
+                    lora=cfg.lora_config if cfg.method != "full" else None)
     return f.training, f.formula
 
 

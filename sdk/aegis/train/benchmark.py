@@ -255,7 +255,8 @@ def _model_flops_per_token(config: dict, model_id: str, tc: TrainConfig) -> floa
         profile = profile_from_config(dict(config), model_id=model_id, source="path")
     except Exception:  # noqa: BLE001 - a config the planner does not know still benchmarks
         return None
-    return token_flops(profile, tc.method, tc.seq_len, recompute=tc.gradient_checkpointing).training
+    return token_flops(profile, tc.method, tc.seq_len, recompute=tc.gradient_checkpointing,
+                       lora=tc.lora_config if tc.method != "full" else None).training
 
 
 def _abstract(tree: Any) -> Any:
