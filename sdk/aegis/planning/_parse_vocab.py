@@ -115,6 +115,12 @@ _LIGER: list[tuple[bool, re.Pattern[str]]] = [
 _TRANSFORMERS_VERSION = _word(r"(?:hf~)?transformers?~(?:(?:==|>=|=|:|version)~)?v?(\d{1,2}(?:\.\d{1,3}){0,2})(?:\.x)?")
 """``transformers 4.48`` / ``transformers v4``: the version the run uses (``--transformers``)."""
 
+_SHARDING: list[tuple[str, re.Pattern[str]]] = [
+    ("fsdp", _word(r"fsdp2?|fully~sharded(?:~data~parallel(?:ism)?)?|full~shard|fully~shard")),
+    ("ddp", _word(r"ddp|distributed~data~parallel(?:ism)?")),
+]
+"""How the GPUs share the model: FSDP (FULL_SHARD) or DDP, when the request says so."""
+
 _VALUE = r"\d{1,9}(?:\.\d{1,9})?(?:e[+-]?\d{1,3})?%?"
 _IGNORED = _word(
     r"(?:lr|learning~rate)@" + _VALUE + r"|warm~?up(?:~(?:steps|ratio))?@" + _VALUE + r"(?:~steps)?|" + _VALUE + r"~warm~?up"

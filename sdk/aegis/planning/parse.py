@@ -78,6 +78,7 @@ from aegis.planning._parse_vocab import (
     _COUNT,
     _E,
     _IGNORED,
+    _SHARDING,
     _INTEGER_SETTINGS,
     _KBIT_PREP,
     _LIGER,
@@ -620,7 +621,7 @@ _LABELS = {"model": "models", "gpu": "GPUs", "dataset": "datasets", "method": "m
            "precision": "precisions", "gradient_checkpointing": "gradient checkpointing settings",
            "lora_targets": "LoRA target sets", "trainer": "trainers", "transformers_version": "transformers versions",
            "kbit_prep": "k-bit preparation settings", "liger": "Liger settings", "checkpointing_mode": "checkpointing modes",
-           "zero_stage": "DeepSpeed ZeRO stages"}
+           "zero_stage": "DeepSpeed ZeRO stages", "sharding": "multi-GPU strategies"}
 
 
 def _issue_part(part: str) -> Part:
@@ -704,6 +705,7 @@ def parse_request_lenient(text: str) -> ParsedRequest:
     r = _Reader(text=text, work=_lower(text))
     _read_items(r)
     _read_zero(r)
+    r.scan("sharding", _SHARDING)
     r.scan("checkpointing_mode", _CKPT_MODES)
     r.scan("trainer", _TRAINERS)  # before the methods: "plain peft loop" is a trainer, a bare "peft" LoRA
     r.scan("method", _METHODS)

@@ -222,6 +222,8 @@ def plan_request(
                   micro_batch_size=req.micro_batch_size, gradient_checkpointing=req.gradient_checkpointing,
                   gpu_count=gpu_count, eval_seq_len=eval_seq, stack=stack, autocast=req.autocast)
     zero = req.zero_stage
+    if req.sharding is not None:
+        _check_sharding_request(req.sharding, gpu_count, zero)
     if zero is not None:
         _check_zero_request(zero, gpu_count, req.autocast)
         kwargs["autocast"] = False  # accelerate leaves DeepSpeed's bf16 to the engine: no torch.autocast
@@ -229,7 +231,7 @@ def plan_request(
                                                                         zero_stage=zero, **kwargs)
     multi = None
     if gpu_count > 1:
-        solution, multi = (_multi_gpu(profile, gpu, gpu_count, solution, kwargs) if zero is None
+        solution, multi = (_multi_gpu(profile, gpu, gpu_count, solution, kwargs, asked=req.sharding) if zero is None
                            else _deepspeed(profile, gpu, gpu_count, zero, solution, kwargs))
         from dataclasses import replace
 
@@ -344,7 +346,9 @@ def _device_level(profile: ModelProfile, gpu: GPU, solution: Solution, row_lengt
     return replace(solution, recommended=rec, aggressive=agg, fallbacks=fallbacks, notes=notes)
 
 
-def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: dict) -> tuple[Solution, MultiGPU]:
+def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: dict,
+               asked: str | None = None) -> tuple[Solution, MultiGPU]:
+    """DDP or FSDP FULL_SHARD over ``n`` GPUs: the one the request ``asked`` for, else the faster one that fits."""
     fsdp = solve(profile, gpu, fsdp_shards=n, **kwargs)
 
     def speed(solution: Solution, efficiency: tuple[float, float]) -> tuple[bool, float]:
@@ -352,14 +356,21 @@ def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: d
         rec = solution.recommended
         return (not solution.savings, relative_speed(rec.config) * sum(efficiency) / 2) if rec else (False, 0.0)
 
-    use_ddp = ddp.recommended is not None and speed(ddp, _DDP_EFFICIENCY) >= speed(fsdp, _FSDP_EFFICIENCY)
+    if asked is not None:
+        use_ddp = asked == "ddp"
+    else:
+        use_ddp = ddp.recommended is not None and speed(ddp, _DDP_EFFICIENCY) >= speed(fsdp, _FSDP_EFFICIENCY)
     chosen = ddp if use_ddp else fsdp
     # both figures at the configuration the report recommends (else the smallest tried): the section's "micro batch,
     # checkpointing" is then the recommended config's, not the other strategy's
     ref = (chosen.recommended or chosen.smallest).config
     ddp_bytes = estimate(profile, ref, gpu=gpu, ddp=True).total_bytes
     fsdp_bytes = estimate(profile, ref, gpu=gpu, fsdp_shards=n).total_bytes
-    reason = ("DDP fits with comfortable headroom and needs no weight gathering" if use_ddp else
+    reason = (("DDP, as asked" + ("" if ddp.recommended else "; it does not fit: FSDP would shard the model"))
+              if asked == "ddp" else
+              ("FSDP FULL_SHARD, as asked" + ("" if fsdp.recommended else "; it does not fit even sharded"))
+              if asked == "fsdp" else
+              "DDP fits with comfortable headroom and needs no weight gathering" if use_ddp else
               "FSDP FULL_SHARD needs the least per GPU, though neither fits" if fsdp.recommended is None else
               "FSDP FULL_SHARD: sharding weights, grads and optimizer states over the GPUs is what makes it fit"
               if ddp.recommended is None else
@@ -371,6 +382,17 @@ def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: d
     mesh = {"data": n} if use_ddp else {"fsdp": n}
     return chosen, MultiGPU(gpu_count=n, ddp_bytes=ddp_bytes, fsdp_bytes=fsdp_bytes, assumed="ddp" if use_ddp else "fsdp",
                             reason=reason, compared_at=at, efficiency_low=eff[0], efficiency_high=eff[1], parallel=mesh)
+
+
+def _check_sharding_request(sharding: str, gpu_count: int, zero: int | None) -> None:
+    """One-line refusals of a DDP/FSDP request the planner cannot honour."""
+    name = sharding.upper()
+    if zero is not None:
+        raise InvalidConfigError(f"the request names both {name} and DeepSpeed ZeRO-{zero}: keep one (ZeRO-3 shards as "
+                                 "FSDP does, through DeepSpeed)")
+    if gpu_count < 2:
+        raise InvalidConfigError(f"{name} spreads the run over several GPUs: name them ('... on 2x a100 with "
+                                 f"{sharding}'), or drop {sharding} for a one-GPU plan")
 
 
 def _check_zero_request(stage: int, gpu_count: int, autocast: bool | None) -> None:

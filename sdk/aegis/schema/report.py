@@ -114,6 +114,9 @@ class PlanRequest(Frozen):
     zero_stage: int | None = Field(
         default=None, description="DeepSpeed ZeRO stage (2 or 3) the HF Trainer runs over the GPUs (default: none; "
         "the planner chooses DDP or FSDP).")
+    sharding: Literal["ddp", "fsdp"] | None = Field(
+        default=None, description="How the GPUs share the model: 'ddp' replicates it, 'fsdp' shards weights, gradients "
+        "and optimizer states (FULL_SHARD) (default: the planner chooses the faster one that fits).")
     autocast: bool | None = Field(
         default=None, description="The step runs under torch.autocast (default: the trainer's; HF Trainer, TRL and "
         "axolotl with bf16=True / fp16=True do). False: a pure bf16 step, as a custom loop without autocast runs it.")
