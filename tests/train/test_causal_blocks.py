@@ -10,14 +10,16 @@ kept scores shrink.
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from aegis.models.shapes import causal_key_span, query_blocks
+from aegis.train.modeling import layers
 from aegis.train.modeling.decoder import attention_mask
-import aegis.train.modeling.layers as layers
 from aegis.train.modeling.layers import _eager_forward, eager_attention
 
 
@@ -50,7 +52,7 @@ def test_blocked_attention_equals_the_full_width_maths(s, mask_kind, groups, sof
     q, k, v, g = _inputs(s + groups, b, hkv, groups, s, hd)
     mask = _masks(b, s)[mask_kind]
 
-    def full_width(q, k, v, mask, key, scale, softcap, groups):  # noqa: ANN001, ANN202
+    def full_width(q, k, v, mask, key, scale, softcap, groups):
         return _eager_forward(q, k, v, mask, key, scale, softcap, groups, 0.0)[0]
 
     def loss(fn):
@@ -70,14 +72,14 @@ def test_blocks_cover_the_sequence_once_and_the_span_is_the_scored_fraction() ->
     for s in [2, 127, 128, 255, 256, 300, 511, 2048, 5000, 8192]:
         blocks = query_blocks(s)
         assert blocks[0][0] == 0 and blocks[-1][1] == s
-        assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(blocks))
         assert 1 <= len(blocks) <= 16
         scored = sum((e - st) * e for st, e in blocks)
         assert causal_key_span(s) * s == pytest.approx(scored)
     assert len(query_blocks(64)) == 1 and causal_key_span(64) == 64
     # a longer sequence never scores fewer keys (the planner's memory stays monotonic in the length)
     areas = [causal_key_span(s) * s for s in range(1, 5000)]
-    assert all(b >= a for a, b in zip(areas, areas[1:]))
+    assert all(b >= a for a, b in itertools.pairwise(areas))
     # n equal blocks score (n + 1) / 2n of the square
     assert causal_key_span(2048) / 2048 == pytest.approx(17 / 32)
 
