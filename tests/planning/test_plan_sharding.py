@@ -50,3 +50,23 @@ def test_requests_it_cannot_honour_get_one_line(request_text, needle) -> None:
     with pytest.raises(AegisError) as err:
         aegis.plan(request_text)
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_cli_flags_ask_for_a_strategy_and_win_over_the_text() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from aegis.cli import app
+
+    def run(*args: str):
+        return CliRunner().invoke(app, ["plan", "lora llama 3 8b on 2x a10g seq 2048 with ddp", *args, "--json"])
+
+    fsdp = json.loads(run("--sharding", "fsdp").output)
+    assert fsdp["multi_gpu"]["assumed"] == "fsdp" and fsdp["multi_gpu"]["parallel"] == {"fsdp": 2}
+    zero = json.loads(CliRunner().invoke(app, ["plan", "lora llama 3 8b on 2x a10g seq 2048", "--zero-stage", "3",
+                                               "--json"]).output)
+    assert zero["multi_gpu"]["assumed"] == "deepspeed" and zero["multi_gpu"]["zero_stage"] == 3
+    bad = run("--sharding", "foo")  # the one-line error the CLI's entry point prints (an AegisError)
+    assert bad.exit_code != 0 and isinstance(bad.exception, AegisError)
+    assert "sharding: Input should be 'ddp' or 'fsdp'" in str(bad.exception) and "\n" not in str(bad.exception)

@@ -89,6 +89,10 @@ def plan(
     autocast: Annotated[Optional[bool], typer.Option(
         "--autocast/--no-autocast",
         help="The step runs under torch.autocast (default: the trainer's; HF Trainer's bf16=True does).")] = None,
+    sharding: Annotated[Optional[str], typer.Option(
+        help="Over several GPUs: ddp (replicate) or fsdp (FULL_SHARD) (default: the faster one that fits).")] = None,
+    zero_stage: Annotated[Optional[int], typer.Option(
+        "--zero-stage", help="DeepSpeed ZeRO stage over several GPUs: 2 or 3 (default: none).")] = None,
     emit: Annotated[Optional[str], typer.Option(help="Also write a trainer config: axolotl, hf or unsloth.")] = None,
     out: Annotated[Optional[str], typer.Option(help="Where --emit writes (default: stdout).")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Let --out replace an existing file.")] = False,
@@ -112,7 +116,8 @@ def plan(
         micro_batch_size=batch, effective_batch_size=effective_batch, seq_len=seq, epochs=epochs, optimizer=optimizer,
         gradient_checkpointing=checkpointing, progress=fmt is Output.text and sys.stderr.isatty(),
         trainer=trainer, transformers_version=transformers, kbit_prep=kbit_prep, liger=liger,
-        checkpointing_mode=checkpoint_mode, lora_dropout=lora_dropout, autocast=autocast,
+        checkpointing_mode=checkpoint_mode, lora_dropout=lora_dropout, autocast=autocast, sharding=sharding,
+        zero_stage=zero_stage,
     )
     _print_report(report, fmt, explain=explain)
     if emit:
