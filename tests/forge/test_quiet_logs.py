@@ -47,6 +47,7 @@ def test_cognate_type_warning_is_dropped_only_inside_the_block(tmp_path):
         assert any("`cognate`" in m for m in _warnings(records, cognate))  # transformers emits it
         with quiet_cognate_config_warning():
             assert _warnings(records, cognate) == []
+            assert _warnings(records, _folder(tmp_path, "aegis-bitnet-b1.58")) == []  # a packed ternary folder
             assert _warnings(records, other)  # another type's warning still passes
         assert _warnings(records, cognate, quiet_cognate_config_warning()) == []  # as a decorator
         assert _warnings(records, cognate)  # the filter is gone after the block

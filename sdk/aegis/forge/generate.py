@@ -66,7 +66,10 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 64, temper
     tok_dir = folder
     if (folder / "adapter_config.json").is_file() and not (folder / "tokenizer_config.json").is_file():
         tok_dir = Path(json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"])
-    tok = AutoTokenizer.from_pretrained(tok_dir, trust_remote_code=False)  # a Cognate auto_map: no prompt
+    from aegis.forge._quiet_logs import quiet_cognate_config_warning
+
+    with quiet_cognate_config_warning():  # Aegis' own model types: transformers' "model of type" warning is noise
+        tok = AutoTokenizer.from_pretrained(tok_dir, trust_remote_code=False)  # a Cognate auto_map: no prompt
     ids = _prompt_ids(tok, prompt)
     cfg = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
     if cfg.get("auto_map") and not (folder / "bitnet_config.json").is_file():
