@@ -58,12 +58,14 @@ def test_blocked_attention_equals_the_full_width_maths(s, mask_kind, groups, sof
     def loss(fn):
         return lambda q, k, v: jnp.sum(fn(q, k, v, mask, None, 0.25, softcap, groups) * g)
 
+    def outputs_and_grads(fn):  # one compiled program each (op by op, the blocks' many small ops compile one by one)
+        return jax.jit(lambda q, k, v: (fn(q, k, v, mask, None, 0.25, softcap, groups),
+                                        jax.grad(loss(fn), argnums=(0, 1, 2))(q, k, v)))(q, k, v)
+
     assert len(query_blocks(s)) > 1
-    full = full_width(q, k, v, mask, None, 0.25, softcap, groups)
-    blocked = eager_attention(q, k, v, mask, None, 0.25, softcap, groups)
+    full, grads_full = outputs_and_grads(full_width)
+    blocked, grads_blocked = outputs_and_grads(eager_attention)
     np.testing.assert_allclose(np.asarray(blocked), np.asarray(full), rtol=2e-5, atol=2e-5)
-    grads_full = jax.grad(loss(full_width), argnums=(0, 1, 2))(q, k, v)
-    grads_blocked = jax.grad(loss(eager_attention), argnums=(0, 1, 2))(q, k, v)
     for a, e in zip(grads_blocked, grads_full, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=2e-4, atol=2e-4)
 
