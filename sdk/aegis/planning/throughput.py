@@ -47,7 +47,8 @@ class TokenFlops(NamedTuple):
 
 
 def token_flops(
-    profile: ModelProfile, method: Method, seq_len: int, *, recompute: bool = False, lora: LoRAConfig | None = None,
+    profile: ModelProfile, method: Method, seq_len: int, *, recompute: bool | float = False,
+    lora: LoRAConfig | None = None,
 ) -> TokenFlops:
     """FLOPs per token, PaLM-style with causal attention.
 
@@ -59,7 +60,8 @@ def token_flops(
     full fine-tuning; frozen weights (LoRA, QLoRA) need no weight gradients; attention always has both halves.
     ``lora`` (LoRA, QLoRA): the adapters' own matmuls, ``x A`` then ``(x A) B``, ``rank x (in + out)`` parameters
     per adapted module a token passes through, trained: 6 FLOPs each (forward, input and weight gradients).
-    ``recompute`` (gradient checkpointing) adds one forward."""
+    ``recompute`` (gradient checkpointing) adds one forward; a fraction (the engine's ``remat_layers`` of the
+    layers) that fraction of one."""
     matmul = (profile.active_params_per_token - profile.embedding_params - profile.position_embedding_params
               - profile.norm_params - _active_bias_params(profile))
     if profile.tie_word_embeddings:
@@ -73,9 +75,10 @@ def token_flops(
     text = f"{'6' if method == 'full' else '4'} x {params} matmul params + causal attention"
     if adapters:
         text += f" + 6 x {adapters / 1e6:.2f}M LoRA adapter params"
-    if recompute:
-        total += fwd
-        text += " + recomputed forward"
+    share = float(recompute)
+    if share:
+        total += share * fwd
+        text += " + recomputed forward" if share >= 1.0 else f" + {share:.0%} of a forward recomputed"
     return TokenFlops(training=float(total), forward=float(fwd), formula=text)
 
 
@@ -103,9 +106,19 @@ def _active_bias_params(profile: ModelProfile) -> int:
 
 def flops_per_token(profile: ModelProfile, cfg: TrainConfig) -> tuple[float, str]:
     """Training FLOPs per token of ``cfg`` (`token_flops` at its method, length and checkpointing) and the formula."""
-    f = token_flops(profile, cfg.method, cfg.seq_len, recompute=cfg.gradient_checkpointing,
+    f = token_flops(profile, cfg.method, cfg.seq_len, recompute=recomputed_share(profile, cfg),
                     lora=cfg.lora_config if cfg.method != "full" else None)
     return f.training, f.formula
+
+
+def recomputed_share(profile: ModelProfile, cfg: TrainConfig) -> float:
+    """The share of the layers whose forward the backward pass recomputes: 1 with gradient checkpointing (every
+    layer), ``remat_layers / layers`` with the engine's partial rematerialisation, 0 without."""
+    if not cfg.gradient_checkpointing:
+        return 0.0
+    if cfg.remat_layers is None:
+        return 1.0
+    return min(cfg.remat_layers, profile.num_layers) / max(profile.num_layers, 1)
 
 
 def model_flops_utilisation(tokens_per_s: float, profile: ModelProfile, cfg: TrainConfig, gpu: GPU) -> float:
@@ -127,7 +140,7 @@ def bytes_per_token(profile: ModelProfile, cfg: TrainConfig, gpu: GPU, memory: M
         memory = estimate(profile, cfg, gpu=gpu)
     parts = {c.key: c.bytes for c in memory.components}
     saved = parts.get("activations", 0) + parts.get("logits", 0)
-    passes = 3 if cfg.gradient_checkpointing else 2
+    passes = 2 + recomputed_share(profile, cfg)
     return (2 * saved + passes * parts.get("weights", 0)) / (cfg.micro_batch_size * cfg.seq_len)
 
 

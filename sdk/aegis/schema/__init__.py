@@ -320,6 +320,12 @@ class TrainConfig(Frozen):
     seq_len: int = Field(default=1024, description="Tokens per sequence (padded or packed).")
     gradient_accumulation_steps: int = Field(default=1, description="Micro batches per optimizer step.")
     gradient_checkpointing: bool = Field(default=False, description="Recompute layer activations in backward.")
+    remat_layers: int | None = Field(
+        default=None,
+        description="With gradient_checkpointing, on Aegis' JAX engine: recompute only the first this many layers; the "
+        "others keep their activations (save what fits, recompute the rest). None: every layer (HF's checkpointing "
+        "is always every layer). A run on a GPU picks it from the planner's memory model when left None.",
+    )
     attention: Attention = Field(default="sdpa", description="Attention implementation.")
     chunked_cross_entropy: bool = Field(default=False, description="Compute the loss in vocab chunks (no full fp32 logits).")
     precision: Precision = Field(default="bf16", description="Precision mode of weights, grads and optimizer states.")
@@ -352,6 +358,16 @@ class TrainConfig(Frozen):
         for name in ("micro_batch_size", "seq_len", "gradient_accumulation_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.remat_layers is not None and (self.remat_layers < 0 or not self.gradient_checkpointing):
+            raise ValueError(
+                f"remat_layers {self.remat_layers} needs gradient_checkpointing on and a count >= 0: set "
+                "gradient_checkpointing: true, or drop remat_layers"
+            )
+        if self.remat_layers is not None and self.method == "full":
+            raise ValueError(
+                "remat_layers applies to lora and qlora: full fine-tuning recomputes every layer or none (splitting the "
+                "trained weights between two layer loops would copy them); drop remat_layers"
+            )
         if self.method == "full" and self.lora is not None:
             raise ValueError("full fine-tuning takes no LoRA settings: drop `lora` or use method lora/qlora")
         return self

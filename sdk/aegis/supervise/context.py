@@ -234,7 +234,9 @@ class RunContext:
                 raise
             self.event("memory_check", engine.step, tier=engine.tier, error=f"{type(err).__name__}: {err}"[:300])
             return
-        self.event("memory_check", engine.step, tier=engine.tier, **mc.model_dump(mode="json"))
+        tc = engine.trainer.train_config
+        remat = {"remat_layers": tc.remat_layers} if tc.remat_layers is not None else {}  # engine_handle.fit_remat
+        self.event("memory_check", engine.step, tier=engine.tier, **remat, **mc.model_dump(mode="json"))
 
     def write_samples_manifest(self) -> None:
         """samples.json: every sample id and its domain (commands validate ids against it)."""

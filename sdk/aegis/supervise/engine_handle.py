@@ -125,6 +125,40 @@ def check_feasible(cfg: RunConfig, model_config: dict[str, Any]) -> None:
             )
 
 
+def fit_remat(tc: Any, model_config: dict[str, Any], cfg: RunConfig) -> Any:
+    """``tc`` with ``remat_layers`` chosen from this GPU's memory: with gradient checkpointing on and no
+    ``remat_layers`` given, a LoRA / QLoRA run in 16-bit precision recomputes only the layers the planner's
+    ``jax`` memory model says it must for the step to fit the device's allocator limit
+    (`aegis.planning.memory.jax_profile.remat_layers_for`); the others keep their activations. Unchanged on
+    XLA:CPU (no device limit to fit), for full fine-tuning (all layers or none), in fp32 (where the model's split
+    figures are furthest from XLA's), and where the planner cannot size the model."""
+    if not tc.gradient_checkpointing or tc.remat_layers is not None or tc.method == "full" or tc.precision == "fp32":
+        return tc
+    capacity, _ = _device_memory()
+    import jax
+
+    if capacity is None or jax.devices()[0].platform == "cpu":
+        return tc
+    from aegis.errors import AegisError
+    from aegis.models.profiles import profile_from_config
+    from aegis.planning.memory.jax_profile import remat_layers_for
+    from aegis.train.benchmark import detect_gpu_id
+
+    try:
+        profile = profile_from_config(model_config, model_id=str(model_config.get("model_type", "model")), source="path")
+        shards = {"fsdp_shards": cfg.parallel.fsdp, "tensor_shards": cfg.parallel.tensor} if cfg.parallel else {}
+        gpu = detect_gpu_id(jax.devices()[0])
+        try:
+            k = remat_layers_for(profile, tc, capacity, gpu=gpu, **shards)
+        except LookupError:  # a GPU the catalog does not list: XLA:GPU layout
+            k = remat_layers_for(profile, tc, capacity, platform="gpu", **shards)
+    except (AegisError, ValueError, ArithmeticError):
+        return tc
+    if k is None or k >= profile.num_layers:
+        return tc
+    return tc.model_copy(update={"remat_layers": k})
+
+
 @dataclasses.dataclass
 class ModelInput:
     """What a run's ``model:`` names: the config, the weights' folder (None: random init) and the tokenizer's."""
@@ -265,7 +299,7 @@ class Engine:
 
             load_params = load_pretrained
 
-        train_config = cfg.tiers[tier]
+        train_config = fit_remat(cfg.tiers[tier], model.config, cfg)
         settings = OptimizerSettings(
             learning_rate=cfg.training.lr,
             clip_norm=cfg.training.grad_clip,

@@ -163,7 +163,7 @@ def _abstract_setup(config: dict, tc: TrainConfig, settings: OptimizerSettings) 
 
     dtypes = precision_dtypes(tc.precision)
     model = build_model(config, dtype=dtypes.compute, param_dtype=dtypes.params, remat=tc.gradient_checkpointing,
-                        attention=engine_attention(tc.attention))
+                        remat_layers=tc.remat_layers, attention=engine_attention(tc.attention))
     tx = make_optimizer(tc, settings)
     scaler = LossScaleSettings() if dtypes.loss_scaling else None
 

@@ -178,6 +178,7 @@ class Trainer:
             dtype=dtypes.compute,
             param_dtype=dtypes.params,
             remat=train_config.gradient_checkpointing,
+            remat_layers=train_config.remat_layers,
             attention=engine_attention(train_config.attention),
         )
         vocab = int(self.model_config.get("vocab_size", 0))

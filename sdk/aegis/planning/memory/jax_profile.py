@@ -77,7 +77,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from aegis.errors import InvalidConfigError
 from aegis.models.families import get_family
@@ -98,7 +98,7 @@ from aegis.models.shapes import (
     tree_leaves,
 )
 
-__all__ = ["Platform", "Leaf", "engine_leaves", "nf4_leaf_bytes", "optimizer_state_bytes", "estimate_jax", "UNROLL_MAX_LAYERS"]
+__all__ = ["Platform", "Leaf", "engine_leaves", "nf4_leaf_bytes", "optimizer_state_bytes", "estimate_jax", "remat_layers_for", "UNROLL_MAX_LAYERS"]
 
 Platform = Literal["cpu", "gpu"]
 """XLA backend whose buffer layout is modelled: ``cpu`` upcasts bf16 to float32, ``gpu`` does not."""
@@ -498,26 +498,33 @@ def estimate_jax(
     cpu_unrolled_bf16 = upcast and not scanned
     terms = _layer_residual_per_token(sh, s, r, lora_ranks, scanned, flash, cpu_unrolled_bf16, cfg.method == "full")
     per_layer = sum(terms.values())
-    recompute = 0
     remat = cfg.gradient_checkpointing  # always under the scan: one layer recomputed at a time
-    if remat:
-        kept_width = comp + (r if upcast else 0)  # each layer's input (and XLA:CPU's float32 copy of it)
-        activations = sh.n * tokens * kept_width * sh.d
-        recompute = tokens * per_layer
-        act_formula = f"remat: {sh.n} layer inputs x {tokens:,} tokens x {sh.d:,} x {kept_width} B"
-    else:
-        mlp_tokens = _gathered_tokens(tokens, fsdp_shards, sh.inter)
-        activations = sh.n * (tokens * per_layer + (mlp_tokens - tokens) * terms["mlp"])
+    # Model.remat_count: the first ``remat_layers`` layers are recomputed (all without it), the others keep their
+    # residuals in a second scan
+    n_remat = (sh.n if cfg.remat_layers is None else min(cfg.remat_layers, sh.n)) if remat else 0
+    n_saved = sh.n - n_remat
+    kept_width = comp + (r if upcast else 0)  # a recomputed layer's input (and XLA:CPU's float32 copy of it)
+    inputs = n_remat * tokens * kept_width * sh.d
+    recompute = tokens * per_layer if n_remat else 0
+    mlp_tokens = _gathered_tokens(tokens, fsdp_shards, sh.inter)
+    saved = n_saved * (tokens * per_layer + (mlp_tokens - tokens) * terms["mlp"])
+    activations = inputs + saved
+    parts_formula = []
+    if n_remat:
+        parts_formula.append(f"remat: {n_remat} layer inputs x {tokens:,} tokens x {sh.d:,} x {kept_width} B")
+    if n_saved:
         detail = ", ".join(f"{k} {v:,}" for k, v in terms.items())
-        act_formula = f"{sh.n} layers x {tokens:,} tokens x {per_layer:,} B ({detail})"
+        kept = f"{n_saved} layers x {tokens:,} tokens x {per_layer:,} B ({detail})"
+        parts_formula.append(kept if not n_remat else f"{kept} kept by the other {n_saved} layers")
         if mlp_tokens != tokens:
-            act_formula += f"; the MLP's for the gathered batch ({mlp_tokens:,} tokens)"
-        if cpu_unrolled_bf16 and cfg.method == "full":
-            # outside the layers: the embedding lookup's bf16 output and its float32 copy (the first norm's
-            # input), and the final norm's float32 output the head-gradient dot reads
-            outer = tokens * (2 + 2 * _FP32) * sh.d
-            activations += outer
-            act_formula += f" + embedding and final-norm outputs {tokens:,} x {(2 + 2 * _FP32) * sh.d:,} B"
+            parts_formula.append(f"the MLP's for the gathered batch ({mlp_tokens:,} tokens)")
+    act_formula = "; ".join(parts_formula)
+    if not remat and cpu_unrolled_bf16 and cfg.method == "full":
+        # outside the layers: the embedding lookup's bf16 output and its float32 copy (the first norm's
+        # input), and the final norm's float32 output the head-gradient dot reads
+        outer = tokens * (2 + 2 * _FP32) * sh.d
+        activations += outer
+        act_formula += f" + embedding and final-norm outputs {tokens:,} x {(2 + 2 * _FP32) * sh.d:,} B"
 
     # ----- logits -----------------------------------------------------------------------------
     # float32 logits (exp(logits - max) in place) and their gradient; the softmax, the one-hot target select
@@ -544,16 +551,17 @@ def estimate_jax(
                           + (", the scaled logits" if scaled else "") + ")")
 
     # ----- copies and backward temporaries ----------------------------------------------------
-    # one layer's backward: the float32 score gradient, plus (without remat) MLP and hidden gradients;
-    # under remat the recomputed layer's residuals are freed as its MLP gradients are made
+    # one layer's backward: the float32 score gradient, plus (a layer that kept its residuals) MLP and hidden
+    # gradients; a recomputed layer's residuals are freed as its MLP gradients are made. The kept layers run
+    # last, so their backward comes first, beside every activation; the recomputed ones' after those are freed.
     bwd_per_token = round(sh.heads * causal_key_span(s) * _FP32)
-    if not remat:
-        bwd_per_token += 3 * _FP32 * sh.inter + 4 * _FP32 * sh.d
-    backward = tokens * bwd_per_token + recompute
+    saved_bwd_per_token = bwd_per_token + 3 * _FP32 * sh.inter + 4 * _FP32 * sh.d
+    backward = tokens * saved_bwd_per_token if n_saved else 0
+    remat_backward = tokens * bwd_per_token + recompute if n_remat else 0
     if not scanned:
         # unrolled layers keep their residuals in separate buffers, each freed at its last use in that layer's
         # backward: the working set of the last layer reuses the memory its own residuals free as it goes
-        backward = max(0, tokens * (bwd_per_token - per_layer))
+        backward = max(0, tokens * (saved_bwd_per_token - per_layer))
     head_copy = head_params * _FP32 if upcast else 0  # XLA:CPU float32 copy of the bf16 head for its two dots
     layer_copies = layer_matrix_params * _FP32 if upcast and cfg.method != "qlora" else 0
     # XLA:CPU, unrolled layers, trained in their own dtype: each layer's matrices are sliced out of the stacks
@@ -581,10 +589,17 @@ def estimate_jax(
         },
         "backward of the layers": {
             **static, "update copies": guard_copies,
-            **_vacated({"activations": activations, "backward temporaries": backward + dequant,
+            **_vacated({"activations": activations if n_saved else inputs,
+                        "backward temporaries": (backward if n_saved else remat_backward) + dequant,
                         "weight copies": layer_copies}, guard_copies),
             "gradients": gradients,
         },
+        "backward of the recomputed layers": {
+            **static, "update copies": guard_copies,
+            **_vacated({"activations": inputs, "backward temporaries": remat_backward + dequant,
+                        "weight copies": layer_copies}, guard_copies),
+            "gradients": gradients,
+        } if n_remat and n_saved else {},
         "optimizer update": {**static, "update copies": guard_copies, "gradients": gradients},
     }
     peak_name, parts = max(moments.items(), key=lambda kv: sum(kv[1].values()))
@@ -604,15 +619,18 @@ def estimate_jax(
          + (f"embedding scatter gradient {sh.vocab * sh.d:,} x {grad_width} B" if embed_grad else "")
          + (f" + fp32 accumulators {trainable_params:,} x 4 B" if accumulators else ""),
          "the gradients allocated before the loss"),
-        "activations": ("Activations" + (" (remat)" if remat else ""),
+        "activations": ("Activations" + ((" (remat)" if not n_saved else f" (remat {n_remat} of {sh.n} layers)")
+                                         if remat else ""),
                         act_formula + (f"; beyond the {guard_copies:,} B of donated buffers the optimizer state's copies "
                                        "vacate (activations, then logits and weight copies, are placed there first)"
                                        if guard_copies else ""),
                         f"micro batch {b} x seq {s:,}; {'scanned' if scanned else 'unrolled'} layers"),
         "logits": ("Logits + loss buffers" + (" (chunked CE)" if cfg.chunked_cross_entropy else ""), logits_formula,
                    f"{sh.vocab:,}-token vocabulary, float32"),
-        "backward temporaries": ("Backward temporaries", f"{tokens:,} tokens x {bwd_per_token:,} B"
-                                 + (f" + one layer recomputed ({tokens:,} x {per_layer:,} B)" if recompute else "")
+        "backward temporaries": ("Backward temporaries", f"{tokens:,} tokens x "
+                                 + (f"{saved_bwd_per_token:,} B" if n_saved and peak_name == "backward of the layers"
+                                    else f"{bwd_per_token:,} B"
+                                    + (f" + one layer recomputed ({tokens:,} x {per_layer:,} B)" if recompute else ""))
                                  + (f" + one layer dequantised ({layer_matrix_params // sh.n:,} x {_FP32 + comp} B)" if dequant else ""),
                                  "one layer's score, MLP and hidden gradients"),
         "weight copies": ("Weight copies (fp32)", f"{layer_matrix_params:,} layer weights x 4 B",
@@ -644,3 +662,44 @@ def estimate_jax(
         overhead_bytes=overhead, dynamic_margin_bytes=dynamic, total_bytes=total, low_bytes=total - dynamic,
         high_bytes=total + dynamic, eval_peak_bytes=eval_peak, peak_phase=peak_name, notes=notes,
     )
+
+
+def remat_layers_for(
+    profile: ModelProfile,
+    cfg: TrainConfig,
+    budget_bytes: int,
+    **estimate_kwargs: Any,
+) -> int | None:
+    """The fewest layers the engine must recompute (`TrainConfig.remat_layers`, the first ones) for ``cfg``'s step
+    to fit ``budget_bytes`` per device: its planned peak, tensors plus the dynamic margin (`estimate_jax` with
+    ``estimate_kwargs``: ``gpu``, ``platform``, ``fsdp_shards``, ``tensor_shards``), at most the budget. 0 when the
+    step fits without recomputing anything; None when even recomputing every layer does not fit. Full fine-tuning
+    recomputes all layers or none (see `TrainConfig.remat_layers`): 0 or the layer count.
+
+    Each recomputed layer keeps only its input instead of its residuals, so the peak falls as layers are added
+    (the search is a bisection over that order) and the step's compute rises by that share of a forward
+    (`aegis.planning.throughput.recomputed_share`): save what fits, recompute the rest."""
+    n = _shapes(profile).n
+
+    def peak(k: int) -> int:
+        if cfg.method == "full":
+            trial = cfg.model_copy(update={"gradient_checkpointing": k > 0, "remat_layers": None})
+        else:
+            trial = cfg.model_copy(update={"gradient_checkpointing": True, "remat_layers": k})
+        est = estimate_jax(profile, trial, **estimate_kwargs)
+        return est.tensor_bytes + est.dynamic_margin_bytes
+
+    if peak(0) <= budget_bytes:
+        return 0
+    if peak(n) > budget_bytes:
+        return None
+    if cfg.method == "full":
+        return n
+    lo, hi = 0, n  # peak(lo) over the budget, peak(hi) within it
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if peak(mid) <= budget_bytes:
+            hi = mid
+        else:
+            lo = mid
+    return hi

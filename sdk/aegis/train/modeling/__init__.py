@@ -88,11 +88,13 @@ def build_model(
     remat: bool = False,
     attention: str = "xla",
     scan_layers: bool | None = None,
+    remat_layers: int | None = None,
 ) -> Model:
     """Build the JAX model for a Hugging Face config.json dict.
 
     ``dtype`` is the compute dtype (activations, matmuls), ``param_dtype`` the storage dtype that
-    :meth:`Model.init` produces; ``remat`` wraps each decoder layer in ``jax.checkpoint``;
+    :meth:`Model.init` produces; ``remat`` wraps each decoder layer in ``jax.checkpoint`` (with
+    ``remat_layers``, only the first that many: the others keep their activations);
     ``attention`` picks the kernel (:data:`ATTENTION_IMPLS`: ``xla`` = transformers' eager maths,
     the default; ``cudnn`` = flash attention on NVIDIA GPUs; ``dot_product`` = the same call on XLA;
     ``auto`` = cuDNN where it applies on the local device, else ``xla``, see :func:`resolve_attention`).
@@ -127,6 +129,10 @@ def build_model(
         raise InvalidConfigError(
             "gradient checkpointing (remat=True) needs the scanned layer loop: pass scan_layers=None or True."
         )
+    if remat_layers is not None and not 0 <= remat_layers <= spec.num_layers:
+        raise InvalidConfigError(
+            f"remat_layers={remat_layers} is outside 0..{spec.num_layers} ({family.name} has {spec.num_layers} layers)."
+        )
     return Model(
         config=dict(config),
         family=family.name,
@@ -135,6 +141,7 @@ def build_model(
         dtype=jnp.dtype(dtype),
         param_dtype=jnp.dtype(param_dtype),
         remat=remat,
+        remat_layers=remat_layers if remat else None,
         attention=attention,
         scan_layers=scan_layers,
     )

@@ -191,6 +191,9 @@ class Model:
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     remat: bool = False
+    # with ``remat``: how many layers (the first ones) are recomputed in the backward pass; None: every layer.
+    # The others keep their activations (save what fits, recompute the rest).
+    remat_layers: int | None = None
     attention: str = "xla"  # one of layers.ATTENTION_IMPLS
     # True: layers under ``lax.scan`` (compile time independent of depth); False: unrolled (no stacked
     # residual buffers, static per-layer windows); None: see ``scans_layers``.
@@ -309,25 +312,51 @@ class Model:
             cos, sin = tables[rope_i] if isinstance(rope_i, int) else (cos_all[rope_i], sin_all[rope_i])
             return layer_fn(spec, p, h, cos=cos, sin=sin, mask=mask, ctx=ctx, lora=lp)
 
-        if self.remat:
-            body = jax.checkpoint(body, prevent_cse=not scan, static_argnums=() if scan else (3, 4, 5))
+        recomputed = self.remat_count(first, count)
+        saved_body = body
+        remat_body = jax.checkpoint(body, prevent_cse=not scan, static_argnums=() if scan else (3, 4, 5))
         if not scan:
             for j in range(count):
                 take = lambda a, j=j: a[j]  # noqa: E731
                 p = jax.tree.map(take, layer_params)
                 lp = jax.tree.map(take, lora_layers)
                 i = first + j
-                x = body(x, p, lp, spec.layer_window[i], spec.layer_rope[i], i)
+                fn = remat_body if j < recomputed else saved_body
+                x = fn(x, p, lp, spec.layer_window[i], spec.layer_rope[i], i)
             return x
-        xs = (
-            layer_params,
-            lora_layers,
-            jnp.asarray(np.asarray(spec.layer_window[first : first + count], dtype=np.int32)),
-            jnp.asarray(np.asarray(spec.layer_rope[first : first + count], dtype=np.int32)),
-            jnp.arange(first, first + count, dtype=jnp.int32),
-        )
-        x, _ = jax.lax.scan(lambda h, xs: (body(h, *xs), None), x, xs)
+        windows = jnp.asarray(np.asarray(spec.layer_window[first : first + count], dtype=np.int32))
+        ropes = jnp.asarray(np.asarray(spec.layer_rope[first : first + count], dtype=np.int32))
+        layer_ids = jnp.arange(first, first + count, dtype=jnp.int32)
+        if recomputed in (0, count):
+            xs = (layer_params, lora_layers, windows, ropes, layer_ids)
+            fn = remat_body if recomputed else saved_body
+            x, _ = jax.lax.scan(lambda h, xs: (fn(h, *xs), None), x, xs)
+            return x
+        # The first ``recomputed`` layers under jax.checkpoint, the rest keeping their residuals: one scan each.
+        # The base weights stay one stack both scans index into (a slice of the stack would be a copy of the
+        # weights); the adapters, small, are sliced. Full fine-tuning recomputes all layers or none
+        # (`TrainConfig` refuses a split): its trained weights would be copied, and so would their gradients.
+        for lo, hi, fn in ((0, recomputed, remat_body), (recomputed, count, saved_body)):
+            part = lambda a, lo=lo, hi=hi: a[lo:hi]  # noqa: E731
+
+            def indexed(h, xs, fn=fn):
+                j, lp, window, rope_i, layer_i = xs
+                p = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, j, keepdims=False), layer_params)
+                return fn(h, p, lp, window, rope_i, layer_i), None
+
+            xs = (jnp.arange(lo, hi, dtype=jnp.int32), jax.tree.map(part, lora_layers), windows[lo:hi], ropes[lo:hi],
+                  layer_ids[lo:hi])
+            x, _ = jax.lax.scan(indexed, x, xs)
         return x
+
+    def remat_count(self, first: int, count: int) -> int:
+        """How many of layers ``first .. first + count - 1`` run under ``jax.checkpoint``: all of them with
+        ``remat`` and no ``remat_layers``; the ones among the first ``remat_layers`` of the model otherwise."""
+        if not self.remat:
+            return 0
+        if self.remat_layers is None:
+            return count
+        return max(0, min(count, self.remat_layers - first))
 
     def hidden(
         self,
