@@ -269,6 +269,9 @@ def benchmark(
     gpu: Annotated[Optional[str], typer.Option(help="Catalog GPU id to file the result under (default: detected).")] = None,
     precision: Annotated[str, typer.Option(help="fp32, bf16, bf16_mixed or fp16_mixed.")] = "bf16",
     remat: Annotated[bool, typer.Option(help="Gradient checkpointing (recompute each layer's forward).")] = False,
+    remat_layers: Annotated[Optional[int], typer.Option(
+        min=0, max=100_000, help="With --remat, lora/qlora: recompute only the first N layers; the rest keep "
+        "their activations.")] = None,
     packing: Annotated[bool, typer.Option(help="Pack several examples per row (--no-packing: one per row).")] = True,
     buckets: Annotated[bool, typer.Option(help="With --no-packing: length-bucketed batches, padded to a few lengths.")] = False,
     json_: JsonOpt = False,
@@ -289,7 +292,8 @@ def benchmark(
     from aegis.train.benchmark import run_benchmark
 
     result = run_benchmark(model, method=method, micro_batch_size=batch, seq_len=seq, steps=steps, gpu_id=gpu,
-                           precision=precision, gradient_checkpointing=remat, packing=packing, buckets=buckets)
+                           precision=precision, gradient_checkpointing=remat or remat_layers is not None,
+                           remat_layers=remat_layers, packing=packing, buckets=buckets)
     typer.echo(result.model_dump_json(indent=2) if json_ else _benchmark_text(result))
 
 

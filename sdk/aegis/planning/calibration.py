@@ -61,6 +61,8 @@ class CalibrationRecord(Frozen):
     seq_len: int = Field(ge=1, description="Tokens per sequence.")
     gradient_accumulation_steps: int = Field(default=1, ge=1)
     gradient_checkpointing: bool = False
+    remat_layers: int | None = Field(
+        default=None, description="With gradient checkpointing: the layers the engine recomputed (None: every layer).")
     precision: Precision = "bf16"
     framework: Framework = "jax"
     steps: int = Field(default=10, ge=1, description="Timed steps the throughput averages.")

@@ -150,7 +150,7 @@ def measured_mfu(record: CalibrationRecord, profile: ModelProfile, gpu: GPU) -> 
     measurement transferable: the planner applies it to another batch, length or precision on the same GPU."""
     measured = TrainConfig(method=record.method, micro_batch_size=record.micro_batch_size, seq_len=record.seq_len,
                            gradient_checkpointing=record.gradient_checkpointing, precision=record.precision,
-                           lora=None)
+                           remat_layers=record.remat_layers if record.method != "full" else None, lora=None)
     return model_flops_utilisation(record.tokens_per_s, profile, measured, gpu)
 
 
@@ -159,6 +159,12 @@ def measured_tokens_per_s(record: CalibrationRecord, profile: ModelProfile, cfg:
     precision's peak). At the measured configuration this is the measured rate itself."""
     mfu = measured_mfu(record, profile, gpu)
     return mfu * gpu.tflops(cfg.precision) * 1e12 / flops_per_token(profile, cfg)[0], mfu
+
+
+def _remat_text(checkpointing: bool, remat_layers: int | None) -> str:
+    if not checkpointing:
+        return ""
+    return ", remat" if remat_layers is None else f", remat {remat_layers} layers"
 
 
 def tokens_per_s_range(
@@ -177,12 +183,13 @@ def tokens_per_s_range(
     if record is not None and record.framework == framework:
         per_gpu, mfu = measured_tokens_per_s(record, profile, cfg, gpu)
         rate = per_gpu * gpu_count
-        same = (record.micro_batch_size, record.seq_len, record.precision, record.gradient_checkpointing) == (
-            cfg.micro_batch_size, cfg.seq_len, cfg.precision, cfg.gradient_checkpointing)
+        same = (record.micro_batch_size, record.seq_len, record.precision, record.gradient_checkpointing,
+                record.remat_layers) == (cfg.micro_batch_size, cfg.seq_len, cfg.precision, cfg.gradient_checkpointing,
+                                         cfg.remat_layers)
         basis = (f"measured by `aegis benchmark` on {record.measured_at[:10]}: {record.tokens_per_s:,.0f} tokens/s, "
                  f"MFU {_percent(mfu)} ({record.framework} engine on {record.device}, mb {record.micro_batch_size}, "
                  f"seq {record.seq_len}, {record.precision}"
-                 f"{', remat' if record.gradient_checkpointing else ''})")
+                 f"{_remat_text(record.gradient_checkpointing, record.remat_layers)})")
         if not same:
             flops = flops_per_token(profile, cfg)[0]
             work = f"{flops / 1e9:.1f} GFLOP" if flops >= 1e8 else f"{flops / 1e6:.1f} MFLOP"

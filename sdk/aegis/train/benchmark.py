@@ -250,12 +250,12 @@ def _model_flops_per_token(config: dict, model_id: str, tc: TrainConfig) -> floa
     """The planner's FLOPs per token (:func:`aegis.planning.throughput.token_flops`), None for a config it cannot profile."""
     try:
         from aegis.models.profiles import profile_from_config
-        from aegis.planning.throughput import token_flops
+        from aegis.planning.throughput import recomputed_share, token_flops
 
         profile = profile_from_config(dict(config), model_id=model_id, source="path")
     except Exception:  # noqa: BLE001 - a config the planner does not know still benchmarks
         return None
-    return token_flops(profile, tc.method, tc.seq_len, recompute=tc.gradient_checkpointing,
+    return token_flops(profile, tc.method, tc.seq_len, recompute=recomputed_share(profile, tc),
                        lora=tc.lora_config if tc.method != "full" else None).training
 
 
@@ -302,6 +302,7 @@ def run_benchmark(
     model_id: str | None = None,
     precision: Precision = "bf16",
     gradient_checkpointing: bool = False,
+    remat_layers: int | None = None,
     gradient_accumulation_steps: int = 1,
     chunked_cross_entropy: bool = False,
     optimizer: Optimizer = "adamw",
@@ -336,6 +337,7 @@ def run_benchmark(
         seq_len=seq_len,
         gradient_accumulation_steps=gradient_accumulation_steps,
         gradient_checkpointing=gradient_checkpointing,
+        remat_layers=remat_layers,
         chunked_cross_entropy=chunked_cross_entropy,
         precision=precision,
         optimizer=optimizer,
@@ -402,6 +404,7 @@ def run_benchmark(
         seq_len=seq_len,
         gradient_accumulation_steps=gradient_accumulation_steps,
         gradient_checkpointing=gradient_checkpointing,
+        remat_layers=remat_layers,
         precision=precision,
         steps=steps,
         step_time_s=step_time,
