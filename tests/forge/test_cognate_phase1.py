@@ -60,7 +60,7 @@ def test_bad_configs_are_one_line(tmp_path, text, words):
 def test_data_errors_are_one_line(tmp_path):
     from aegis.forge.cognate.corpus import read_categories
 
-    with pytest.raises(DatasetError, match="does not exist"):
+    with pytest.raises(DatasetError, match="no such file"):
         read_categories({"math": [tmp_path / "missing.jsonl"]})
     bad = tmp_path / "x.jsonl"
     bad.write_text('{"text": "a"}\nnot json\n')
@@ -80,6 +80,28 @@ def test_bundled_data_and_parquet_rows(tmp_path):
     assert set(texts) == set(CATEGORIES) and all(len(t) >= 40 for t in texts.values())
     pq.write_table(pa.table({"question": ["2 + 2?"], "answer": ["4"]}), tmp_path / "m.parquet")
     assert read_categories({"math": [tmp_path / "m.parquet"]}) == {"math": ["2 + 2?\n4"]}
+
+
+def test_csv_files_dataset_folders_and_uncached_hub_ids(tmp_path, monkeypatch):
+    """Phase 1 reads through the one dataset reader (`aegis.data.reading.iter_records`): CSV, a local dataset folder
+    (`datasets.load_dataset`, the path a cached Hub id takes), and a Hub id that is not cached is one line."""
+    datasets = pytest.importorskip("datasets")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from aegis.errors import OfflineError
+    from aegis.forge.cognate.corpus import read_categories
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    (tmp_path / "qa.csv").write_text("question,answer\nWho wrote Hamlet?,Shakespeare\n")
+    folder = tmp_path / "code-set"
+    folder.mkdir()
+    pq.write_table(pa.table({"prompt": ["add two numbers", "reverse a list"], "code": ["a + b", "xs[::-1]"]}),
+                   folder / "train.parquet")
+    texts = read_categories({"qa": [str(tmp_path / "qa.csv")], "code": [str(folder)]})
+    assert texts == {"qa": ["Who wrote Hamlet?\nShakespeare"], "code": ["add two numbers\na + b", "reverse a list\nxs[::-1]"]}
+    with pytest.raises(OfflineError, match="not in the local cache"):
+        read_categories({"math": ["aegis-test/definitely-not-cached"]})
 
 
 def test_diversity_uses_the_seeds_thresholds():

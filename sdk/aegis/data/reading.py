@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 from aegis.errors import DatasetError, OfflineError
 
 __all__ = [
+    "iter_records",
     "read_rows",
     "row_item",
     "RowProblem",
@@ -411,6 +412,19 @@ def _open(source: str, on_bytes: Callable[[int], None] | None) -> _Table:
         raise DatasetError(f"{source}: unsupported file type {suffix or '(none)'}; "
                            "use .jsonl, .json, .csv or .parquet")
     return readers[suffix](path)
+
+
+def iter_records(source: str) -> Iterator[dict[str, Any]]:
+    """Every record of a dataset as it is stored, no format applied: a local .jsonl / .json / .csv / .parquet file,
+    a local dataset folder or a Hub dataset id (through ``datasets.load_dataset``: its cache, offline-aware). The
+    reader :func:`read_rows` builds on, for callers that take free text (the Forge's phase-1 corpus). Corrupt JSON
+    lines raise :class:`~aegis.errors.DatasetError` naming the first."""
+    table = _open(source, None)
+    if table.corrupt:
+        first = table.corrupt[0]
+        raise DatasetError(f"{source} line {first.line} is not a JSON object ({first.reason}); one JSON object per line")
+    for batch in table.batches():
+        yield from batch
 
 
 def read_rows(source: str, *, sample_rows: int = 1000, seed: int = 0,

@@ -1,4 +1,5 @@
-"""Phase 1's data: local JSONL / Parquet files by category, a tokenizer, and mixed batches of packed tokens.
+"""Phase 1's data by category (local JSONL / JSON / CSV / Parquet files, local dataset folders, Hub dataset ids from the
+``datasets`` cache), a tokenizer, and mixed batches of packed tokens.
 
     texts = read_categories({"math": ["gsm8k.jsonl"], ...})      # None: the bundled samples (forge/data/cognate)
     tok = train_tokenizer(texts, vocab_size=8192)                  # byte-level BPE trained on the data
@@ -11,7 +12,6 @@ A row's text is its ``text`` field, else its string fields joined by newlines (`
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -41,31 +41,21 @@ def row_text(row: Any) -> str:
     return ""
 
 
-def _read(path: Path) -> list[str]:
-    if not path.is_file():
-        raise DatasetError(f"data file {path} does not exist; give a local .jsonl or .parquet file")
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
+def _read(source: str | Path) -> list[str]:
+    """The text rows of one source: a local .jsonl / .json / .csv / .parquet file, a local dataset folder or a Hub
+    dataset id from the ``datasets`` cache (`aegis.data.reading.iter_records`, the one dataset reader)."""
+    from aegis.data.reading import iter_records
 
-            rows = pq.read_table(path).to_pylist()
-        except Exception as err:  # noqa: BLE001 - any unreadable parquet is one line
-            raise DatasetError(f"{path} is not a readable Parquet file ({err})") from None
-    elif path.suffix in (".jsonl", ".json"):
-        rows = []
-        with path.open(encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except ValueError:
-                        raise DatasetError(f"{path} line {n} is not JSON; one JSON object per line") from None
-    else:
-        raise DatasetError(f"{path}: phase 1 reads .jsonl or .parquet files, not {path.suffix or 'no suffix'}")
-    texts = [t for t in map(row_text, rows) if t.strip()]
+    texts = [t for t in map(row_text, iter_records(str(source))) if t.strip()]
     if not texts:
-        raise DatasetError(f"{path} holds no text rows (a 'text' field or string fields)")
+        raise DatasetError(f"{source} holds no text rows (a 'text' field or string fields)")
     return texts
+
+
+def _local_or_id(source: str) -> str:
+    """``~/x.jsonl`` expanded; a Hub id (org/name, no such local path) as it is."""
+    path = Path(source).expanduser()
+    return str(path) if path.exists() or source.startswith(("~", "/", ".")) else source
 
 
 def read_categories(files: dict[str, list[str | Path]] | None) -> dict[str, list[str]]:
@@ -75,7 +65,7 @@ def read_categories(files: dict[str, list[str | Path]] | None) -> dict[str, list
     for cat, paths in files.items():
         if cat not in CATEGORIES:
             raise DatasetError(f"unknown data category {cat!r}; use {', '.join(CATEGORIES)}")
-        out[cat] = [t for p in paths for t in _read(Path(p).expanduser())]
+        out[cat] = [t for p in paths for t in _read(p if isinstance(p, Path) else _local_or_id(p))]
     return out
 
 

@@ -130,8 +130,9 @@ class Phase1Config(BaseModel):
     model: dict[str, Any] = Field(default_factory=dict, description="CognateConfig fields (vocab_size: the BPE's).")
     variants: list[Variant] = Field(default_factory=lambda: list(SEED_VARIANTS), min_length=1)
     curriculum: list[Stage] = Field(default_factory=lambda: list(SEED_CURRICULUM), min_length=1)
-    data: dict[Category, list[str]] | None = Field(None, description="Category -> local .jsonl/.parquet files "
-                                                   "(none: the bundled samples).")
+    data: dict[Category, list[str]] | None = Field(
+        None, description="Category -> sources: local .jsonl / .json / .csv / .parquet files, local dataset folders or "
+        "Hub dataset ids read from the `datasets` cache (none: the bundled samples).")
     tokenizer: str | None = Field(None, description="A local tokenizer folder; none: a BPE trained on the data.")
     train: TrainSettings = TrainSettings()
     diversity: Diversity = Diversity()
