@@ -386,12 +386,13 @@ _PLANNER_COMMANDS = frozenset({"plan", "compare", "models", "gpus", "benchmark"}
 
 def _mount_forge_commands() -> None:
     """`aegis merge` (mergekit YAML); mounted only when asked for or listed, so `aegis plan` stays light."""
-    from aegis.cli.forge import cognate, compress, evomerge, forge, generate, merge, quietstar
+    from aegis.cli.forge import cognate, compress, evomerge, forge, generate, merge, quietstar, reasoning
 
     app.command("merge")(merge)
     app.command("evomerge")(evomerge)
     app.command("compress")(compress)
     app.command("quietstar")(quietstar)
+    app.command("reasoning")(reasoning)
     app.command("forge")(forge)
     app.command("generate")(generate)
     app.command("cognate")(cognate)
@@ -477,7 +478,7 @@ def main(argv: list[str] | None = None) -> None:
     mounted = {c.name for c in app.registered_commands}  # main() may run again in one process (tests, the agent)
     if (not args or args[0] not in _PLANNER_COMMANDS) and "merge" not in mounted:
         _mount_forge_commands()
-    if (not args or args[0] not in _PLANNER_COMMANDS | {"merge", "compress", "evomerge", "quietstar", "forge", "generate", "cognate"}) and "run" not in mounted:
+    if (not args or args[0] not in _PLANNER_COMMANDS | {"merge", "compress", "evomerge", "quietstar", "reasoning", "forge", "generate", "cognate"}) and "run" not in mounted:
         _mount_run_commands()  # keeps `aegis plan` from importing the supervisor
     try:
         rc = app(args=args, standalone_mode=False, prog_name="aegis")

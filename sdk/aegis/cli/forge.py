@@ -19,7 +19,7 @@ from typing import Annotated, Optional
 
 import typer
 
-__all__ = ["merge", "compress", "evomerge", "quietstar", "forge", "generate", "cognate", "parse_size"]
+__all__ = ["merge", "compress", "evomerge", "quietstar", "reasoning", "forge", "generate", "cognate", "parse_size"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -257,6 +257,54 @@ def quietstar(
     typer.echo(f"quiet-star: held-out free-generation accuracy with thoughts {fg['with_thoughts']:.3f}, without "
                f"{fg['without_thoughts']:.3f} ({fg['gain']:+.3f}); model from step {a['selected_step']} "
                f"-> {out / 'model'}")
+
+
+def reasoning(
+    prompts: Annotated[str, typer.Argument(metavar="PROMPTS", help="Prompts: a .txt (one per line), or a .jsonl / .csv / .parquet / dataset with a 'prompt' (or 'question') field.")],
+    out: Annotated[Path, typer.Argument(metavar="OUT.jsonl", help="Reasoning rows {prompt, reasoning, answer} for `aegis quietstar`.")],
+    endpoint: Annotated[str, typer.Option(help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1.")] = "http://127.0.0.1:8000/v1",
+    model: Annotated[str, typer.Option(help="The model name the endpoint serves.")] = "default",
+    api_key_env: Annotated[str, typer.Option(help="Environment variable holding the API key (unset: no key).")] = "OPENAI_API_KEY",
+    cost_limit: Annotated[float, typer.Option(min=0.0, max=1e6, help="Stop before spending more than this, in USD.")] = 5.0,
+    usd_per_1k_tokens: Annotated[float, typer.Option(min=0.0, max=1e3, help="Price of 1,000 tokens, in and out, in USD.")] = 0.002,
+    rpm: Annotated[float, typer.Option(min=0.01, max=1e6, help="Requests per minute at most.")] = 50.0,
+    retries: Annotated[int, typer.Option(min=0, max=100, help="Tries again on a reply whose markers fail validation.")] = 3,
+    strategy: Annotated[str, typer.Option(help="Strategy token the reasoning opens with (<step>, <mece>, <falsify>, ...).")] = "<step>",
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace OUT.jsonl if it exists.")] = False,
+) -> None:
+    """Generate reasoning rows for Quiet-STaR's prompt baking through an OpenAI-compatible endpoint, under a cost limit
+    and a rate limit, each reply's thinking markers validated (retried, then dropped)."""
+    import os
+
+    try:
+        from aegis._outdir import check_output_file
+        from aegis.errors import InvalidConfigError
+        from aegis.forge.quietstar.reasoning_data import (
+            STRATEGIES, GenerationLimits, endpoint_model, generate_reasoning, read_prompts, write_reasoning,
+        )
+
+        if strategy not in STRATEGIES:
+            raise InvalidConfigError(f"--strategy {strategy!r} is not a strategy token; use one of {', '.join(STRATEGIES)}")
+        check_output_file(out, overwrite=overwrite)  # before any request is paid for
+        texts = read_prompts(prompts)
+        llm = endpoint_model(endpoint, model, os.environ.get(api_key_env))
+        limits = GenerationLimits(cost_limit_usd=cost_limit, usd_per_1k_tokens=usd_per_1k_tokens, retries=retries,
+                                  requests_per_minute=rpm)
+        rows, stats = generate_reasoning(llm, texts, strategy=strategy, limits=limits)
+        if not rows:
+            why = f" (last error: {stats['last_error']})" if "last_error" in stats else ""
+            raise InvalidConfigError(f"no valid reasoning row from {endpoint} for {len(texts)} prompts{why}; "
+                                     "check --endpoint and --model")
+        path = write_reasoning(rows, out, overwrite=overwrite)
+    except (ImportError, Exception) as err:  # noqa: BLE001 - AegisError / missing extra: one line
+        from aegis.errors import AegisError
+
+        if not isinstance(err, (AegisError, ImportError)):
+            raise
+        _fail(err, "`aegis reasoning`")
+    stop = f"; stopped at the ${cost_limit:,.2f} cost limit" if stats["stopped_at_cost_limit"] else ""
+    typer.echo(f"reasoning: {len(rows)} of {len(texts)} prompts -> {path} ({stats['requests']} requests, "
+               f"{stats['tokens']:,} tokens, ${stats['cost_usd']:,.3f}; {stats['rejected']} rejected{stop})")
 
 
 def forge(

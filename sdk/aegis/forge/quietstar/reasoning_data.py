@@ -19,7 +19,8 @@ import numpy as np
 from aegis.errors import DatasetError
 
 __all__ = ["START", "END", "STRATEGIES", "THOUGHT_TOKENS", "ReasoningRow", "SizeChange", "add_thinking_tokens",
-           "load_reasoning", "validate_row", "parity_rows", "generate_reasoning", "GenerationLimits"]
+           "load_reasoning", "validate_row", "parity_rows", "generate_reasoning", "GenerationLimits", "endpoint_model",
+           "read_prompts", "write_reasoning"]
 
 START, END = "[thinking]", "[/endthinking]"
 STRATEGIES = ("<step>", "<mece>", "<falsify>", "<expert>", "<orthogonal>", "<doubt>", "<bayesian>", "<multidomain>",
@@ -200,3 +201,55 @@ def generate_reasoning(model: Any, prompts: list[str], *, strategy: str = "<step
                 stats["rejected"] += 1
     return rows, stats
 
+
+
+def endpoint_model(base_url: str, model_name: str, api_key: str | None = None) -> Any:
+    """A pydantic-ai model for an OpenAI-compatible chat endpoint (vLLM, llama.cpp's server, OpenAI itself...) at
+    ``base_url`` (e.g. ``http://127.0.0.1:8000/v1``) serving ``model_name``."""
+    from aegis.errors import MissingExtraError
+
+    try:
+        from pydantic_ai.models.openai import OpenAIChatModel
+        from pydantic_ai.providers.openai import OpenAIProvider
+    except ImportError as err:
+        raise MissingExtraError(
+            "generating reasoning rows through an endpoint needs the 'llm' extra (pydantic-ai's OpenAI client): "
+            "pip install 'aegis-ml[llm]'"
+        ) from err
+    return OpenAIChatModel(model_name, provider=OpenAIProvider(base_url=base_url, api_key=api_key or "not-needed"))
+
+
+PROMPT_FIELDS = ("prompt", "question", "instruction", "problem", "input")
+
+
+def read_prompts(source: str | Path) -> list[str]:
+    """The prompts to generate reasoning for: a ``.txt`` file (one prompt per non-empty line), or any dataset
+    `aegis.data.reading.iter_records` reads (JSONL / JSON / CSV / Parquet, a dataset folder, a cached Hub id) whose
+    rows carry one of :data:`PROMPT_FIELDS`."""
+    path = Path(source).expanduser()
+    if path.suffix.lower() == ".txt":
+        if not path.is_file():
+            raise DatasetError(f"no such file: {source}; give a .txt (one prompt per line) or a .jsonl with 'prompt'")
+        prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    else:
+        from aegis.data.reading import iter_records
+
+        prompts = []
+        for n, row in enumerate(iter_records(str(source)), 1):
+            field = next((f for f in PROMPT_FIELDS if isinstance(row.get(f), str) and row[f].strip()), None)
+            if field is None:
+                raise DatasetError(f"{source} row {n} has no prompt: give each row one of {', '.join(PROMPT_FIELDS)}")
+            prompts.append(row[field].strip())
+    if not prompts:
+        raise DatasetError(f"{source} holds no prompts")
+    return prompts
+
+
+def write_reasoning(rows: list[ReasoningRow], path: str | Path, *, overwrite: bool = False) -> Path:
+    """``rows`` as the JSONL `load_reasoning` reads (and `aegis quietstar` bakes on), written atomically; an existing
+    file is replaced only with ``overwrite``."""
+    from aegis._outdir import write_output_file
+
+    text = "".join(json.dumps({"prompt": r.prompt, "reasoning": r.reasoning, "answer": r.answer},
+                              ensure_ascii=False) + "\n" for r in rows)
+    return write_output_file(path, text, overwrite=overwrite)
