@@ -564,6 +564,12 @@ def estimate_jax(
         backward = max(0, tokens * (saved_bwd_per_token - per_layer))
     head_copy = head_params * _FP32 if upcast else 0  # XLA:CPU float32 copy of the bf16 head for its two dots
     layer_copies = layer_matrix_params * _FP32 if upcast and cfg.method != "qlora" else 0
+    # XLA:CPU, float32 LoRA split between the two layer loops (Model.remat_count): the recomputed layers' frozen
+    # matrices get a transposed [recomputed, ...] copy for their backward dots, beside the one of the whole stack
+    # (measured: the compiled step's buffers hold f32[9, 256, 768] ... next to f32[10, 256, 768] ... at 9 of 10)
+    split_copies = (plat == "cpu" and not upcast and cfg.method == "lora" and n_remat > 0 and n_saved > 0)
+    if split_copies:
+        layer_copies += layer_matrix_params * n_remat // sh.n * _FP32
     # XLA:CPU, unrolled layers, trained in their own dtype: each layer's matrices are sliced out of the stacks
     # before the forward pass and freed at that layer's weight gradient (measured: the slices of every layer's
     # matrices live at the loss, none once the backward has made those layers' gradients; frozen LoRA bases are
@@ -633,8 +639,10 @@ def estimate_jax(
                                     + (f" + one layer recomputed ({tokens:,} x {per_layer:,} B)" if recompute else ""))
                                  + (f" + one layer dequantised ({layer_matrix_params // sh.n:,} x {_FP32 + comp} B)" if dequant else ""),
                                  "one layer's score, MLP and hidden gradients"),
-        "weight copies": ("Weight copies (fp32)", f"{layer_matrix_params:,} layer weights x 4 B",
-                          "XLA:CPU upcasts the bf16 weights the dots read"),
+        "weight copies": ("Weight copies (fp32)", f"{layer_matrix_params:,} layer weights x 4 B", "XLA:CPU upcasts "
+                          "the bf16 weights the dots read") if not split_copies else
+        ("Weight copies (fp32)", f"{layer_matrix_params * n_remat // sh.n:,} recomputed layers' weights x 4 B",
+         "XLA:CPU transposes the recomputed layers' frozen weights for their backward dots"),
         "head copy": ("Head weight copy (fp32)", f"{head_params:,} x 4 B", "XLA:CPU upcasts the bf16 head for its two dots"),
         "update copies": ("Optimizer state copies", f"{cfg.optimizer} state copied once ({optimizer:,} B)",
                           ("the skip guard's select keeps the old state: copied before the forward pass, its "
