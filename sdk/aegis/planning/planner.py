@@ -349,7 +349,8 @@ def _device_level(profile: ModelProfile, gpu: GPU, solution: Solution, row_lengt
 def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: dict,
                asked: str | None = None) -> tuple[Solution, MultiGPU]:
     """DDP or FSDP FULL_SHARD over ``n`` GPUs: the one the request ``asked`` for, else the faster one that fits."""
-    fsdp = solve(profile, gpu, fsdp_shards=n, **kwargs)
+    # a request that asks for DDP never takes FSDP's configuration: its solve is skipped
+    fsdp = solve(profile, gpu, fsdp_shards=n, **kwargs) if asked != "ddp" else None
 
     def speed(solution: Solution, efficiency: tuple[float, float]) -> tuple[bool, float]:
         """Whether the config is as asked (no memory savings), then its speed per GPU with scaling."""
@@ -366,15 +367,7 @@ def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: d
     ref = (chosen.recommended or chosen.smallest).config
     ddp_bytes = estimate(profile, ref, gpu=gpu, ddp=True).total_bytes
     fsdp_bytes = estimate(profile, ref, gpu=gpu, fsdp_shards=n).total_bytes
-    reason = (("DDP, as asked" + ("" if ddp.recommended else "; it does not fit: FSDP would shard the model"))
-              if asked == "ddp" else
-              ("FSDP FULL_SHARD, as asked" + ("" if fsdp.recommended else "; it does not fit even sharded"))
-              if asked == "fsdp" else
-              "DDP fits with comfortable headroom and needs no weight gathering" if use_ddp else
-              "FSDP FULL_SHARD needs the least per GPU, though neither fits" if fsdp.recommended is None else
-              "FSDP FULL_SHARD: sharding weights, grads and optimizer states over the GPUs is what makes it fit"
-              if ddp.recommended is None else
-              "FSDP allows a faster config than DDP: a larger micro batch, or fewer memory savings")
+    reason = _strategy_reason(asked, use_ddp, ddp, fsdp)
     eff = _DDP_EFFICIENCY if use_ddp else _FSDP_EFFICIENCY
     at = f"micro batch {ref.micro_batch_size}, checkpointing {'ON' if ref.gradient_checkpointing else 'OFF'}"
     # the engine's mesh for the same choice: data ranks replicate the model as DDP does, fsdp ranks shard it as
@@ -382,6 +375,21 @@ def _multi_gpu(profile: ModelProfile, gpu: GPU, n: int, ddp: Solution, kwargs: d
     mesh = {"data": n} if use_ddp else {"fsdp": n}
     return chosen, MultiGPU(gpu_count=n, ddp_bytes=ddp_bytes, fsdp_bytes=fsdp_bytes, assumed="ddp" if use_ddp else "fsdp",
                             reason=reason, compared_at=at, efficiency_low=eff[0], efficiency_high=eff[1], parallel=mesh)
+
+
+def _strategy_reason(asked: str | None, use_ddp: bool, ddp: Solution, fsdp: Solution | None) -> str:
+    """Why the plan assumes DDP or FSDP FULL_SHARD (``fsdp`` is None when DDP was asked for: not solved)."""
+    if asked == "ddp":
+        return "DDP, as asked" + ("" if ddp.recommended else "; it does not fit: FSDP would shard the model")
+    if asked == "fsdp":
+        return "FSDP FULL_SHARD, as asked" + ("" if fsdp.recommended else "; it does not fit even sharded")
+    if use_ddp:
+        return "DDP fits with comfortable headroom and needs no weight gathering"
+    if fsdp.recommended is None:
+        return "FSDP FULL_SHARD needs the least per GPU, though neither fits"
+    if ddp.recommended is None:
+        return "FSDP FULL_SHARD: sharding weights, grads and optimizer states over the GPUs is what makes it fit"
+    return "FSDP allows a faster config than DDP: a larger micro batch, or fewer memory savings"
 
 
 def _check_sharding_request(sharding: str, gpu_count: int, zero: int | None) -> None:
