@@ -564,12 +564,13 @@ def estimate_jax(
         backward = max(0, tokens * (saved_bwd_per_token - per_layer))
     head_copy = head_params * _FP32 if upcast else 0  # XLA:CPU float32 copy of the bf16 head for its two dots
     layer_copies = layer_matrix_params * _FP32 if upcast and cfg.method != "qlora" else 0
-    # XLA:CPU, float32 LoRA split between the two layer loops (Model.remat_count): the recomputed layers' frozen
-    # matrices get a transposed [recomputed, ...] copy for their backward dots, beside the one of the whole stack
-    # (measured: the compiled step's buffers hold f32[9, 256, 768] ... next to f32[10, 256, 768] ... at 9 of 10)
-    split_copies = (plat == "cpu" and not upcast and cfg.method == "lora" and n_remat > 0 and n_saved > 0)
+    # LoRA split between the two layer loops (Model.remat_count): the recomputed loop's forward stacks the frozen
+    # matrices it indexes out of the layer stack as residuals of the scan, a [recomputed, ...] copy in the param dtype
+    # (the compiled step's forward while loop: dynamic-update-slice of f32[10, 256, 768] slices into f32[9, 256, 768]
+    # at 9 of 10). On XLA:CPU in bf16 the float32 copies of every weight (above) already hold them: no extra measured.
+    split_copies = not upcast and cfg.method == "lora" and n_remat > 0 and n_saved > 0
     if split_copies:
-        layer_copies += layer_matrix_params * n_remat // sh.n * _FP32
+        layer_copies += layer_matrix_params * n_remat // sh.n * pw
     # XLA:CPU, unrolled layers, trained in their own dtype: each layer's matrices are sliced out of the stacks
     # before the forward pass and freed at that layer's weight gradient (measured: the slices of every layer's
     # matrices live at the loss, none once the backward has made those layers' gradients; frozen LoRA bases are
@@ -641,8 +642,8 @@ def estimate_jax(
                                  "one layer's score, MLP and hidden gradients"),
         "weight copies": ("Weight copies (fp32)", f"{layer_matrix_params:,} layer weights x 4 B", "XLA:CPU upcasts "
                           "the bf16 weights the dots read") if not split_copies else
-        ("Weight copies (fp32)", f"{layer_matrix_params * n_remat // sh.n:,} recomputed layers' weights x 4 B",
-         "XLA:CPU transposes the recomputed layers' frozen weights for their backward dots"),
+        ("Recomputed layers' weights", f"{layer_matrix_params * n_remat // sh.n:,} frozen weights x {pw} B",
+         "the recomputed layers' scan stacks the weights it indexes as residuals"),
         "head copy": ("Head weight copy (fp32)", f"{head_params:,} x 4 B", "XLA:CPU upcasts the bf16 head for its two dots"),
         "update copies": ("Optimizer state copies", f"{cfg.optimizer} state copied once ({optimizer:,} B)",
                           ("the skip guard's select keeps the old state: copied before the forward pass, its "
