@@ -1,4 +1,4 @@
-"""The memory model against a real GPU: truth rows run on an H100 by `tools/truth/cuda.py`.
+"""The memory model against a real GPU: truth rows run on an H100 and an H200 by `tools/truth/cuda.py`.
 
 `tests/data/gpu_truth.json` holds what CUDA's caching allocator reported (`max_memory_allocated`,
 `max_memory_reserved`) for the truth rows' training steps, run with real tensors and random weights
@@ -8,6 +8,11 @@ the three layers the planner stands on:
 - the fake-tensor trace (`tools/truth/trace.py`): what it calls the peak is what the GPU allocated;
 - the allocator model (`aegis.planning.memory.allocator`): the traced stream, replayed, gives the GPU's reserved peak;
 - the planner (`aegis.planning.memory.device`): its allocated and reserved peaks against the GPU's.
+
+`tests/data/gpu_truth_h200.json` holds 35 more rows run on a lent H200 (same torch, transformers and
+bitsandbytes): rows the H100 run did not reach, chosen for multi-query and fused-qkv attention (GPTBigCode,
+Falcon), 7-8B LoRA and QLoRA and GPT-2. Eight of them are open findings (`H200_OPEN`): the planner is under by
+4-17% there, and they are marked as such rather than loosened into a bound.
 
 QLoRA rows are left out of the reserved checks. The trace's preparation builds the bf16 model, then
 quantises it (`tools/truth/model.py`), so the GPU's reserved peak includes that bf16 model's cached
@@ -101,3 +106,53 @@ def test_fused_adamw_keeps_no_temporaries_on_the_gpu():
     key = "meta-llama/Llama-3.2-1B|full|bf16|adamw_fused|b2|s1024|gc0|sdpa"
     row = next(r for r in RESULTS if r["key"] == key)
     assert abs(_err(row["planned_reserved"], row["gpu_reserved"])) < 0.02
+
+
+H200 = json.loads((DATA.parent / "gpu_truth_h200.json").read_text(encoding="utf-8"))
+H200_RESULTS = compare(H200)
+H200_OPEN = {
+    # attention dropout 0.1 under autocast, SDPA, no checkpointing: the GPU's own tracker sees what the GPU allocated
+    # (within 0.35%), the CPU trace (flash-style SDPA with dropout in the kernel) does not: 1.75-2.0 B per element of
+    # a [b, heads, s, s] score tensor per layer on GPT-2, 0.5 on GPTBigCode's multi-query attention. Which kernel
+    # CUDA ran there was not recorded.
+    "bigcode/gpt_bigcode-santacoder|full|bf16|adamw_fused|b2|s1024|gc0|sdpa|autocast": -0.0394,
+    "bigcode/gpt_bigcode-santacoder|lora|bf16|adamw_fused|b4|s1024|gc0|sdpa|r16a32|c_attn,c_proj,c_fc|autocast": -0.0664,
+    "openai-community/gpt2-xl|full|bf16|adamw_fused|b1|s1024|gc0|sdpa|autocast": -0.1483,
+    "openai-community/gpt2|lora|bf16|adamw_fused|b8|s1024|gc0|sdpa|r16a32|c_attn,c_proj,c_fc|autocast": -0.1780,
+    # QLoRA without autocast (float32 hidden states; grouped-query attention runs the math kernel), checkpointed, at
+    # 2,048-4,096 tokens: the GPU allocated 6-11% the GPU's own tracker did not see (Llama: the tracker -11.08% too)
+    "bigcode/starcoder2-3b|qlora|bf16|adamw_foreach|b2|s2048|gc1|sdpa|r16a32|q_proj,k_proj,v_proj,o_proj,c_fc,c_proj":
+        -0.1084,
+    "meta-llama/Llama-3.1-8B|qlora|bf16|adamw_foreach|b1|s4096|gc1|sdpa|r16a32|q_proj,k_proj,v_proj,o_proj,gate_proj,"
+    "up_proj,down_proj": -0.1108,
+    "meta-llama/Llama-3.1-8B|qlora|bf16|adamw_foreach|b1|s4096|gc1|sdpa|r16a32|q_proj,k_proj,v_proj,o_proj,gate_proj,"
+    "up_proj,down_proj|reentrant": -0.1100,
+    # over by 3%: bitsandbytes under autocast
+    "bigcode/starcoder2-3b|qlora|bf16|adamw_foreach|b2|s1024|gc0|sdpa|r16a32|q_proj,k_proj,v_proj,o_proj,c_fc,c_proj|"
+    "autocast": 0.0297,
+}
+
+
+def test_h200_rows_cover_new_layouts():
+    assert H200["device"] == "NVIDIA H200" and len(H200_RESULTS) == 35
+    assert not {r["key"] for r in H200_RESULTS} & set(BY_KEY)  # none of them was measured on the H100
+    families = {r["model_id"] for r in H200_RESULTS}
+    assert {"bigcode/gpt_bigcode-santacoder", "tiiuae/falcon-7b", "meta-llama/Llama-3.1-8B"} <= families
+
+
+def test_h200_traced_and_planned_allocated_match_the_gpu():
+    rows = [r for r in H200_RESULTS if r["key"] not in H200_OPEN]
+    assert len(rows) >= 25
+    traced = {r["key"]: _err(r["traced"], r["gpu_allocated"]) for r in rows}
+    planned = {r["key"]: _err(r["planned_allocated"], r["gpu_allocated"]) for r in rows}
+    assert max(abs(e) for e in traced.values()) <= 0.025, traced
+    assert max(abs(e) for e in planned.values()) <= 0.03, planned
+    assert statistics.median(abs(e) for e in planned.values()) <= 0.005
+
+
+@pytest.mark.parametrize("key", sorted(H200_OPEN))
+def test_h200_open_findings_are_what_was_measured(key):
+    """The open rows' traced error is the one recorded above: a change to the trace that moves them (a fix) shows here
+    and must update the list."""
+    row = next(r for r in H200_RESULTS if r["key"] == key)
+    assert _err(row["traced"], row["gpu_allocated"]) == pytest.approx(H200_OPEN[key], abs=5e-4)
