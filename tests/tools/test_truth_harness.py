@@ -507,3 +507,32 @@ def test_float32_grouped_query_attention_runs_the_math_kernel_unless_autocast_ca
         with torch.autocast("cpu", dtype=torch.bfloat16):
             cast, dtype = peak(attend)
         assert dtype == torch.bfloat16 and cast < flash + scores // 2
+
+
+def test_gpu_rows_record_the_sdpa_backend_each_call_gets():
+    """tools.truth.cuda counts each SDPA call by the backend PyTorch's dispatcher picks for its own arguments (here the
+    CPU's: its flash kernel without dropout, the math kernel with it), and the call itself runs unchanged."""
+    import collections
+
+    import torch
+    import torch.nn.functional as F
+
+    from tools.truth.cuda import sdpa_backends
+
+    q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))
+    calls: collections.Counter = collections.Counter()
+    with sdpa_backends(calls):
+        plain = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.manual_seed(0)
+        dropped = F.scaled_dot_product_attention(q, k, v, None, 0.1, True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.equal(plain, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    torch.manual_seed(0)
+    assert torch.equal(dropped, F.scaled_dot_product_attention(q, k, v, None, 0.1, True))
+    assert F.scaled_dot_product_attention.__name__ == "scaled_dot_product_attention"  # restored
+    keys = sorted(calls)
+    assert calls == {key: 1 for key in keys} and len(keys) == 3
+    assert any(key.startswith("FLASH_ATTENTION float32 q(2, 4, 16, 8)") and "dropout 0 " in key for key in keys), keys
+    assert any(key.startswith("MATH float32") and "dropout 0.1 " in key for key in keys), keys
+    assert any(key.startswith("FLASH_ATTENTION bfloat16") for key in keys), keys  # autocast's cast, then the choice

@@ -3,6 +3,8 @@
 #
 #   bash tools/bench/gpu_checks.sh speed    # engine vs HF Trainer + PEFT: 1B full and LoRA, 8B QLoRA (bf16, 2,048 tokens)
 #   bash tools/bench/gpu_checks.sh truth    # memory truth rows not yet measured on a GPU (tools/truth/cuda.py)
+#   bash tools/bench/gpu_checks.sh open     # the H200's open rows again, with each SDPA call's backend and the
+#                                           # ops live at the GPU's peak (tests/planning/memory/test_gpu_truth.py)
 #
 # Wheels the machine lacks travel in .whl/ (pydantic for aegis, bitsandbytes for QLoRA, the transformers and PEFT
 # the truth table was traced with) and install to /tmp/site. Results go to $OUT (the device tool brings them back).
@@ -31,6 +33,14 @@ if [ "$what" = speed ]; then
   timeout "${SPEED_TIMEOUT:-200}" python3 -m tools.bench.bench_vs_torch --preset "$big" --precision bf16 \
     --seq "$seq" --batch 2 --method qlora --torch-loop trainer --rounds 3 --per-round 2 \
     --json "$OUT/speed_big.json" 2>&1 | grep -v -i -E "warn|USDT" | tee "$OUT/speed_big.log"
+elif [ "$what" = open ]; then
+  keys=$(python3 -c "import sys; sys.path.insert(0, 'tests/planning/memory'); import test_gpu_truth as t
+print('\n'.join(sorted(t.H200_OPEN)))") || exit 1
+  args=()
+  while IFS= read -r k; do args+=(--key "$k"); done <<<"$keys"
+  timeout "${TRUTH_TIMEOUT:-300}" python3 -m tools.truth.cuda --out "$OUT/gpu_truth_open.json" "${args[@]}" \
+    --budget-s "${TRUTH_BUDGET:-240}" 2>&1 | grep -v -i -E "warn" | tail -c 20000 >"$OUT/open.log"
+  python3 -m tools.truth.cuda --show "$OUT/gpu_truth_open.json" | tail -n 20
 elif [ "$what" = truth ]; then
   timeout "${TRUTH_TIMEOUT:-220}" python3 -m tools.truth.cuda --out "$OUT/gpu_truth_new.json" \
     --resume tests/data/gpu_truth.json --budget-s "${TRUTH_BUDGET:-150}" ${TRUTH_MODELS:-} 2>&1 \

@@ -2,6 +2,7 @@
 
     python -m tools.truth.cuda --out gpu.json [--model Llama] [--budget-s 240]   # on a machine with a GPU
     python -m tools.truth.cuda --out gpu2.json --resume gpu.json                  # more rows, after an earlier run
+    python -m tools.truth.cuda --out gpu3.json --key 'openai-community/gpt2|lora|...'   # chosen rows (exact keys)
     python -m tools.truth.cuda --show gpu.json                                   # the comparison, anywhere
 
 The truth table (tests/data/memory_truth.json) is traced on fake CPU tensors as the CUDA caching allocator
@@ -16,6 +17,12 @@ HF-Trainer-like steps) on a GPU with real tensors and random weights, and record
 - ``gpu_traced_peak_bytes``: the tracker's own count on the GPU, which separates "the CUDA kernels allocate
   what the fake trace assumed" from "the allocator counts what the tracker counts".
 - ``cublas_workspace_bytes``: what one bf16 matmul left allocated before any row ran.
+- ``sdpa``: each distinct `F.scaled_dot_product_attention` call of the row, with the backend PyTorch's dispatcher
+  picks for it (`torch._fused_sdp_choice` on the call's own arguments, cast to the autocast dtype as CUDA's autocast
+  does) and how many times it ran: which kernel the GPU ran, beside what the fake trace assumed.
+- ``gpu_peak_top``: the largest groups of the tensors live at the GPU's peak that are not parameters, gradients or
+  optimizer state, by the phase and ATen op that allocated them, dtype and shape (`tools.truth.explain`'s grouping):
+  a row that disagrees with its trace says where, without another GPU run.
 
 Rows run in this order until ``--budget-s`` is spent: rows with a replayed reserved figure first, then one row
 per model, then the rest. A row runs only if its traced peak fits the GPU with 2 GiB to spare, its pinned
@@ -26,6 +33,8 @@ rewritten after every row, so a run cut short keeps what it measured.
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import gc
 import json
 import statistics
@@ -65,6 +74,41 @@ def _skip_reason(row: dict[str, Any], free: int, versions: dict[str, str], has_b
     return None
 
 
+@contextlib.contextmanager
+def sdpa_backends(record: collections.Counter) -> Any:
+    """Count each `F.scaled_dot_product_attention` call by the backend PyTorch's dispatcher picks for it (run unchanged)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend
+
+    original = F.scaled_dot_product_attention
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+
+    def sdpa(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = {**dict(zip(names, args, strict=False)), **kwargs}
+            q, k, v = bound["query"], bound["key"], bound["value"]
+            device = q.device.type
+            if torch.is_autocast_enabled(device):  # CUDA's autocast casts SDPA's inputs before the kernel is chosen
+                dtype = torch.get_autocast_dtype(device)
+                q, k, v = (x.to(dtype) if x.is_floating_point() else x for x in (q, k, v))
+            mask, dropout = bound.get("attn_mask"), float(bound.get("dropout_p", 0.0))
+            causal, gqa = bool(bound.get("is_causal", False)), bool(bound.get("enable_gqa", False))
+            choice = torch._fused_sdp_choice(q, k, v, mask, dropout, causal, scale=bound.get("scale"), enable_gqa=gqa)
+            record[(f"{SDPBackend(choice).name} {str(q.dtype).removeprefix('torch.')} q{tuple(q.shape)} "
+                    f"k{tuple(k.shape)} dropout {dropout:g} mask {None if mask is None else tuple(mask.shape)} "
+                    f"causal {causal} gqa {gqa}")] += 1
+        except Exception as err:  # noqa: BLE001 - recording must never change the row
+            record[f"not recorded: {type(err).__name__}: {str(err)[:120]}"] += 1
+        return original(*args, **kwargs)
+
+    F.scaled_dot_product_attention = sdpa
+    try:
+        yield record
+    finally:
+        F.scaled_dot_product_attention = original
+
+
 def measure_row(row: dict[str, Any], workspace: int) -> dict[str, Any]:
     """Run one truth row on the GPU and read the allocator's peaks."""
     import torch
@@ -85,9 +129,12 @@ def measure_row(row: dict[str, Any], workspace: int) -> dict[str, Any]:
         marks["setup_reserved"] = torch.cuda.max_memory_reserved()
         torch.cuda.reset_peak_memory_stats()
 
+    from tools.truth.explain import peak_allocations
+
     start = time.perf_counter()
-    with torch.device("cuda"):
-        result, _ = _run(str(config_path(row["model_id"])), setup_of(row), on_setup=on_setup)
+    calls: collections.Counter = collections.Counter()
+    with torch.device("cuda"), sdpa_backends(calls):
+        result, tracker = _run(str(config_path(row["model_id"])), setup_of(row), record_origin=True, on_setup=on_setup)
     torch.cuda.synchronize()
     out = {
         "key": row["key"],
@@ -99,8 +146,10 @@ def measure_row(row: dict[str, Any], workspace: int) -> dict[str, Any]:
         "gpu_traced_peak_phase": result.peak_phase,
         "cublas_workspace_bytes": workspace,
         "seconds": round(time.perf_counter() - start, 1),
+        "sdpa": dict(calls),
+        "gpu_peak_top": peak_allocations(tracker)[:12],
     }
-    del result
+    del result, tracker
     return out
 
 
@@ -209,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="measure on this machine's GPU and write the rows here")
     parser.add_argument("--show", type=Path, help="compare a measured file with the traced and planned figures")
     parser.add_argument("--model", action="append", default=[], help="model id substring of truth rows to run")
+    parser.add_argument("--key", action="append", default=[], help="a truth row's exact key (repeatable)")
     parser.add_argument("--budget-s", type=float, default=240.0, help="start no new row after this many seconds")
     parser.add_argument("--resume", type=Path, help="an earlier run's file: keep its rows, measure the others")
     args = parser.parse_args(argv)
@@ -224,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.filterwarnings("ignore")
     rows = [r for r in load_rows() if not args.model or any(m.lower() in r["model_id"].lower() for m in args.model)]
+    if args.key:
+        unknown = set(args.key) - {r["key"] for r in rows}
+        if unknown:
+            parser.error(f"no truth row has the key {sorted(unknown)[0]!r} (tests/data/memory_truth.json)")
+        rows = [r for r in rows if r["key"] in set(args.key)]
     done = json.loads(args.resume.read_text(encoding="utf-8"))["rows"] if args.resume else None
     measure(rows, args.out, args.budget_s, done)
     return 0
