@@ -410,13 +410,10 @@ def estimate_jax(
         backward = max(0, tokens * (saved_bwd_per_token - per_layer))
     head_copy = head_params * _FP32 if upcast else 0  # XLA:CPU float32 copy of the bf16 head for its two dots
     layer_copies = layer_matrix_params * _FP32 if upcast and cfg.method != "qlora" else 0
-    # LoRA split between the two layer loops (Model.remat_count): the recomputed loop's forward stacks the frozen
-    # matrices it indexes out of the layer stack as residuals of the scan, a [recomputed, ...] copy in the param dtype
-    # (the compiled step's forward while loop: dynamic-update-slice of f32[10, 256, 768] slices into f32[9, 256, 768]
-    # at 9 of 10). On XLA:CPU in bf16 the float32 copies of every weight (above) already hold them: no extra measured.
-    split_copies = not upcast and cfg.method == "lora" and n_remat > 0 and n_saved > 0
-    if split_copies:
-        layer_copies += layer_matrix_params * n_remat // sh.n * pw
+    # A LoRA split between the two layer loops (Model.remat_count) keeps no copy of the frozen matrices: the
+    # recomputed layers index the layer stack inside their checkpoint, so the scan's residual is the stack itself,
+    # held once (indexed outside it, the scan stacked a [recomputed, ...] copy: 27 MB of a 125 MB float32 step at 9
+    # of 10 layers)
     # XLA:CPU, unrolled layers, trained in their own dtype: each layer's matrices are sliced out of the stacks
     # before the forward pass and freed at that layer's weight gradient (measured: the slices of every layer's
     # matrices live at the loss, none once the backward has made those layers' gradients; frozen LoRA bases are
@@ -487,9 +484,7 @@ def estimate_jax(
                                  + (f" + one layer dequantised ({layer_matrix_params // sh.n:,} x {_FP32 + comp} B)" if dequant else ""),
                                  "one layer's score, MLP and hidden gradients"),
         "weight copies": ("Weight copies (fp32)", f"{layer_matrix_params:,} layer weights x 4 B", "XLA:CPU upcasts "
-                          "the bf16 weights the dots read") if not split_copies else
-        ("Recomputed layers' weights", f"{layer_matrix_params * n_remat // sh.n:,} frozen weights x {pw} B",
-         "the recomputed layers' scan stacks the weights it indexes as residuals"),
+                          "the bf16 weights the dots read"),
         "head copy": ("Head weight copy (fp32)", f"{head_params:,} x 4 B", "XLA:CPU upcasts the bf16 head for its two dots"),
         "update copies": ("Optimizer state copies", f"{cfg.optimizer} state copied once ({optimizer:,} B)",
                           ("the skip guard's select keeps the old state: copied before the forward pass, its "

@@ -334,15 +334,25 @@ class Model:
             return x
         # The first ``recomputed`` layers under jax.checkpoint, the rest keeping their residuals: one scan each.
         # The base weights stay one stack both scans index into (a slice of the stack would be a copy of the
-        # weights); the adapters, small, are sliced. Full fine-tuning recomputes all layers or none
+        # weights); the adapters, small, are sliced. A recomputed layer indexes its weights inside the checkpoint:
+        # a checkpointed function's inputs are its residuals, so weights indexed outside it were saved per layer
+        # (the scan stacked a [recomputed, ...] copy of the frozen matrices); indexed inside, the residual is the
+        # whole stack, loop-invariant, which the scan keeps once. Full fine-tuning recomputes all layers or none
         # (`TrainConfig` refuses a split): its trained weights would be copied, and so would their gradients.
-        for lo, hi, fn in ((0, recomputed, remat_body), (recomputed, count, saved_body)):
+        def take_layer(stack: Any, j: jax.Array) -> Any:
+            return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, j, keepdims=False), stack)
+
+        remat_indexed = jax.checkpoint(
+            lambda h, stack, j, lp, window, rope_i, layer_i: body(h, take_layer(stack, j), lp, window, rope_i, layer_i),
+            prevent_cse=False,
+        )
+        saved_indexed = lambda h, stack, j, *rest: saved_body(h, take_layer(stack, j), *rest)  # noqa: E731
+        for lo, hi, fn in ((0, recomputed, remat_indexed), (recomputed, count, saved_indexed)):
             part = lambda a, lo=lo, hi=hi: a[lo:hi]  # noqa: E731
 
             def indexed(h, xs, fn=fn):
                 j, lp, window, rope_i, layer_i = xs
-                p = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, j, keepdims=False), layer_params)
-                return fn(h, p, lp, window, rope_i, layer_i), None
+                return fn(h, layer_params, j, lp, window, rope_i, layer_i), None
 
             xs = (jnp.arange(lo, hi, dtype=jnp.int32), jax.tree.map(part, lora_layers), windows[lo:hi], ropes[lo:hi],
                   layer_ids[lo:hi])
