@@ -75,11 +75,11 @@ def train_config(method: str, batch: int, seq: int, precision: str) -> Any:
                        lora=LoRAConfig(rank=16, alpha=32, dropout=0.0) if method != "full" else None)
 
 
-_DEVICE_PEAK_USED = False
-
-
-def engine_side(cfg: dict, method: str, rows: np.ndarray, precision: str) -> tuple[Any, Any, float, int]:
-    """(one step, the trainer, its compile seconds, its peak bytes): the engine as a run drives it."""
+def engine_side(cfg: dict, method: str, rows: np.ndarray, precision: str,
+                device_peak: bool = True) -> tuple[Any, Any, float, int]:
+    """(one step, the trainer, its compile seconds, its peak bytes): the engine as a run drives it. ``device_peak``:
+    read the device allocator's peak (on a GPU), which only the process's first trainer may: the counter never goes
+    down (on the H200 a LoRA row after a full one read the full row's 41.6 GB); otherwise XLA's memory analysis."""
     import jax
     from aegis.train.benchmark import _memory_dict
     from aegis.train.data import Example
@@ -96,11 +96,7 @@ def engine_side(cfg: dict, method: str, rows: np.ndarray, precision: str) -> tup
     compile_s = time.perf_counter() - t0
     device = trainer.devices[0]
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-    # the device's peak counter never goes down: it is this step's only for the process's first trainer (on the H200
-    # a LoRA row after a full one read the full row's 41.6 GB); later ones read XLA's memory analysis of the step
-    global _DEVICE_PEAK_USED
-    if stats and stats.get("peak_bytes_in_use") and not _DEVICE_PEAK_USED:
-        _DEVICE_PEAK_USED = True
+    if device_peak and stats and stats.get("peak_bytes_in_use"):
         peak = int(stats["peak_bytes_in_use"])
     else:
         arrays = trainer._device_batch(trainer.last_batch)
@@ -306,9 +302,9 @@ def main(argv: list[str] | None = None) -> None:
           f"{'engine MFU':>11}{'torch MFU':>10}{'engine peak MB':>15}{'torch peak MB':>14}{'compile s':>10}")
     tokens = args.batch * args.seq
     results: list[dict[str, Any]] = []
-    for method in args.method or ["full", "lora"]:
+    for i, method in enumerate(args.method or ["full", "lora"]):
         tc = train_config(method, args.batch, args.seq, args.precision)
-        engine, trainer, compile_s, engine_peak = engine_side(cfg, method, rows, args.precision)
+        engine, trainer, compile_s, engine_peak = engine_side(cfg, method, rows, args.precision, device_peak=i == 0)
         torch_run, torch_peak = torch_side(cfg, method, rows, args.precision, args.torch_loop)
         torch_run()
         (ew, ec), (tw, tc_s) = side_by_side([engine, torch_run], args.rounds, args.per_round, warmup=0,
