@@ -235,18 +235,6 @@ def _mfu(tokens_per_s: float, cfg: dict, tc: Any, gpu_id: str) -> float | None:
     return model_flops_utilisation(tokens_per_s, profile, tc, gpu)
 
 
-def _versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {}
-    for name in ("jax", "jaxlib", "torch", "transformers", "peft", "bitsandbytes", "flash-attn"):
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            pass
-    return out
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", choices=list(PRESETS), default="25m", help="model size (Llama-shaped)")
@@ -277,6 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     import jax
     import torch
 
+    from aegis.planning.stack import installed_versions
     from aegis.train.benchmark import detect_gpu_id
 
     if args.threads:
@@ -286,9 +275,10 @@ def main(argv: list[str] | None = None) -> None:
     device = jax.devices()[0]
     gpu_id = detect_gpu_id(device)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    attn = "flash_attention_2" if "flash-attn" in _versions() and device.platform == "gpu" else "sdpa"
+    versions = installed_versions(("jax", "jaxlib", "torch", "transformers", "peft", "bitsandbytes", "flash_attn"))
+    attn = "flash_attention_2" if "flash_attn" in versions and device.platform == "gpu" else "sdpa"
     conditions = {
-        "device": device.device_kind, "gpu_id": gpu_id, "versions": _versions(), "preset": args.preset,
+        "device": device.device_kind, "gpu_id": gpu_id, "versions": versions, "preset": args.preset,
         "model_config": cfg, "batch": args.batch, "seq": args.seq,
         "precision": args.precision, "optimizer": "AdamW, clip 1.0", "torch_loop": args.torch_loop,
         "torch_attention": attn, "rounds": args.rounds, "per_round": args.per_round, "settle": args.settle,

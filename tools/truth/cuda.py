@@ -81,17 +81,14 @@ def sdpa_backends(record: collections.Counter) -> Any:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend
 
+    from tools.truth.patches import autocast_sdpa_inputs, sdpa_arguments
+
     original = F.scaled_dot_product_attention
-    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 
     def sdpa(*args: Any, **kwargs: Any) -> Any:
         try:
-            bound = {**dict(zip(names, args, strict=False)), **kwargs}
+            bound = sdpa_arguments(*autocast_sdpa_inputs(args, kwargs))
             q, k, v = bound["query"], bound["key"], bound["value"]
-            device = q.device.type
-            if torch.is_autocast_enabled(device):  # CUDA's autocast casts SDPA's inputs before the kernel is chosen
-                dtype = torch.get_autocast_dtype(device)
-                q, k, v = (x.to(dtype) if x.is_floating_point() else x for x in (q, k, v))
             mask, dropout = bound.get("attn_mask"), float(bound.get("dropout_p", 0.0))
             causal, gqa = bool(bound.get("is_causal", False)), bool(bound.get("enable_gqa", False))
             choice = torch._fused_sdp_choice(q, k, v, mask, dropout, causal, scale=bound.get("scale"), enable_gqa=gqa)

@@ -158,6 +158,30 @@ def static_rope_length(model_module: str) -> Iterator[None]:
             c.forward = forward
 
 
+SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+"""`F.scaled_dot_product_attention`'s positional parameters (``scale`` and ``enable_gqa`` are keyword-only)."""
+
+
+def sdpa_arguments(args: tuple, kwargs: dict) -> dict:
+    """An SDPA call's arguments by name."""
+    return {**dict(zip(SDPA_ARGS, args, strict=False)), **kwargs}
+
+
+def autocast_sdpa_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """An SDPA call's arguments with query, key and value cast as CUDA's autocast casts them before a kernel is chosen
+    (SDPA is on its lower-precision list, so float32 hidden states under autocast still get the bf16 flash kernel);
+    unchanged outside autocast."""
+    import torch
+
+    device = (args[0] if args else kwargs["query"]).device.type
+    if not torch.is_autocast_enabled(device):
+        return args, kwargs
+    dtype = torch.get_autocast_dtype(device)
+    args = tuple(a.to(dtype) if i < 3 and a.is_floating_point() else a for i, a in enumerate(args))
+    kwargs = {k: (v.to(dtype) if k in SDPA_ARGS[:3] and v.is_floating_point() else v) for k, v in kwargs.items()}
+    return args, kwargs
+
+
 @contextlib.contextmanager
 def cuda_dropout() -> Iterator[None]:
     """Dropout as it runs on CUDA, on the (fake) CPU device.
@@ -194,20 +218,12 @@ def cuda_dropout() -> Iterator[None]:
             args = (*args[:4], 0.0, *args[5:])
         else:
             kwargs["dropout_p"] = 0.0
-        qkv = ("query", "key", "value")
-        device = (args[0] if args else kwargs["query"]).device.type
-        if torch.is_autocast_enabled(device):
-            # CUDA's autocast casts SDPA's inputs to its dtype before a kernel is chosen (SDPA is on its
-            # lower-precision list), so float32 hidden states under autocast still get the bf16 flash kernel
-            dtype = torch.get_autocast_dtype(device)
-            args = tuple(a.to(dtype) if i < 3 and a.is_floating_point() else a for i, a in enumerate(args))
-            kwargs = {k: (v.to(dtype) if k in qkv and v.is_floating_point() else v) for k, v in kwargs.items()}
-        query, key = (args + tuple(kwargs[n] for n in qkv[len(args):2]))[:2]
+        args, kwargs = autocast_sdpa_inputs(args, kwargs)
+        bound = sdpa_arguments(args, kwargs)
+        query, key = bound["query"], bound["key"]
         if query.dtype == torch.float32 and kwargs.get("enable_gqa") and key.shape[-3] != query.shape[-3]:
             # CUDA: flash and cuDNN take only bf16/fp16 and the memory-efficient kernel no grouped heads, so float32
             # grouped-query attention runs the math kernel (the CPU dispatcher would pick its flash kernel)
-            names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
-            bound = {**dict(zip(names, args)), **kwargs}
             return torch.ops.aten._scaled_dot_product_attention_math(
                 bound["query"], bound["key"], bound["value"], bound.get("attn_mask"), 0.0,
                 bound.get("is_causal", False), scale=bound.get("scale"), enable_gqa=True)[0]
