@@ -24,6 +24,15 @@ What is wrapped, as the HF Trainer (transformers 4.45-5, accelerate) prepares it
 - ``fsdp="fsdp2"``: ``fully_shard`` on every decoder layer (and, for PEFT, every LoRA ``Linear``), then the root,
   ``reshard_after_forward=True``; LoRA/QLoRA with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)``.
 
+Reserved memory: the tracer also records rank 0's allocation stream (`ShardedStreamLiveBytes`: each storage's
+allocation and free, FSDP's ``resize_`` frees and re-allocations included, each allocation tagged with the stream FSDP
+made it on, read from ``torch.cpu.current_stream()``, which FSDP's device handle switches on a CPU device as it
+switches CUDA streams on a GPU) and replays the steps (`replay_from_setup`: a fresh allocator holding what the wrapped
+model holds, then the steps) through `aegis.planning.memory.allocator`, whose pools are per stream as PyTorch's:
+``traced_max_reserved_bytes`` (``traced_max_reserved_one_stream_bytes``: every allocation on one stream). Assumed,
+not traced: a block freed after use on another stream (``record_stream``) is reusable at once, and the model's
+unsharded build (on a GPU, loaded on the host and moved unit by unit) leaves no cached segments.
+
 The model: `tools.truth.model.build_model` (full: bf16 weights, grads and AdamW states; LoRA: bf16 base, fp32
 adapters; QLoRA: NF4 without k-bit preparation, as TRL/axolotl shard it), QLoRA's packed weights then viewed as bf16
 (``bnb_4bit_quant_storage=torch.bfloat16``: one dtype per layer). LoRA/QLoRA steps run under bf16 autocast (the
@@ -48,6 +57,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from tools.truth.alloc import LiveBytes, rounded_bytes
+from tools.truth.stream import StreamLiveBytes
 from tools.truth.setup import DEFAULT_LORA_TARGETS, TraceSetup
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,6 +93,17 @@ class ShardedLiveBytes(LiveBytes):
             t = t._local_tensor
         super()._track(t)
 
+    def _resized(self, key: int, nbytes: int) -> None:
+        """A tracked storage now holds ``nbytes`` (its ``resize_`` returned)."""
+        old = self.live[key]
+        new = rounded_bytes(nbytes)
+        if new < old and self._snapshot_stale:
+            self._take_snapshot()
+        self.live[key] = new
+        self.total_bytes += new - old
+        if new > old:
+            self._note_peak()
+
     def __enter__(self):
         original = torch.UntypedStorage.resize_
         tracker = self
@@ -90,15 +111,8 @@ class ShardedLiveBytes(LiveBytes):
         def resize_(storage, size):
             key = storage._cdata
             out = original(storage, size)
-            old = tracker.live.get(key)
-            if old is not None:
-                new = rounded_bytes(storage.nbytes())
-                if new < old and tracker._snapshot_stale:
-                    tracker._take_snapshot()
-                tracker.live[key] = new
-                tracker.total_bytes += new - old
-                if new > old:
-                    tracker._note_peak()
+            if key in tracker.live:
+                tracker._resized(key, storage.nbytes())
             return out
 
         self._original_resize = original
@@ -108,6 +122,83 @@ class ShardedLiveBytes(LiveBytes):
     def __exit__(self, *exc):
         torch.UntypedStorage.resize_ = self._original_resize
         return super().__exit__(*exc)
+
+
+class ShardedStreamLiveBytes(ShardedLiveBytes, StreamLiveBytes):
+    """`ShardedLiveBytes` that also records rank 0's allocation stream (`tools.truth.stream.StreamLiveBytes`), in the
+    format `aegis.planning.memory.allocator.replay` takes, each allocation on the stream current when it is made.
+
+    A storage ``resize_`` (FSDP's free and re-allocation of unsharded flat parameters and gradients) is a new
+    allocation of the new size, then the old one's free, as CUDA's ``resize_`` does; to 0 bytes, only the free.
+    Streams: FSDP1 and FSDP2 switch streams through their device handle, ``torch.cpu`` for a CPU device, whose
+    ``stream(s)`` context sets what ``torch.cpu.current_stream()`` returns, as ``torch.cuda.stream(s)`` sets the stream
+    the CUDA caching allocator serves a request from. So the stream current at each allocation is read there:
+    0 is the stream current when the tracker starts (the default, compute stream), later ones are numbered as first
+    met, and ``("stream", s, 0)`` precedes an allocation on another stream than the last one's."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._stream_objects: list[Any] = [torch.cpu.current_stream()]
+        self._stream_now = 0
+        self.stream_names: dict[int, str] = {0: "default"}
+
+    def _on_current_stream(self) -> None:
+        current = torch.cpu.current_stream()
+        for sid, known in enumerate(self._stream_objects):
+            if known is current:
+                break
+        else:
+            sid = len(self._stream_objects)
+            self._stream_objects.append(current)
+        if sid != self._stream_now:
+            self._stream_now = sid
+            self.events.append(("stream", sid, 0))
+
+    def _track(self, t: torch.Tensor) -> None:
+        self._on_current_stream()
+        super()._track(t)
+
+    def _resized(self, key: int, nbytes: int) -> None:
+        old = self._ids.pop(key, None)
+        if nbytes > 0:
+            self._on_current_stream()
+            self._ids[key] = next(self._counter)
+            self.events.append(("alloc", self._ids[key], nbytes))
+        if old is not None:
+            self.events.append(("free", old, 0))
+        super()._resized(key, nbytes)
+
+
+def replay_from_setup(events: list[tuple[str, int, int]], start: int, **allocator_options):
+    """Replay ``events[start:]`` through the allocator model, on a fresh allocator that first holds what is live at
+    ``start`` (allocated in the order, and on the streams, they were made): the steps' reserved peak without the
+    cache the model's unsharded build left (on a GPU the model is loaded on the host and FSDP moves it unit by unit)."""
+    from aegis.planning.memory.allocator import replay
+
+    live: dict[int, tuple[int, int]] = {}
+    stream = 0
+    for kind, ident, size in events[:start]:
+        if kind == "stream":
+            stream = ident
+        elif kind == "alloc":
+            live[ident] = (size, stream)
+        else:
+            live.pop(ident, None)
+    head: list[tuple[str, int, int]] = []
+    now = 0
+    for ident, (size, s) in live.items():  # dicts keep insertion order: allocation order
+        if s != now:
+            head.append(("stream", s, 0))
+            now = s
+        head.append(("alloc", ident, size))
+    if now != stream:
+        head.append(("stream", stream, 0))
+    return replay(head + list(events[start:]), **allocator_options)
+
+
+def single_stream(events: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    """``events`` with every allocation on one stream (what the replay would say if FSDP used no side streams)."""
+    return [e for e in events if e[0] != "stream"]
 
 
 @contextlib.contextmanager
@@ -227,7 +318,7 @@ def _run(config: dict[str, Any], setup: ShardSetup, mesh, record_origin: bool = 
     from tools.truth.trace import _param_groups, _state_tensors
 
     start = time.perf_counter()
-    tracker = ShardedLiveBytes(record_origin=record_origin)
+    tracker = ShardedStreamLiveBytes(record_origin=record_origin)
     with tracker:
         model = build_model(config, _trace_setup(setup)).model
         if setup.method == "qlora":
@@ -272,6 +363,7 @@ def _run(config: dict[str, Any], setup: ShardSetup, mesh, record_origin: bool = 
         "peak_bytes": tracker.peak_bytes, "peak_phase": tracker.peak_phase, "phase_peak_bytes": phase_peaks,
         "unsharded_model_bytes": unsharded, "after_setup_bytes": after_setup, "optimizer_state_bytes": states,
         "trace_seconds": round(time.perf_counter() - start, 2),
+        **replayed(tracker),
     }
     if record_origin:  # what was live at the peak: (phase, op, shape, dtype) -> bytes
         live: dict[str, int] = {}
@@ -282,6 +374,17 @@ def _run(config: dict[str, Any], setup: ShardSetup, mesh, record_origin: bool = 
             live[name] = live.get(name, 0) + size
         out["peak_live"] = dict(sorted(live.items(), key=lambda kv: -kv[1]))
     return out
+
+
+def replayed(tracker: ShardedStreamLiveBytes) -> dict[str, Any]:
+    """The steps' allocation stream (`replay_from_setup`) through the allocator model: per-stream pools as recorded,
+    and all on one stream beside it (what the side streams cost)."""
+    plain = replay_from_setup(tracker.events, tracker.reset_at)
+    one = replay_from_setup(single_stream(tracker.events), tracker.reset_at)
+    streams = {e[1] for e in tracker.events[tracker.reset_at:] if e[0] == "stream"} | {0}
+    return {"traced_max_allocated_bytes": plain.max_allocated_bytes, "traced_max_reserved_bytes": plain.max_reserved_bytes,
+            "traced_max_reserved_one_stream_bytes": one.max_reserved_bytes, "traced_streams": len(streams),
+            "traced_events": len(tracker.events) - tracker.reset_at}
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

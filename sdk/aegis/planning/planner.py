@@ -237,8 +237,9 @@ def plan_request(
 
         from aegis.planning.memory.device import multi_gpu_device_level  # context, cuBLAS and NCCL per GPU
 
-        solution = replace(solution, recommended=multi_gpu_device_level(gpu, solution.recommended, gpu_count),
-                           aggressive=multi_gpu_device_level(gpu, solution.aggressive, gpu_count))
+        strategy = {"profile": profile, "strategy": multi.assumed if multi is not None else None}
+        solution = replace(solution, recommended=multi_gpu_device_level(gpu, solution.recommended, gpu_count, **strategy),
+                           aggressive=multi_gpu_device_level(gpu, solution.aggressive, gpu_count, **strategy))
     if gpu_count == 1:
         solution = _device_level(profile, gpu, solution, dataset.row_lengths if dataset else None)
     rec = solution.recommended

@@ -362,3 +362,64 @@ def test_replay_split_boundaries_equal_malloc_and_free():
         for end in range(1, len(events) + 1):  # the counters after every event, not only the peaks
             want, _ = _stepwise(events[:end], expandable_segments=expandable)
             assert CachingAllocator(expandable_segments=expandable).replay(events[:end]) == want, (expandable, end)
+
+
+def test_each_stream_has_its_own_pools():
+    # CUDACachingAllocator keys free blocks by stream (BlockComparatorSize compares stream first; get_free_block
+    # stops at another stream's block): a 5 MiB request on stream 1 cannot take stream 0's cached 20 MiB segment,
+    # so it maps a second one; stream 0's next request takes its own cached block again.
+    a = CachingAllocator()
+    first = a.malloc(5 * MIB)
+    a.free(first)
+    on_side = a.malloc(5 * MIB, stream=1)
+    assert a.reserved_bytes == 40 * MIB
+    a.malloc(5 * MIB)  # stream 0: its cached 20 MiB block, split
+    assert a.reserved_bytes == 40 * MIB
+    a.free(on_side)  # back to stream 1's pool, whoever frees it
+    a.malloc(12 * MIB, stream=1)  # fits stream 1's free 20 MiB block
+    assert (a.allocated_bytes, a.reserved_bytes) == (17 * MIB, 40 * MIB)
+    # small pools are per stream too: two 2 MiB segments for two 512 B requests on two streams
+    b = CachingAllocator()
+    b.malloc(512)
+    b.malloc(512, stream=3)
+    assert b.reserved_bytes == 4 * MIB
+
+
+def test_a_replayed_stream_event_moves_later_allocations_to_that_stream():
+    one_stream = [("alloc", 1, 5 * MIB), ("free", 1, 0), ("alloc", 2, 5 * MIB)]
+    assert replay(one_stream).max_reserved_bytes == 20 * MIB
+    two = [("alloc", 1, 5 * MIB), ("free", 1, 0), ("stream", 1, 0), ("alloc", 2, 5 * MIB), ("stream", 0, 0),
+           ("alloc", 3, 5 * MIB)]
+    assert replay(two).max_reserved_bytes == 40 * MIB
+    # the same as malloc with the stream given
+    a = CachingAllocator()
+    a.free(a.malloc(5 * MIB))
+    a.malloc(5 * MIB, stream=1)
+    a.malloc(5 * MIB)
+    assert a.stats().max_reserved_bytes == 40 * MIB
+    # flushing the cache (capacity reached) frees every stream's whole free segments
+    capped = replay([("stream", 1, 0), ("alloc", 1, 15 * MIB), ("free", 1, 0), ("stream", 0, 0),
+                     ("alloc", 2, 15 * MIB)], capacity_bytes=20 * MIB)
+    assert capped.alloc_retries == 1 and capped.reserved_bytes == 16 * MIB
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 24 * MIB), st.integers(0, 2)), min_size=1, max_size=40))
+@settings(max_examples=40, deadline=None)
+def test_streams_replay_as_malloc_and_free(ops):
+    """`replay` with stream events equals `malloc(size, stream)`/`free` step by step."""
+    a = CachingAllocator()
+    events, live, handles = [], [], {}
+    now = 0
+    for ident, (free_one, size, stream) in enumerate(ops, 1):
+        if free_one and live:
+            victim = live.pop(0)
+            events.append(("free", victim, 0))
+            a.free(handles.pop(victim))
+        else:
+            if stream != now:
+                events.append(("stream", stream, 0))
+                now = stream
+            events.append(("alloc", ident, size))
+            handles[ident] = a.malloc(size, stream=stream)
+            live.append(ident)
+    assert replay(events) == a.stats()

@@ -13,7 +13,7 @@ program's allocation stream through this model predicts `max_memory_reserved`:
     h = alloc.malloc(5 << 20); alloc.free(h); alloc.reserved_bytes
 
 Rules modelled: `c10/cuda/CUDACachingAllocator.cpp` as of PyTorch 2.7 (unchanged in these
-respects since 2.1, when `expandable_segments` arrived), for one device and one stream:
+respects since 2.1, when `expandable_segments` arrived), for one device:
 
 * requests are rounded up to 512 B (`kMinBlockSize`); zero-byte requests take no block;
 * requests of at most 1 MiB (`kSmallSize`) use the small pool, whose segments are 2 MiB
@@ -30,9 +30,19 @@ respects since 2.1, when `expandable_segments` arrived), for one device and one 
   and the allocation is retried once before `AllocatorOutOfMemoryError`;
 * `expandable_segments=True`: one segment per pool grows by mapping pages of 2 MiB (small
   pool) or 20 MiB (large pool); the best fit prefers blocks that cannot grow, a free block at
-  the mapped end is extended, and reserved is the mapped bytes. On retry free pages are unmapped.
+  the mapped end is extended, and reserved is the mapped bytes. On retry free pages are unmapped;
+* streams: a block belongs to the stream it was allocated on (its segment's), and a request is served only from
+  free blocks of its own stream (`BlockPool` orders blocks by stream first, and `get_free_block` stops at another
+  stream's): each stream has its own small and large pools (and expandable segments), a freed block returns to its
+  stream's pool whichever stream frees it, and flushing the cache frees every stream's whole free segments. In a
+  replayed stream ``("stream", s, 0)`` makes ``s`` the stream later allocations are made on (0, the default, until
+  the first such event), as ``torch.cuda.stream(s)`` does; a stream without it is one stream's, as before:
 
-Limits (not modelled): several streams and cross-stream frees (`record_stream`, events),
+      replay([("alloc", 1, 5 << 20), ("free", 1, 0), ("stream", 1, 0), ("alloc", 2, 5 << 20)])
+      # 40 MiB reserved: stream 1 cannot take stream 0's cached 20 MiB segment
+
+Limits (not modelled): when a block freed after use on another stream (`record_stream`) becomes reusable (a
+replayed free is reusable at once, as if every stream had caught up),
 CUDA graphs' private pools, `roundup_power2_divisions`, `garbage_collection_threshold`,
 `release_lock_on_cudamalloc`, `cudaMallocAsync`, the real addresses `cudaMalloc` returns (new
 segments get increasing addresses, which only breaks ties between equal-sized free blocks),
@@ -196,7 +206,8 @@ class _Pool:
 
 
 class CachingAllocator:
-    """PyTorch's CUDA caching allocator for one device and one stream (see the module docstring).
+    """PyTorch's CUDA caching allocator for one device (see the module docstring); ``stream`` of `malloc` picks the
+    stream's pools (0, the default stream, unless given).
 
     ``max_split_size`` is `PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb` in bytes (must exceed
     20 MiB, as PyTorch requires); ``capacity_bytes`` is the memory the allocator may reserve
@@ -220,6 +231,8 @@ class CachingAllocator:
         self._capacity = _UNLIMITED if capacity_bytes is None else capacity_bytes
         self._small = _Pool(small=True)
         self._large = _Pool(small=False)
+        self._pools: dict[int, tuple[_Pool, _Pool]] = {0: (self._small, self._large)}
+        """Per stream: its (small, large) pools."""
         self._handles: dict[int, _Block | None] = {}
         self._requested: dict[int, int] = {}
         self._next_handle = itertools.count(1)
@@ -274,8 +287,14 @@ class CachingAllocator:
             max_split_size=self.max_split_size,
         )
 
-    def malloc(self, size: int) -> int:
-        """Allocate ``size`` bytes; returns a handle for `free`."""
+    def _stream_pools(self, stream: int) -> tuple[_Pool, _Pool]:
+        pools = self._pools.get(stream)
+        if pools is None:
+            pools = self._pools[stream] = (_Pool(small=True), _Pool(small=False))
+        return pools
+
+    def malloc(self, size: int, stream: int = 0) -> int:
+        """Allocate ``size`` bytes on ``stream`` (0: the default stream); returns a handle for `free`."""
         if size < 0:
             raise ValueError(f"cannot allocate a negative size ({size} bytes)")
         handle = next(self._next_handle)
@@ -284,7 +303,8 @@ class CachingAllocator:
             self._requested[handle] = 0
             return handle
         rounded = round_size(size)
-        pool = self._small if rounded <= SMALL_SIZE_BYTES else self._large
+        small, large = self._stream_pools(stream)
+        pool = small if rounded <= SMALL_SIZE_BYTES else large
         block = self._get_free_block(pool, rounded)
         if block is None:
             block = self._new_block(pool, rounded, size)
@@ -316,7 +336,8 @@ class CachingAllocator:
         self._release_cached_blocks()
 
     def replay(self, events: Iterable[tuple[str, int, int]]) -> AllocatorStats:
-        """Apply ``("alloc", id, size)`` / ``("free", id, 0)`` events; ids are the caller's.
+        """Apply ``("alloc", id, size)`` / ``("free", id, 0)`` events, and ``("stream", s, 0)`` to allocate on stream
+        ``s`` from then on; ids are the caller's.
 
         The steps of `malloc` and `free`, inlined (a plan replays thousands of events per tier); a new
         segment, expandable segments and merges with free neighbours go through the same methods.
@@ -378,6 +399,8 @@ class CachingAllocator:
                     if requested > max_requested:
                         max_requested = requested
                     live[ident] = block
+                elif kind == "stream":
+                    small, large = self._stream_pools(ident)
                 elif kind == "free":
                     try:
                         block = live.pop(ident)
@@ -414,7 +437,7 @@ class CachingAllocator:
                             self._merge(block, after)
                     insort(block.pool.keys, (block.size, block.addr, block))
                 else:
-                    raise ValueError(f"unknown event kind {kind!r}: expected 'alloc' or 'free'")
+                    raise ValueError(f"unknown event kind {kind!r}: expected 'alloc', 'free' or 'stream'")
         finally:
             self._allocated, self._max_allocated = allocated, max_allocated
             self._requested_total, self._max_requested = requested, max_requested
@@ -532,7 +555,7 @@ class CachingAllocator:
         return True
 
     def _release_cached_blocks(self) -> None:
-        for pool in (self._large, self._small):
+        for pool in [p for small, large in self._pools.values() for p in (large, small)]:
             to_unmap = []
             for key in list(pool.keys):
                 block = key[2]

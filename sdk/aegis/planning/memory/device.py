@@ -55,8 +55,8 @@ from aegis.planning.memory.components import NF4_BLOCK, NF4_BLOCK2, sizes
 from aegis.errors import InvalidConfigError
 from aegis.schema import GPU, DeviceLevelMemory, MemoryEstimate, ModelProfile, Tier, TrainConfig, lora_selects, lora_target_names
 
-__all__ = ["DeviceMemory", "RunMemory", "device_memory", "allocation_stream", "with_device_memory", "device_check",
-           "run_lengths", "run_memory", "run_check", "multi_gpu_device_level", "NOT_REPLAYED"]
+__all__ = ["DeviceMemory", "RunMemory", "Sharding", "device_memory", "allocation_stream", "with_device_memory",
+           "device_check", "run_lengths", "run_memory", "run_check", "multi_gpu_device_level", "NOT_REPLAYED"]
 
 STEPS = 2
 """Training steps written: the second runs with the optimizer states in place and a warm cache."""
@@ -109,6 +109,165 @@ class _Stream:
         self.events.extend([("free", h, 0) for h in handles])
 
 
+@dataclass(frozen=True)
+class Sharding:
+    """Rank 0 of an FSDP run on ``world_size`` GPUs, as the HF Trainer wraps it (FSDP1, accelerate's transformer-based
+    wrap: each decoder layer a unit, PEFT's policy making each LoRA Linear its own; the root unit holds the embeddings,
+    the final norm and an untied head; ``use_orig_params``, BACKWARD_PRE prefetch, ``limit_all_gathers``; LoRA/QLoRA
+    under bf16 ``MixedPrecision``). ``reshard=False`` is SHARD_GRAD_OP."""
+
+    world_size: int
+    reshard: bool = True
+    version: int = 1
+    """2: FSDP2's ``fully_shard`` (per-parameter shards; the all-gather's flat input and output on its copy-in
+    stream, each parameter's unsharded tensor copied out on the default stream)."""
+
+
+DEFAULT_STREAM, UNSHARD_STREAM, POST_BACKWARD_STREAM, PRE_UNSHARD_STREAM = 0, 1, 2, 3
+"""The CUDA streams FSDP1 allocates on (``torch/distributed/fsdp/_runtime_utils.py``, ``_init_streams``): the
+all-gather destinations on ``_unshard_stream``; the reduce-scatter outputs (and their cast back to the parameter
+dtype) on ``_post_backward_stream``; mixed precision's low-precision shard on ``_pre_unshard_stream``; the rest,
+unsharded gradients included (autograd makes them), on the default stream."""
+
+
+class _Unit:
+    """One FSDP unit: its parameters (elements, in module order, each padded to 16 bytes as ``use_orig_params``
+    aligns them), flattened into one parameter of ``stored`` bytes an element, gathered at ``gathered`` bytes."""
+
+    __slots__ = ("params", "decay", "stored", "gathered", "trainable", "shard", "total", "handle", "mp_cast")
+
+    def __init__(self, params: list[int], decay: list[bool], stored: int, gathered: int, trainable: bool,
+                 world_size: int) -> None:
+        align = max(1, 16 // stored)
+        self.params = params
+        self.decay = decay
+        self.stored, self.gathered, self.trainable = stored, gathered, trainable
+        self.total = sum(-(-e // align) * align for e in params)
+        self.shard = -(-self.total // world_size)  # rank 0's chunk of the flat parameter padded to world_size
+        self.handle: int | None = None
+        self.mp_cast = gathered != stored
+
+    def pieces(self) -> list[tuple[int, bool]]:
+        """Rank 0's share of each original parameter (elements, takes weight decay): what ``use_orig_params`` hands
+        the optimizer, which keeps its states per piece."""
+        out, left = [], self.shard
+        for e, d in zip(self.params, self.decay):
+            if left <= 0:
+                break
+            out.append((min(e, left), d))
+            left -= min(e, left)
+        return out
+
+
+class _FsdpStep:
+    """Writes FSDP1's allocations into a `_Stream` at the moments `allocation_stream` names (rank 0's view)."""
+
+    def __init__(self, st: _Stream, sharding: Sharding, root: _Unit, layers: list[_Unit], adapters: list[list[_Unit]],
+                 grad_bytes: int, state_bytes: int, quant_state: list[int]) -> None:
+        self.st, self.sharding = st, sharding
+        self.root, self.layers, self.adapters = root, layers, adapters
+        self.grad_bytes, self.state_bytes = grad_bytes, state_bytes
+        self.quant_state = quant_state
+        self.stream = DEFAULT_STREAM
+        self.sharded_grads: list[int] = []
+        self.states: list[int] = []
+        self.gathered: dict[int, list[list[int]]] = {}
+        """Handles of the gathered (unsharded) parameters by unit: -1 the root, else the layer (with its adapters)."""
+
+    def _on(self, stream: int) -> None:
+        if stream != self.stream:
+            self.st.events.append(("stream", stream, 0))
+            self.stream = stream
+
+    def setup(self) -> None:
+        """Quantisation states whole, then each unit's shard as FSDP wraps them (bottom-up: a layer's LoRA units,
+        the layer, ..., the root last)."""
+        for part in self.quant_state:
+            self.st.alloc(part)
+        for layer, adapters in zip(self.layers, self.adapters):
+            for unit in adapters:
+                unit.handle = self.st.alloc(unit.shard * unit.stored)
+            layer.handle = self.st.alloc(layer.shard * layer.stored)
+        self.root.handle = self.st.alloc(self.root.shard * self.root.stored)
+
+    def _gather(self, unit: _Unit) -> list[int]:
+        if self.sharding.version == 2:  # foreach_all_gather on the copy-in stream, then the copy-out
+            self._on(UNSHARD_STREAM)
+            flat_in = self.st.alloc(unit.shard * unit.gathered)
+            flat_out = self.st.alloc(unit.shard * self.sharding.world_size * unit.gathered)
+            self._on(DEFAULT_STREAM)
+            params = [self.st.alloc(e * unit.gathered) for e in unit.params]
+            self.st.free(flat_in, flat_out)
+            return params
+        if unit.mp_cast:  # the low-precision copy of the shard, made on the pre-unshard stream
+            self._on(PRE_UNSHARD_STREAM)
+            low = self.st.alloc(unit.shard * unit.gathered)
+        self._on(UNSHARD_STREAM)
+        full = self.st.alloc(unit.shard * self.sharding.world_size * unit.gathered)
+        if unit.mp_cast:
+            self.st.free(low)
+        self._on(DEFAULT_STREAM)
+        return [full]
+
+    def gather_root(self) -> None:
+        if -1 not in self.gathered:
+            self.gathered[-1] = [self._gather(self.root)]
+
+    def gather_layer(self, i: int) -> None:
+        if i >= 0 and i not in self.gathered:
+            self.gathered[i] = [self._gather(self.layers[i])] + [self._gather(u) for u in self.adapters[i]]
+
+    def forward_done(self, i: int) -> None:
+        if self.sharding.reshard:
+            self.st.free(*[h for unit in self.gathered.pop(i) for h in unit])
+
+    def _reduce(self, unit: _Unit, grads: list[int], gathered: list[int]) -> None:
+        """Post-backward: the unit's gradients made flat (a multi-parameter unit's, by the views' backward), the
+        unsharded parameter freed, the reduce-scatter's output (and its cast to the parameter dtype) on the
+        post-backward stream, the unsharded gradient freed."""
+        copied = len(unit.params) > 1 or self.sharding.version == 2  # FSDP2 copies even one into its input
+        flat = [self.st.alloc(unit.total * self.grad_bytes)] if copied else grads
+        if copied:
+            self.st.free(*grads)
+        self.st.free(*gathered)
+        self._on(POST_BACKWARD_STREAM)
+        out = self.st.alloc(unit.shard * self.grad_bytes)
+        if unit.stored != self.grad_bytes:
+            cast = self.st.alloc(unit.shard * unit.stored)
+            self.st.free(out)
+            out = cast
+        self._on(DEFAULT_STREAM)
+        self.st.free(*flat)
+        self.sharded_grads.append(out)
+
+    def backward_done(self, i: int, grads: list[int]) -> None:
+        """Layer ``i``'s backward is over; ``grads``: its trainable tensors' unsharded gradients (module order)."""
+        gathered = self.gathered.pop(i)
+        if self.layers[i].trainable:
+            self._reduce(self.layers[i], grads, gathered[0])
+        else:
+            self.st.free(*gathered[0])
+            for unit, grad, handles in zip(self.adapters[i], grads, gathered[1:]):
+                self._reduce(unit, [grad], handles)
+
+    def root_done(self, grads: list[int]) -> None:
+        gathered = self.gathered.pop(-1)[0]
+        if self.root.trainable:
+            self._reduce(self.root, grads, gathered)
+        else:
+            self.st.free(*gathered)
+
+    def optimizer(self, adamw: bool, foreach_temp: bool) -> None:
+        units = [u for u in (*self.layers, self.root) if u.trainable] + [u for a in self.adapters for u in a]
+        if not self.states and adamw:
+            self.states = [self.st.alloc(e * self.state_bytes) for u in units for e, _ in u.pieces() for _ in range(2)]
+        if adamw and foreach_temp:
+            temps = [self.st.alloc(e * self.state_bytes) for u in units for e, d in u.pieces() if d]
+            self.st.free(*temps)
+        self.st.free(*self.sharded_grads)  # zero_grad(set_to_none=True)
+        self.sharded_grads = []
+
+
 def _nf4_parts(elements: int) -> tuple[int, ...]:
     """The allocations of one NF4 weight with double quantisation (`components.nf4_bytes`)."""
     blocks = -(-elements // NF4_BLOCK)
@@ -117,15 +276,28 @@ def _nf4_parts(elements: int) -> tuple[int, ...]:
 
 def allocation_stream(
     profile: ModelProfile, cfg: TrainConfig, steps: int = STEPS, lengths: Sequence[int] | None = None,
+    sharding: Sharding | None = None,
 ) -> list[tuple[str, int, int]]:
     """The ``("alloc", id, nbytes)`` / ``("free", id, 0)`` stream of ``steps`` training steps of ``cfg``; with
     ``lengths``, one step per entry, each of ``micro_batch_size`` rows of that many tokens (a batch padded to its
-    longest row), in that order."""
+    longest row), in that order.
+
+    ``sharding``: rank 0 of an FSDP run (`Sharding`): the same activations, loss buffers and backward temporaries,
+    with FSDP's units in place of the parameters, gradients and optimizer states, and ``("stream", s, 0)`` events
+    where FSDP allocates on its own streams (`_FsdpStep`; the estimate's FSDP terms, allocation by allocation):
+    each unit's flat shard; the root gathered from the start of forward to the end of backward; each layer gathered
+    for its forward (and, under SHARD_GRAD_OP, kept to its backward), gathered again with the previous layer
+    prefetched for its backward (the last one prefetched at the loss); LoRA units gathered in bf16 from their fp32
+    shard's bf16 copy; a unit's gradients made flat, reduce-scattered into a shard that lives to ``zero_grad``; the
+    optimizer's states per original parameter's share of rank 0's shard. QLoRA as the estimate shards it (bf16
+    storage, no k-bit preparation)."""
     from aegis.planning.memory.estimate import step_setting  # estimate imports this module lazily
 
     from aegis.planning.memory.stack_effects import backward_width, checkpoint_keeps_inputs, fused_loss, profile_for_stack
 
     profile = profile_for_stack(profile, cfg.stack)  # transformers 4.x: separate expert Linears
+    if sharding is not None and cfg.method == "qlora" and cfg.stack.kbit_prep_effective:  # as the estimate shards it
+        cfg = cfg.model_copy(update={"stack": cfg.stack.model_copy(update={"kbit_prep": False})})
     fam = get_family(profile.config)
     c = profile.config
     place = placement(cfg)
@@ -138,49 +310,66 @@ def allocation_stream(
     targets = lora_target_names(lora.target_modules, profile.linear_modules) if not full else frozenset()
     unq = place.unquantized_bytes if cfg.method == "qlora" else place.base_bytes
     st = _Stream()
+    pst = st if sharding is None else _Stream()  # sharded: FSDP's units replace the parameters (`_FsdpStep.setup`)
+    unit_params: list[list[int]] = []  # per layer, in module order: its parameters' elements as FSDP flattens them
+    unit_decay: list[list[bool]] = []
+    quant_state: list[int] = []
 
     # -- setup: parameters in load order, then adapters ------------------------------------------------
     trainable: list[list[int]] = []  # per layer: trainable tensor sizes (elements)
     head_trainable: list[int] = []
     no_decay: list[int] = []  # HF's optimizer groups: biases and norm weights take no weight decay
     embed = vocab * hidden
-    st.alloc(embed * (place.embedding_bytes or unq))
+    pst.alloc(embed * (place.embedding_bytes or unq))
     if full:
         head_trainable.append(embed)
     for layer in layers:
         own: list[int] = []
+        flat: list[int] = []
+        flat_decay: list[bool] = []
         norm_tensors = max(1, round(layer.norm_params / hidden)) if layer.norm_params else 0
         for _ in range(norm_tensors):
-            st.alloc(layer.norm_params / norm_tensors * unq)
+            pst.alloc(layer.norm_params / norm_tensors * unq)
         if full and norm_tensors:
             own += [layer.norm_params // norm_tensors] * norm_tensors
             no_decay += [layer.norm_params // norm_tensors] * norm_tensors
         if layer.router_params:
-            st.alloc(layer.router_params * unq)
+            pst.alloc(layer.router_params * unq)
             if full:
                 own.append(layer.router_params)
         for lin in layer.linears:
             n = lin.count * lin.in_features * lin.out_features
             if cfg.method == "qlora" and lin.quantizable:
                 for _ in range(lin.count):
-                    for part in _nf4_parts(lin.in_features * lin.out_features):
-                        st.alloc(part)
+                    packed, *state = _nf4_parts(lin.in_features * lin.out_features)
+                    for part in (packed, *state):
+                        pst.alloc(part)
+                    flat.append(-(-packed // 2))  # bnb_4bit_quant_storage=bfloat16: the packed bytes as bf16
+                    flat_decay.append(True)
+                    quant_state += state  # not a parameter: whole on every rank
             else:
-                st.alloc(n * (place.base_bytes if cfg.method != "qlora" else unq))
+                pst.alloc(n * (place.base_bytes if cfg.method != "qlora" else unq))
+                flat.append(n)
+                flat_decay.append(True)
             if lin.bias:
-                st.alloc(lin.count * lin.out_features * unq)
+                pst.alloc(lin.count * lin.out_features * unq)
+                flat.append(lin.count * lin.out_features)
+                flat_decay.append(False)
             if full:
                 own.append(n)
                 if lin.bias:
                     own.append(lin.count * lin.out_features)
                     no_decay.append(lin.count * lin.out_features)
         trainable.append(own)
-    st.alloc(hidden * unq)  # final norm
+        unit_params.append(flat + ([layer.norm_params // norm_tensors] * norm_tensors if norm_tensors else [])
+                           + ([layer.router_params] if layer.router_params else []))
+        unit_decay.append(flat_decay + [False] * norm_tensors + ([True] if layer.router_params else []))
+    pst.alloc(hidden * unq)  # final norm
     if full:
         head_trainable.append(hidden)
         no_decay.append(hidden)
     if not profile.tie_word_embeddings:
-        st.alloc(embed * (place.embedding_bytes or unq))
+        pst.alloc(embed * (place.embedding_bytes or unq))
         if full:
             head_trainable.append(embed)
     if not full:
@@ -189,7 +378,7 @@ def allocation_stream(
                 if lora_selects(lin, targets):
                     r = lora.rank * lin.lora_rank_factor
                     for shape in (lin.in_features * r, r * lin.out_features):
-                        st.alloc(lin.count * shape * place.adapter_bytes)
+                        pst.alloc(lin.count * shape * place.adapter_bytes)
                         trainable[i].append(lin.count * shape)
 
     # -- the per-step quantities the estimate uses -----------------------------------------------------
@@ -234,19 +423,28 @@ def allocation_stream(
     # bf16 copies autocast makes of fp32 weights and keeps for backward (the estimate's "casts")
     cast_per_layer: list[list[int]] = [[] for _ in layers]
     cast_head: list[int] = []
-    if cfg.autocast_effective and cfg.method == "lora":
+    if cfg.autocast_effective and cfg.method == "lora" and sharding is None:  # FSDP gathers the adapters in bf16
         cast_per_layer = [[t * 2 for t in own] for own in trainable]
     elif cfg.autocast_effective and cfg.method == "qlora" and (place.embedding_bytes or place.unquantized_bytes) != 2:
         # an fp32 head (k-bit prep) is cast; a bf16 one (TRL's, or no k-bit prep) is not
         cast_head = [(profile.lm_head_params or profile.embedding_params) * 2]
 
+    fs = None
+    if sharding is not None:
+        fs = _fsdp_step(st, sharding, profile, cfg, place, trainable, unit_params, unit_decay, quant_state)
+        fs.setup()
+        gb = fs.grad_bytes
     for seq in lengths if lengths is not None else [cfg.seq_len] * steps:
         tokens, parts, masks = step_shape(seq)
         mask = st.alloc(masks) if masks else None
         # -- forward ----------------------------------------------------------------------------------
+        if fs:
+            fs.gather_root()
         x = st.alloc(tokens * hidden * stream_b)  # embedding output
         saved: list[list[int]] = []
         for i in range(len(layers)):
+            if fs:
+                fs.gather_layer(i)
             if cfg.gradient_checkpointing:
                 inner = [st.alloc(tokens * v) for v in parts[i]] + ([st.alloc(fixed[i])] if fixed[i] else [])
                 out = st.alloc(tokens * hidden * stream_b)
@@ -263,6 +461,8 @@ def allocation_stream(
                 st.free(x)  # the residual add needs no input for backward; the norm saved its own copy
                 saved.append(own)
             x = out
+            if fs:
+                fs.forward_done(i)
         head = st.alloc(tokens * head_saved)
         casts = [st.alloc(v) for v in cast_head]
         if chunked:
@@ -287,6 +487,8 @@ def allocation_stream(
             glog = st.alloc(tokens * vocab * d_l) if d_l != 4 else None
             st.free(glsm, *tanh)
             loss_live = [glog] if glog is not None else []
+        if fs:  # the root's pre-backward prefetches the last layer
+            fs.gather_layer(len(layers) - 1)
         # head backward: the gradient flowing into the residual stream; the head's own grads
         g = st.alloc(tokens * hidden * stream_b)
         # the final norm's and an untied head's grads now; the embedding's when its backward runs, last. A tied
@@ -295,8 +497,14 @@ def allocation_stream(
         grads = [st.alloc(t * gb) for t in head_trainable[1:]]
         tied_head = st.alloc(embed * gb) if full and profile.tie_word_embeddings else None
         st.free(*loss_live, head, x, *casts)
+        root_grads: list[int] = []
+        if fs:
+            root_grads, grads = grads, []
         # -- backward, layer by layer ------------------------------------------------------------------
         for i in range(len(layers) - 1, -1, -1):
+            if fs:  # BACKWARD_PRE: this layer (gathered already) and the one below, prefetched
+                fs.gather_layer(i)
+                fs.gather_layer(i - 1)
             recompute = [st.alloc(tokens * v) for v in parts[i]] if cfg.gradient_checkpointing else []
             recompute += [st.alloc(fixed[i])] if cfg.gradient_checkpointing and fixed[i] else []
             if cfg.gradient_checkpointing and not keeps_inputs:
@@ -304,10 +512,14 @@ def allocation_stream(
             # the widest intermediate's gradients; the residual-width pair the estimate's backward temporaries
             # count (2 x stream x hidden) is the incoming gradient g and the outgoing g_new
             temp_big = st.alloc(tokens * 2 * d * width)
-            grads += [st.alloc(t * gb) for t in trainable[i]]
+            layer_grads = [st.alloc(t * gb) for t in trainable[i]]
             g_new = st.alloc(tokens * hidden * stream_b)
             st.free(temp_big, g, *recompute, *saved[i])
             g = g_new
+            if fs:
+                fs.backward_done(i, layer_grads)
+            else:
+                grads += layer_grads
         if full:  # the embedding's backward
             emb = st.alloc(embed * gb)
             if tied_head is not None:
@@ -315,10 +527,16 @@ def allocation_stream(
                 st.free(tied_head, emb)
                 emb = total
             grads.append(emb)
+        if fs:
+            fs.root_done(root_grads + grads)
+            grads = []
         st.free(g)
         if mask is not None:
             st.free(mask)
         # -- optimizer step --------------------------------------------------------------------------
+        if fs:
+            fs.optimizer(cfg.optimizer == "adamw", not cfg.stack.adamw_fused)
+            continue
         if not states:
             if cfg.optimizer == "adamw":
                 states = [st.alloc(t * state_b) for t in all_trainable for _ in range(2)]
@@ -331,16 +549,34 @@ def allocation_stream(
     return st.events
 
 
+def _fsdp_step(st: _Stream, sharding: Sharding, profile: ModelProfile, cfg: TrainConfig, place, trainable: list[list[int]],
+               unit_params: list[list[int]], unit_decay: list[list[bool]], quant_state: list[int]) -> _FsdpStep:
+    """FSDP's units of ``profile`` (`Sharding`): the root, each layer, and under LoRA each adapter tensor."""
+    n = sharding.world_size
+    full = cfg.method == "full"
+    unq = place.unquantized_bytes if cfg.method == "qlora" else place.base_bytes
+    gathered = 2 if place.autocast or not full else unq  # bf16 MixedPrecision for LoRA/QLoRA
+    layers = [_Unit(p, d, unq, gathered, full, n) for p, d in zip(unit_params, unit_decay)]
+    adapters = [[] if full else [_Unit([t], [True], place.adapter_bytes, 2, True, n) for t in own] for own in trainable]
+    head = profile.lm_head_params or 0
+    final_norm = profile.total_params - sum(profile.layer_params) - profile.embedding_params - head
+    root_params = [profile.embedding_params, final_norm] + ([head] if head else [])
+    root = _Unit(root_params, [True, False, True][:len(root_params)], place.embedding_bytes or unq, gathered, full, n)
+    grad_bytes = sizes(profile, cfg, place).trainable_bytes_per_param if full else 2
+    return _FsdpStep(st, sharding, root, layers, adapters, grad_bytes, place.state_bytes, quant_state)
+
+
 def device_memory(
     profile: ModelProfile, cfg: TrainConfig, *, expandable_segments: bool = False, capacity_bytes: int | None = None,
-    lengths: Sequence[int] | None = None,
+    lengths: Sequence[int] | None = None, sharding: Sharding | None = None,
 ) -> DeviceMemory:
     """Replay `allocation_stream` through the caching allocator model: the reserved peak of ``cfg``. With
     ``capacity_bytes`` the allocator flushes its cache and retries when a new segment does not fit, as
     PyTorch does, and ``out_of_memory`` says whether the step fails anyway. With ``lengths`` (`run_lengths`) the
-    stream is one step per length, a run over real data, instead of two steps of ``cfg.seq_len``."""
+    stream is one step per length, a run over real data, instead of two steps of ``cfg.seq_len``. With ``sharding``
+    the stream is rank 0's of an FSDP run (`allocation_stream`), FSDP's side streams in their own pools."""
     with gc_paused():  # thousands of short-lived tuples and blocks: no collections while they are made
-        events = allocation_stream(profile, cfg, lengths=lengths)
+        events = allocation_stream(profile, cfg, lengths=lengths, sharding=sharding)
         allocator = CachingAllocator(expandable_segments=expandable_segments, capacity_bytes=capacity_bytes)
         try:
             stats = allocator.replay(events)
@@ -495,23 +731,41 @@ def device_check(profile: ModelProfile, gpu: GPU, tier: Tier, row_lengths: Seque
 
 
 NOT_REPLAYED = ""
-"""`DeviceLevelMemory.replay` of a multi-GPU plan: no allocation stream was replayed (see `multi_gpu_device_level`)."""
+"""`DeviceLevelMemory.replay` of a multi-GPU plan whose step is not replayed (see `multi_gpu_device_level`)."""
 
 
-def multi_gpu_device_level(gpu: GPU, tier: Tier | None, world_size: int) -> Tier | None:
+def multi_gpu_device_level(gpu: GPU, tier: Tier | None, world_size: int, *, profile: ModelProfile | None = None,
+                           strategy: str | None = None) -> Tier | None:
     """``tier`` of a plan on ``world_size`` GPUs with its device-level memory on each GPU (rank 0's view).
 
-    The allocation stream (`allocation_stream`) is one GPU's unsharded step, so a DDP or FSDP step is not replayed:
-    its reserved figure is its allocated peak (the estimate's per-GPU tensor peak, sharding and DDP buckets
-    included), a lower bound, and the allocator's cache is not modelled (``replay`` is `NOT_REPLAYED`). On top, what
-    lives outside the allocator on every GPU (`aegis.planning.memory.runtime.device_level`): the CUDA context, the
-    cuBLAS workspace and NCCL's buffers for ``world_size`` ranks (`aegis.planning.memory.runtime.nccl_buffer_bytes`:
-    ``NCCL_MAX_CHANNELS`` channels x one connection's Simple, LL and LL128 buffers, NCCL's defaults). The tier's fit
-    and headroom are left as the estimate judged them."""
+    An FSDP plan (``strategy="fsdp"``, FULL_SHARD, with the ``profile`` it was planned for) is replayed: rank 0's
+    allocation stream of two sharded steps (`allocation_stream` with `Sharding`), FSDP's all-gather, reduce-scatter
+    and mixed-precision streams each in their own pools as PyTorch's allocator keeps them, gives the reserved peak;
+    the allocated level stays the estimate's per-GPU tensor peak (checked against traced FSDP steps), and reserved is
+    never put below it. A DDP or DeepSpeed step is not replayed: its reserved figure is its allocated peak, a lower
+    bound, and the allocator's cache is not modelled (``replay`` is `NOT_REPLAYED`). On top, what lives outside the
+    allocator on every GPU (`aegis.planning.memory.runtime.device_level`): the CUDA context, the cuBLAS workspace and
+    NCCL's buffers for ``world_size`` ranks (`aegis.planning.memory.runtime.nccl_buffer_bytes`: ``NCCL_MAX_CHANNELS``
+    channels x one connection's Simple, LL and LL128 buffers, NCCL's defaults). The tier's fit and headroom are left as
+    the estimate judged them; a note says when the replayed reserved peak and the overhead pass the GPU's memory."""
     from aegis.planning.memory.runtime import device_level
 
     if tier is None or world_size < 2:
         return tier
     peak = tier.memory.tensor_bytes
-    level = device_level(gpu, allocated_bytes=peak, reserved_bytes=peak, world_size=world_size, replay=NOT_REPLAYED)
-    return tier.model_copy(update={"memory": tier.memory.model_copy(update={"device_level": level})})
+    reserved, replay, notes = peak, NOT_REPLAYED, ()
+    if strategy == "fsdp" and profile is not None:
+        cfg = tier.memory.config
+        dev = device_memory(profile, cfg, sharding=Sharding(world_size))
+        reserved = max(dev.max_reserved_bytes, peak)
+        replay = (f"two steps of {cfg.seq_len} tokens of rank 0 under FSDP FULL_SHARD on {world_size} GPUs "
+                  "(its all-gather and reduce-scatter streams' blocks apart)")
+        if reserved + tier.memory.overhead_bytes > gpu.memory_bytes:
+            gib = 1 << 30
+            notes = (f"FSDP's caching allocator reserves {reserved / gib:.2f} GiB per GPU for a {peak / gib:.2f} GiB "
+                     f"live peak ({(reserved - peak) / gib:.2f} GiB cached in freed and split blocks, FSDP's side "
+                     f"streams' blocks apart): with the overhead, more than the {gpu.name}'s memory; "
+                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or a smaller micro batch may be needed",)
+    level = device_level(gpu, allocated_bytes=peak, reserved_bytes=reserved, world_size=world_size, replay=replay)
+    update = {"device_level": level, "notes": tier.memory.notes + notes}
+    return tier.model_copy(update={"memory": tier.memory.model_copy(update=update)})
