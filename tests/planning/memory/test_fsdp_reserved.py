@@ -36,10 +36,11 @@ BAR = 0.05
 
 # FSDP2 rows the version-2 stream misses by more than 5% (planned / traced reserved - 1), pinned rather than loosened.
 # The Trainer's default is FSDP1, which the planner plans; the FSDP2 stream is a first model: one 2 MiB small-pool
-# segment short on QLoRA at 2 GPUs, one or two too many on full fine-tuning at 8 GPUs.
+# segment short on Llama/Qwen2 QLoRA at 2 GPUs, one to three too many on full fine-tuning at 8 GPUs.
 FSDP2_OPEN: dict[tuple[str, str, int], float] = {
     ("llama", "qlora", 2): -0.0588, ("qwen2", "qlora", 2): -0.0588,
     ("llama", "full", 8): +0.0625, ("qwen2", "full", 8): +0.0625, ("phi3", "full", 8): +0.0909,
+    ("gpt_neox", "full", 8): +0.0667,
 }
 
 
@@ -63,8 +64,8 @@ def _planned(row: dict) -> tuple[int, int, int]:
     return est.tensor_bytes, stats.max_allocated_bytes, stats.max_reserved_bytes
 
 
-def test_traced_rows_cover_three_families_both_world_sizes_every_method():
-    assert len({r["family"] for r in FSDP1}) >= 3
+def test_traced_rows_cover_four_families_both_world_sizes_every_method():
+    assert len({r["family"] for r in FSDP1}) >= 4
     assert {r["world_size"] for r in FSDP1} == {2, 8}
     assert {r["method"] for r in FSDP1} == {"full", "lora", "qlora"}
     assert {r["strategy"] for r in FSDP1} == {"FULL_SHARD", "SHARD_GRAD_OP"}
