@@ -48,6 +48,7 @@ __all__ = [
     "weight_quant",
     "bitnet_wrapper",
     "layer_targets",
+    "warmup_lambda",
 ]
 
 
@@ -63,6 +64,13 @@ def activation_quant(x: jax.Array, eps: float = EPS) -> jax.Array:
     """The per-token absmax int8 value ``q * max|x| / 127`` (float32) of :func:`absmax_int8`."""
     q, scale = absmax_int8(x, eps=eps)
     return q.astype(jnp.float32) * scale
+
+
+def warmup_lambda(step: jax.Array, warmup_steps: int) -> jax.Array:
+    """The warm-up's quantisation strength ``min(step / warmup_steps, 1)`` (1 without a warm-up)."""
+    if warmup_steps <= 0:
+        return jnp.float32(1.0)
+    return jnp.clip(jnp.asarray(step, jnp.float32) / warmup_steps, 0.0, 1.0)
 
 
 def _ste(x: jax.Array, q: jax.Array, f: jax.Array) -> jax.Array:
@@ -155,8 +163,7 @@ class BitNetModel:
         """The model a train step at ``step`` runs: lambda ramps from 0 to 1 over the warm-up."""
         if self.lambda_warmup_steps <= 0:
             return self
-        lam = jnp.clip(step.astype(jnp.float32) / self.lambda_warmup_steps, 0.0, 1.0)
-        return dataclasses.replace(self, lam=lam)
+        return dataclasses.replace(self, lam=warmup_lambda(step, self.lambda_warmup_steps))
 
     def strengths(self) -> jax.Array:
         """Per-layer quantisation strength ``[L]``: ``lam``, 0 for kept layers."""
