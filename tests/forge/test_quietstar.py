@@ -86,6 +86,52 @@ def test_build_rows_puts_the_thought_after_each_position_and_the_true_tokens_aft
     assert pos.tolist() == [0, 2]
 
 
+class _Scripted:
+    """A stand-in model whose next token depends only on the last token (``nxt[token]``): enough to script a thought."""
+
+    def __init__(self, nxt: dict[int, int], vocab: int = 100) -> None:
+        import jax.numpy as jnp
+
+        table = np.zeros((vocab, vocab), np.float32)
+        for a in range(vocab):
+            table[a, nxt.get(a, 0)] = 10.0
+        self.table, self.config = jnp.asarray(table), {"vocab_size": vocab}
+
+    def hidden(self, params, rows):
+        return self.table[rows]
+
+    def head_weight(self, params):
+        import jax.numpy as jnp
+
+        return jnp.eye(self.config["vocab_size"])
+
+    def project(self, h, w):
+        return h @ w.T
+
+
+def test_a_thought_the_model_ends_early_is_followed_by_the_true_tokens():
+    """Baked thoughts are as long as their reasoning, so a model closes its thought before the T slots: the rows
+    then read prompt, marker, the thought up to the model's own end marker, and the true tokens right after it (the
+    tokens it would sample after its marker are dropped); a thought that runs to T keeps the forced marker."""
+    import jax
+    import jax.numpy as jnp
+
+    from aegis.forge.quietstar.core import ThoughtSpec, build_rows, sample_thoughts, thought_ends
+
+    spec = ThoughtSpec(start_id=90, end_id=91, pad_id=0, length=4, num_thoughts=1, n_true=2, banned=(90,))
+    x = np.array([[5, 6, 7, 8]])
+    rows, pos = build_rows(x, np.array([[0]]), spec)
+    assert rows.tolist() == [[5, 90, 0, 0, 0, 0, 91, 6, 7, 0, 0, 0]]
+    early = _Scripted({90: 40, 40: 41, 41: 91, 91: 42, 42: 43})  # thinks 40 41, then closes
+    got = sample_thoughts(early, None, jnp.asarray(rows), jnp.asarray(pos), spec, jax.random.key(0), 0.0)
+    assert got.tolist() == [[5, 90, 40, 41, 91, 6, 7, 0, 0, 0, 0, 0]]
+    assert thought_ends(got, jnp.asarray(pos), spec).tolist() == [4]
+    full = _Scripted({90: 40, 40: 41, 41: 42, 42: 43, 43: 44})  # never closes: four tokens, the forced marker
+    got = sample_thoughts(full, None, jnp.asarray(rows), jnp.asarray(pos), spec, jax.random.key(0), 0.0)
+    assert got.tolist() == [[5, 90, 40, 41, 42, 43, 91, 6, 7, 0, 0, 0]]
+    assert thought_ends(got, jnp.asarray(pos), spec).tolist() == [6]
+
+
 @pytest.fixture
 def tiny_quietstar_model(tmp_path):
     from tools.hf_folders import make_model_folder

@@ -116,14 +116,18 @@ def _engine_generate(folder, tok, ids, max_new, temperature, seed, show_thoughts
         if spec is not None:  # a thought after the context, then the mixed prediction
             tb = buf.at[n].set(spec.start_id)
             t_ids = []
+            end = n + 1 + spec.length  # the forced end marker, unless the model closes the thought first
             for t in range(spec.length):
                 tl, _ = step_logits(tb, n + t)
                 tl = tl.at[spec.start_id].set(-jnp.inf)
                 nxt = int(jnp.argmax(tl))
-                t_ids.append(nxt)
                 tb = tb.at[n + 1 + t].set(nxt)
-            tb = tb.at[n + 1 + spec.length].set(spec.end_id)
-            lp_post, h_post = step_logits(tb, n + 1 + spec.length)
+                if nxt == spec.end_id:  # as Quiet-STaR's training reads it (`core.thought_ends`)
+                    end = n + 1 + t
+                    break
+                t_ids.append(nxt)
+            tb = tb.at[end].set(spec.end_id)
+            lp_post, h_post = step_logits(tb, end)
             w = mix_weight(mixer, h_base, h_post)
             lp = jnp.logaddexp(jnp.log(w + 1e-9) + lp_post, jnp.log1p(-w + 1e-9) + lp)
             lp = lp.at[thought_ids].set(-jnp.inf)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["ThoughtSpec", "init_mixer", "mix_weight", "build_rows", "sample_thoughts", "quietstar_loss",
-           "base_logprobs", "answer_accuracy", "answer_scores", "bake_loss", "edit_distance"]
+           "base_logprobs", "answer_accuracy", "answer_scores", "bake_loss", "edit_distance", "thought_ends"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def build_rows(x: jax.Array, pos: jax.Array, spec: ThoughtSpec) -> tuple[jax.Arr
     xr = jnp.repeat(x, p, axis=0)
     i = pos.reshape(-1)[:, None]
     j = jnp.arange(length)[None, :]
-    t0, t1 = i + 2, i + 2 + spec.length  # thought slots [t0, t1)
+    t1 = i + 2 + spec.length  # thought slots [i + 2, t1)
     src = jnp.clip(j - spec.length - 2, 0, s - 1)  # after the thought: x shifted by T+2
     after = jnp.take_along_axis(xr, src, axis=1)
     before = jnp.take_along_axis(xr, jnp.clip(j, 0, s - 1), axis=1)
@@ -92,7 +92,31 @@ def sample_thoughts(model: Any, params: Any, rows: jax.Array, pos: jax.Array, sp
         return rows.at[ar, at + 1].set(tok.astype(jnp.int32)), rng
 
     rows, _ = jax.lax.fori_loop(0, spec.length, body, (rows, rng))
-    return jax.lax.stop_gradient(rows)
+    return jax.lax.stop_gradient(_close_early(rows, pos, spec))
+
+
+def _close_early(rows: jax.Array, pos: jax.Array, spec: ThoughtSpec) -> jax.Array:
+    """A thought whose sampled tokens include the end marker ends there: what ``build_rows`` placed after the
+    forced end (the true tokens, then padding) moves left to follow the model's own marker, and the tokens sampled
+    after it are dropped. Baked thoughts are as long as their reasoning (shorter than ``T`` for most rows), so a
+    model that learned them closes its thought early; continuing to sample after its marker put ``T`` minus that
+    many off-distribution tokens between the thought and the answer."""
+    width = rows.shape[1]
+    j = jnp.arange(width)[None, :]
+    t1 = (pos + 2 + spec.length)[:, None]
+    end = jnp.min(jnp.where((rows == spec.end_id) & (j >= pos[:, None] + 2) & (j < t1), j, t1), axis=1)
+    src = jnp.where(j <= end[:, None], j, j + (t1 - end[:, None]))
+    moved = jnp.take_along_axis(rows, jnp.clip(src, 0, width - 1), axis=1)
+    return jnp.where(src < width, moved, spec.pad_id).astype(rows.dtype)
+
+
+def thought_ends(rows: jax.Array, pos: jax.Array, spec: ThoughtSpec) -> jax.Array:
+    """``[R]`` index of the end marker closing each row's thought (rows from :func:`sample_thoughts`, thought at
+    ``pos``): the model's own marker where it ended the thought early, else the one ``build_rows`` forced after
+    ``T`` tokens. The marker's position predicts the first token after the thought."""
+    j = jnp.arange(rows.shape[1])[None, :]
+    t1 = pos + 2 + spec.length
+    return jnp.min(jnp.where((rows == spec.end_id) & (j >= pos[:, None] + 2), j, t1[:, None]), axis=1)
 
 
 def base_logprobs(model: Any, params: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -135,12 +159,15 @@ def quietstar_loss(params: Any, mixer: Any, baked: Any, model: Any, x: jax.Array
     h_rows = model.hidden(params, rows)
     logp_rows = jax.nn.log_softmax(model.project(h_rows, model.head_weight(params)), -1)
     ar = jnp.arange(rows.shape[0])[:, None]
-    # thought tokens: slot t (row index posr+2+t) predicted at posr+1+t
+    # thought tokens: slot t (row index posr+2+t) predicted at posr+1+t, up to the model's own end marker if it
+    # closed the thought early (that choice is part of the thought), else all T slots
+    ends = thought_ends(rows, posr, spec)
     t_at = posr[:, None] + 1 + jnp.arange(spec.length)[None, :]
     t_tok = rows[ar, t_at + 1]
-    logp_thought = jnp.take_along_axis(logp_rows[ar, t_at], t_tok[..., None], -1)[..., 0].sum(-1)  # [R]
-    # after the thought: the end marker sits at posr+T+2 and predicts x_{i+1}
-    post_at = posr[:, None] + spec.length + 2 + jnp.arange(spec.n_true)[None, :]
+    in_thought = t_at + 1 <= ends[:, None]
+    logp_thought = (jnp.take_along_axis(logp_rows[ar, t_at], t_tok[..., None], -1)[..., 0] * in_thought).sum(-1)
+    # after the thought: the end marker predicts x_{i+1}
+    post_at = ends[:, None] + jnp.arange(spec.n_true)[None, :]
     lp = logp_rows[ar, post_at]
     w = mix_weight(mixer, hb, h_rows[ar, post_at])[..., None]
     logp_mix = jnp.logaddexp(jnp.log(w + 1e-9) + lp, jnp.log1p(-w + 1e-9) + lb)
@@ -186,7 +213,7 @@ def answer_accuracy(model: Any, params: Any, mixer: Any, prompts: jax.Array, len
         rows, posr = build_rows(prompts, pos, spec1)
         rows = sample_thoughts(model, params, rows, posr, spec1, rng, temperature)
         h_rows = model.hidden(params, rows)
-        post_at = posr[:, None] + spec.length + 2 + jnp.arange(spec1.n_true)[None, :]
+        post_at = thought_ends(rows, posr, spec1)[:, None] + jnp.arange(spec1.n_true)[None, :]
         ar = jnp.arange(b)[:, None]
         lp = jax.nn.log_softmax(model.project(h_rows[ar, post_at], model.head_weight(params)), -1)
         w = mix_weight(mixer, h_base[jnp.arange(b)[:, None], at], h_rows[ar, post_at])[..., None]
@@ -231,7 +258,7 @@ def answer_scores(model: Any, params: Any, mixer: Any, prompts: jax.Array, lengt
         rows, posr = build_rows(prompts, L - 1, spec1)
         rows = sample_thoughts(model, params, rows, posr, spec1, rng, temperature)
         rc = jnp.repeat(rows, c, axis=0)
-        t1 = jnp.repeat(posr, c)[:, None] + spec.length + 2  # the end marker; answer token m follows at t1+1+m
+        t1 = jnp.repeat(thought_ends(rows, posr, spec1), c)[:, None]  # the end marker; answer token m at t1+1+m
         jj = jnp.arange(rc.shape[1])[None, :]
         cand = jnp.tile(candidates, (b, 1))  # [B*C, n], row b*C + c holds answer c
         slot = jnp.clip(jj - t1 - 1, 0, n - 1)
