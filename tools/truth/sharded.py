@@ -41,6 +41,8 @@ Trainer's ``bf16=True``). Two steps (forward with labels, backward, clip, AdamW 
 Regenerate the rows (tests/data/sharded_truth.json):
 
     python -m tools.truth.sharded --write          # every row of GRID; --only llama to filter
+    python -m tools.truth.sharded --large --write  # the real-size rows (LARGE) into tests/data/sharded_truth_large.json
+    python -m tools.truth.sharded --large --show   # traced allocated / reserved against the planner's
 """
 
 from __future__ import annotations
@@ -80,6 +82,12 @@ class ShardSetup(BaseModel):
     lora_rank: int = 16
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
     steps: int = 2
+    gradient_checkpointing: bool = False
+    """Non-reentrant checkpointing of every decoder layer, enabled before wrapping (as the Trainer does with
+    ``gradient_checkpointing=True``)."""
+    optimizer: Literal["adamw_foreach", "adamw_fused"] = "adamw_foreach"
+    """``torch.optim.AdamW(foreach=True)`` (transformers 4's ``adamw_torch``: a state-sized temporary per tensor of a
+    group during the step) or ``fused=True`` (transformers 5's default ``adamw_torch_fused``: none)."""
 
 
 class ShardedLiveBytes(LiveBytes):
@@ -252,7 +260,7 @@ def _fake_quant_state_recovery():
 def _trace_setup(setup: ShardSetup) -> TraceSetup:
     return TraceSetup(method=setup.method, micro_batch_size=setup.micro_batch_size, seq_len=setup.seq_len,
                       lora_rank=setup.lora_rank, lora_alpha=2 * setup.lora_rank, lora_targets=setup.lora_targets,
-                      kbit_prep=setup.method != "qlora",
+                      gradient_checkpointing=setup.gradient_checkpointing, kbit_prep=setup.method != "qlora",
                       autocast=setup.method != "full", trainer="peft" if setup.method == "qlora" else "hf")
 
 
@@ -326,7 +334,8 @@ def _run(config: dict[str, Any], setup: ShardSetup, mesh, record_origin: bool = 
         unsharded = tracker.total_bytes
         wrap = _wrap_fsdp1 if setup.fsdp == "fsdp1" else _wrap_fsdp2
         model = wrap(model, setup, mesh)
-        optimizer = torch.optim.AdamW(_param_groups(model), lr=5e-5, foreach=True)
+        fused = setup.optimizer == "adamw_fused"
+        optimizer = torch.optim.AdamW(_param_groups(model), lr=5e-5, foreach=not fused, fused=fused or None)
         vocab = model.get_input_embeddings().num_embeddings
         shape = (setup.micro_batch_size, setup.seq_len)
         ids = torch.randint(0, vocab, shape, dtype=torch.long)
@@ -497,6 +506,117 @@ def planned_bytes(row: dict[str, Any], configs: dict[str, Any]) -> int:
     return est.tensor_bytes
 
 
+TABLE_LARGE = ROOT / "tests" / "data" / "sharded_truth_large.json"
+
+LARGE: tuple[dict[str, Any], ...] = tuple(
+    {"model": m, "method": meth, "world_size": ws, "seq_len": seq, "micro_batch_size": b, "gradient_checkpointing": gc,
+     "optimizer": opt}
+    for m, meth, ws, seq, b, gc in (
+        ("meta-llama/Llama-3.1-8B", "full", 2, 2048, 1, False),
+        ("meta-llama/Llama-3.1-8B", "full", 2, 2048, 2, False),
+        ("meta-llama/Llama-3.1-8B", "full", 2, 2048, 2, True),
+        ("meta-llama/Llama-3.1-8B", "full", 2, 1024, 4, False),  # `aegis plan "full llama 3.1 8b on 2x h100"`
+        ("meta-llama/Llama-3.1-8B", "full", 8, 2048, 1, False),
+        ("meta-llama/Llama-3.1-8B", "full", 8, 2048, 2, True),
+        ("meta-llama/Llama-3.1-8B", "lora", 2, 4096, 1, False),
+        ("meta-llama/Llama-3.1-8B", "lora", 2, 4096, 1, True),
+        ("meta-llama/Llama-3.1-8B", "lora", 8, 4096, 2, True),
+        ("mistralai/Mistral-7B-v0.1", "qlora", 2, 2048, 1, False),
+        ("mistralai/Mistral-7B-v0.1", "qlora", 2, 4096, 1, True),
+        ("Qwen/Qwen2.5-7B", "qlora", 2, 4096, 1, True),
+        ("Qwen/Qwen2.5-7B", "full", 2, 2048, 1, True),
+        ("meta-llama/Llama-2-70b-hf", "qlora", 2, 4096, 1, True),
+    ) for opt in (("adamw_fused", "adamw_foreach") if meth == "full" and ws == 2 else ("adamw_fused",))
+)
+"""Real-size rows (`--large`): catalog models at the sizes the third parties' FSDP runs used (FSDP1 FULL_SHARD, the
+Trainer's default wrap; fake tensors, so a 70B model traces without memory), with the Trainer's default optimizer on
+transformers 5 (fused AdamW), and full fine-tuning on 2 GPUs also with transformers 4's foreach AdamW (its step
+temporaries can hold the peak there)."""
+
+
+def catalog_config(model_id: str) -> dict[str, Any]:
+    """The planner's own bundled config.json of a catalog model (`aegis.models.catalog`)."""
+    from aegis.models.catalog import models, read_model_config
+
+    entry = next((m for m in models() if model_id in m.ids), None)
+    if entry is None:
+        raise SystemExit(f"{model_id} is not in the bundled catalog")
+    return read_model_config(entry)
+
+
+def large_key(row: dict[str, Any]) -> tuple:
+    return (row["model"], row["method"], row["world_size"], row["seq_len"], row["micro_batch_size"],
+            row["gradient_checkpointing"], row["optimizer"])
+
+
+def build_large_rows(only: str | None = None) -> list[dict[str, Any]]:
+    rows = []
+    for spec in LARGE:
+        if only and only.lower() not in spec["model"].lower():
+            continue
+        config = catalog_config(spec["model"])
+        setup = ShardSetup(method=spec["method"], micro_batch_size=spec["micro_batch_size"], seq_len=spec["seq_len"],
+                           gradient_checkpointing=spec["gradient_checkpointing"], optimizer=spec["optimizer"])
+        traced = trace_sharded(config, setup, spec["world_size"], record_origin=True)
+        live = traced.pop("peak_live", {})
+        traced["peak_live_top"] = dict(list(live.items())[:12])  # the largest groups live at the peak
+        row = {"model": spec["model"], "family": config["model_type"], "world_size": spec["world_size"],
+               **setup.model_dump(), **traced}
+        print(f"{spec['model']:<28} {spec['method']:<5} ws{spec['world_size']} s{spec['seq_len']} "
+              f"b{spec['micro_batch_size']} gc{int(spec['gradient_checkpointing'])} {spec['optimizer']}: "
+              f"allocated {traced['traced_max_allocated_bytes'] / 2**30:.2f} GiB, "
+              f"reserved {traced['traced_max_reserved_bytes'] / 2**30:.2f} GiB ({traced['trace_seconds']} s)", flush=True)
+        rows.append(row)
+    return rows
+
+
+def planned_levels(row: dict[str, Any], config: dict[str, Any]) -> tuple[int, int, int]:
+    """The planner's (estimate's tensor peak, replayed allocated, replayed reserved) for a sharded row: the
+    estimate with ``fsdp_shards`` = world size, then rank 0's allocation stream (`Sharding`) through the allocator
+    model, as `aegis.planning.memory.device.multi_gpu_device_level` replays a plan. A row's ``optimizer`` is the
+    stack's AdamW (foreach or fused); a row without one is planned with the default stack (the tiny rows' way)."""
+    from aegis.models.profiles import profile_from_config
+    from aegis.planning.memory.allocator import replay
+    from aegis.planning.memory.device import Sharding, allocation_stream
+    from aegis.planning.memory.estimate import estimate_memory
+    from aegis.schema import LoRAConfig, StackProfile
+
+    profile = profile_from_config(config, model_id=row.get("model") or f"tiny-{row['family']}", source="path")
+    lora = None
+    if row["method"] != "full":
+        targets = tuple(row.get("lora_targets") or DEFAULT_LORA_TARGETS)
+        lora = LoRAConfig(rank=row["lora_rank"], alpha=2 * row["lora_rank"], target_modules=targets)
+    reshard = row["strategy"] == "FULL_SHARD"
+    stack: dict[str, Any] = {"kbit_prep": False} if row["method"] == "qlora" else {}
+    if "optimizer" in row:
+        stack["adamw"] = row["optimizer"].removeprefix("adamw_")
+    est = estimate_memory(
+        profile, method=row["method"], micro_batch_size=row["micro_batch_size"], seq_len=row["seq_len"],
+        precision="bf16", lora=lora, fsdp_shards=row["world_size"], fsdp_reshard=reshard,
+        gradient_checkpointing=row.get("gradient_checkpointing", False), autocast=row["method"] != "full",
+        stack=StackProfile(**stack) if stack else None,
+    )
+    version = 2 if row["fsdp"] == "fsdp2" else 1
+    stats = replay(allocation_stream(profile, est.config, sharding=Sharding(row["world_size"], reshard, version)))
+    return est.tensor_bytes, stats.max_allocated_bytes, stats.max_reserved_bytes
+
+
+def show_large() -> str:
+    """The real-size rows: traced rank-0 allocated and reserved against the planner's."""
+    gib = 1 << 30
+    lines = [f"{'model':<28} {'method':<5} {'ws':>2} {'seq':>5} {'b':>2} {'gc':>2} {'adamw':<7} {'trace s':>7} "
+             f"{'tr alloc':>8} {'tr resv':>8} {'pl alloc':>8} {'pl resv':>8} {'alloc':>7} {'resv':>7}"]
+    for row in json.loads(TABLE_LARGE.read_text(encoding="utf-8"))["rows"]:
+        est, _, reserved = planned_levels(row, catalog_config(row["model"]))
+        ta, tr = row["traced_max_allocated_bytes"], row["traced_max_reserved_bytes"]
+        lines.append(f"{row['model']:<28} {row['method']:<5} {row['world_size']:>2} {row['seq_len']:>5} "
+                     f"{row['micro_batch_size']:>2} {int(row['gradient_checkpointing']):>2} "
+                     f"{row['optimizer'].removeprefix('adamw_'):<7} {row['trace_seconds']:>7} "
+                     f"{ta / gib:>8.2f} {tr / gib:>8.2f} {est / gib:>8.2f} {reserved / gib:>8.2f} "
+                     f"{est / ta - 1:>+7.2%} {reserved / tr - 1:>+7.2%}")
+    return "\n".join(lines)
+
+
 def show() -> str:
     """The truth table: traced rank-0 peak against the planner's, per row."""
     configs = json.loads(CONFIGS.read_text(encoding="utf-8"))
@@ -516,7 +636,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--write", action="store_true",
                         help=f"write the rows into {TABLE.relative_to(ROOT)} (replacing rows of the same setup)")
     parser.add_argument("--show", action="store_true", help="print the stored rows against the planner")
+    parser.add_argument("--large", action="store_true",
+                        help=f"the real-size rows (LARGE; {TABLE_LARGE.relative_to(ROOT)}); --only filters by model")
     args = parser.parse_args(argv)
+    if args.large:
+        if args.show:
+            print(show_large())
+            return
+        rows = build_large_rows(args.only)
+        if args.write:
+            write_table(TABLE_LARGE, rows, large_key,
+                        "rank 0's traced FSDP1 FULL_SHARD steps of real-size catalog models (tools/truth/sharded.py --large)",
+                        versions(), {"rows": [dict(r) for r in LARGE]})
+        return
     if args.show:
         print(show())
         return

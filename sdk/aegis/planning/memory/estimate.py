@@ -313,6 +313,17 @@ def estimate(
             "backward temporaries": int(tokens * transient_per_token),
         }))
         grads_so_far += trainable_per_layer[i] * gb // n
+    if n > 1 and cfg.method == "full" and not profile.tie_word_embeddings:
+        # FSDP1's root post-backward, the end of backward (traced at real size: Llama-3.1-8B and Qwen2.5-7B full on
+        # 2 GPUs with checkpointing hold their backward peak here): the root still gathered, its unsharded gradients
+        # (embedding, final norm, head) copied into its flat gradient for the reduce-scatter, every layer's gradient
+        # shard made, the gradient flowing out of the first layer still live
+        root_grads = (profile.total_params - sum(profile.layer_params)) * gb
+        moments.append(_Moment("root's post-backward (FSDP)", {
+            "weights": weights, "optimizer": states, "gathered": root_gathered, "buckets": buckets, "masks": masks,
+            "activations": tokens * hidden * place.stream_bytes,
+            "gradients": grads_total - root_grads // n + 2 * root_grads,
+        }))
     if cfg.method == "full" and profile.tie_word_embeddings:
         # a tied embedding's two gradients, the head dot's (made first, kept) and the lookup's (its backward, last),
         # are summed out of place: all three live at once, beside every other gradient (traced, aya-23-8B full)
