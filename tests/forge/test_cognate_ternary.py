@@ -16,8 +16,8 @@ jax = pytest.importorskip("jax")
 def _cfg(vocab: int, **over):
     from aegis.forge.cognate.hyperparams import CognateConfig
 
-    base = dict(vocab_size=vocab, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, num_persistent=2,
-                window=16, memory_dim=8, ltm_slots=16, memory_chunk=8, max_passes=2)
+    base = {"vocab_size": vocab, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64,
+            "num_persistent": 2, "window": 16, "memory_dim": 8, "ltm_slots": 16, "memory_chunk": 8, "max_passes": 2}
     return CognateConfig(**{**base, **over})
 
 
@@ -42,7 +42,6 @@ def test_ternary_forward_at_lambda_one_equals_the_served_packed_model(tmp_path):
     values, per tensor and per channel, with a kept layer left in full precision in both. At lambda = 0 the forward
     is the full-precision model's; the gradient goes straight through the quantiser."""
     import jax.numpy as jnp
-
     from aegis.forge.bitnet import compress_model, load_packed
     from aegis.forge.cognate.engine import build_cognate
     from aegis.forge.cognate.hf_folder import save_pretrained

@@ -62,6 +62,9 @@ def test_forge_runs_four_phases_and_resumes_after_a_kill_without_retraining_phas
     assert p3["output_size"]["params"] - n == 12 * 32 * 2 + (32 * 64 + 32 + 32 + 1)  # + the mixing head's file
     assert (out / "final" / "bitnet_config.json").exists() or any((out / "final").glob("*.json"))
     assert (out / "final" / "quietstar.json").is_file()
+    p4 = json.loads((out / "phase4_bitnet" / "report.json").read_text())  # a llama stub: packed without QAT, measured
+    assert p4["method"] == "packing (compress only)" and p4["training"] == {}
+    assert 0.0 <= p4["quality"]["compress_only"]["top1_agreement"] <= 1.0 and p4["quality"]["phase3"]["kl_to_phase3"] == 0
     assert set(results) == set(pipeline.PHASES)
 
 

@@ -38,14 +38,15 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Phase4Settings", "TernaryCognate", "ternary_targets", "qat_loss", "run_phase4"]
+__all__ = ["Phase4Settings", "TernaryCognate", "qat_loss", "run_phase4", "ternary_targets"]
 
 
 class Phase4Settings(BaseModel):
@@ -175,7 +176,7 @@ def _rows_data(tok: Any, rows: list[Any], holdout: float, validation: float) -> 
         answers = []
     return {"pad": pad, "train": baked(train_idx), "test_baked": baked(test_idx), "answers": answers,
             "test": _split_arrays(enc, test_idx, pad, answers),
-            "rows": {"train": int(len(train_idx)), "test": int(len(test_idx))}}
+            "rows": {"train": len(train_idx), "test": len(test_idx)}}
 
 
 _PROGRAMS: dict[Any, Any] = {}
@@ -278,7 +279,7 @@ def _save_state(path: Path, st: dict[str, Any]) -> None:
     save(path, st)
 
 
-def run_phase4(src: str | Path, rows: list[Any], out: str | Path, settings: Phase4Settings = Phase4Settings(), *,
+def run_phase4(src: str | Path, rows: list[Any], out: str | Path, settings: Phase4Settings | None = None, *,
                holdout: float = 0.25, validation: float = 0.125,
                log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Fine-tune (``settings.steps``), pack into ``OUT/model`` and measure phase 3's model folder ``src`` on its
@@ -298,6 +299,7 @@ def run_phase4(src: str | Path, rows: list[Any], out: str | Path, settings: Phas
     from aegis.forge.quietstar.run import load_quietstar_model
 
     t0 = time.time()
+    settings = settings or Phase4Settings()
     src, out = Path(src), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     config = json.loads((src / "config.json").read_text())
@@ -358,7 +360,7 @@ def run_phase4(src: str | Path, rows: list[Any], out: str | Path, settings: Phas
 
             @jax.jit
             def step(p, o, x, m, rl, tl, i):
-                f = lambda q: qat_loss(student.at_step(i), q, x, m, rl, tl, settings.kl_coef,  # noqa: E731
+                f = lambda q: qat_loss(student.at_step(i), q, x, m, rl, tl, settings.kl_coef,
                                        settings.ce_coef)
                 (loss, aux), g = jax.value_and_grad(f, has_aux=True)(p)
                 u, o = tx.update(g, o, p)
@@ -416,8 +418,8 @@ def run_phase4(src: str | Path, rows: list[Any], out: str | Path, settings: Phas
             "batch_size": batch,
             "train_rows": data["rows"]["train"], "seconds_this_call": round(train_seconds, 1),
             "first": hist[0] if hist else None, "last": hist[-1] if hist else None,
-            "loss": "CE on phase 3's baked training rows (prompt + thought + answer, from the prompt's last token) + "
-                    "kl_coef x KL(phase-3 model || student) at every real position",
+            "loss": ("ce_coef x CE on phase 3's baked training rows (prompt + thought + answer, from the prompt's last "
+                     "token) + kl_coef x KL(phase-3 model || student) at every real position"),
             "trained_forward_vs_served": {
                 "max_abs_logprob_diff": float(np.abs(fake - served_lp)[rmask].max()),
                 "top1_agreement": float((fake.argmax(-1) == served_lp.argmax(-1))[rmask].mean())},
@@ -432,8 +434,8 @@ def run_phase4(src: str | Path, rows: list[Any], out: str | Path, settings: Phas
         "total_params": r.total_params, "ternary_params": r.ternary_params, "sparsity": r.sparsity,
         "total_compression": r.total_compression, "target_compression": r.target_compression,
         "size_category": r.size_category, "per_channel": settings.per_channel,
-        "served_as": "load_packed (W1.58 A16 for a Cognate model: dequantised ternary weights, float activations), "
-                     "as aegis generate loads the folder",
+        "served_as": ("load_packed (W1.58 A16 for a Cognate model: dequantised ternary weights, float activations), "
+                      "as aegis generate loads the folder"),
         "held_out_rows": data["rows"]["test"],
         "chance": 1.0 / len(a) if a else None,
         "majority_baseline": float(counts.max() / max(1, counts.sum())) if a else None,
@@ -445,28 +447,28 @@ def run_phase4(src: str | Path, rows: list[Any], out: str | Path, settings: Phas
 
 def _markdown(r: dict[str, Any]) -> str:
     q = r["quality"]
+    num = lambda x: "-" if x is None else f"{x:.3f}"
     lines = ["# Phase 4: BitNet b1.58", "",
-             f"- method: {r['method']}; {r['ternary_params']:,} of {r['total_params']:,} parameters ternary "
-             f"(sparsity {r['sparsity']:.3f}), whole-model compression {r['total_compression']:.2f}x "
-             f"(target {r['target_compression']}x, category {r['size_category']})",
+             (f"- method: {r['method']}; {r['ternary_params']:,} of {r['total_params']:,} parameters ternary "
+              f"(sparsity {r['sparsity']:.3f}), whole-model compression {r['total_compression']:.2f}x "
+              f"(target {r['target_compression']}x, category {r['size_category']})"),
              f"- served as: {r['served_as']}", "",
-             f"Quality on {r['held_out_rows']} held-out test rows of phase 3 (chance {r['chance']}, "
-             f"majority answer {r['majority_baseline']}):", "",
+             (f"Quality on {r['held_out_rows']} held-out test rows of phase 3 (chance {num(r['chance'])}, "
+              f"majority answer {num(r['majority_baseline'])}):"), "",
              "| model | top-1 agreement with phase 3 | KL to phase 3 | accuracy with thoughts | without | gain |",
              "|---|---|---|---|---|---|"]
-    fmt = lambda d, k: f"{d[k]:.3f}" if d.get(k) is not None else "-"  # noqa: E731
     names = {"phase3": "phase 3 (full precision)", "compress_only": "packed, compress only",
              "qat": "packed after ternary-aware fine-tuning"}
     for k, d in q.items():
-        lines.append(f"| {names[k]} | {fmt(d, 'top1_agreement')} | {fmt(d, 'kl_to_phase3')} | "
-                     f"{fmt(d, 'accuracy_with_thoughts')} | {fmt(d, 'accuracy_without_thoughts')} | "
-                     f"{fmt(d, 'accuracy_gain')} |")
+        lines.append(f"| {names[k]} | {num(d.get('top1_agreement'))} | {num(d.get('kl_to_phase3'))} | "
+                     f"{num(d.get('accuracy_with_thoughts'))} | {num(d.get('accuracy_without_thoughts'))} | "
+                     f"{num(d.get('accuracy_gain'))} |")
     t = r["training"]
     if t:
         c = t["trained_forward_vs_served"]
-        lines += ["", f"- fine-tuning: {t['steps']} steps ({t['optimizer']}, lr {t['lr']:g}, lambda warm-up "
-                  f"{t['lambda_warmup']}, KL weight {t['kl_coef']:g}, CE weight {t['ce_coef']:g}, batch {t['batch_size']}); loss "
-                  f"{t['first']['loss']:.4f} -> {t['last']['loss']:.4f}",
-                  f"- training forward (lambda = 1) vs the served packed model: max |log-prob difference| "
-                  f"{c['max_abs_logprob_diff']:.2e}, top-1 agreement {c['top1_agreement']:.4f}"]
+        lines += ["", (f"- fine-tuning: {t['steps']} steps ({t['optimizer']}, lr {t['lr']:g}, lambda warm-up "
+                       f"{t['lambda_warmup']}, KL weight {t['kl_coef']:g}, CE weight {t['ce_coef']:g}, batch "
+                       f"{t['batch_size']}); loss {t['first']['loss']:.4f} -> {t['last']['loss']:.4f}"),
+                  (f"- training forward (lambda = 1) vs the served packed model: max |log-prob difference| "
+                   f"{c['max_abs_logprob_diff']:.2e}, top-1 agreement {c['top1_agreement']:.4f}")]
     return "\n".join(lines) + "\n"
