@@ -660,10 +660,13 @@ def main(argv: list[str] | None = None) -> None:
 
 def write_table(table: Path, rows: list[dict[str, Any]], key: Any, description: str, stack: dict[str, str],
                 grid: dict[str, Any]) -> None:
-    """Write ``rows`` into the truth table ``table``, replacing stored rows of the same setup (``key(row)``)."""
+    """Write ``rows`` into the truth table ``table``, replacing stored rows of the same setup (``key(row)``) where
+    they stand (tests may pick the first row of a kind), new setups at the end."""
     if table.exists():
-        fresh = {key(r) for r in rows}
-        rows = [r for r in json.loads(table.read_text(encoding="utf-8"))["rows"] if key(r) not in fresh] + rows
+        fresh = {key(r): r for r in rows}
+        stored = json.loads(table.read_text(encoding="utf-8"))["rows"]
+        kept = {key(r) for r in stored}
+        rows = [fresh.get(key(r), r) for r in stored] + [r for r in rows if key(r) not in kept]
     doc = {"description": description, "versions": stack, "grid": grid, "rows": rows}
     table.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 

@@ -29,6 +29,11 @@ TRL's ``use_reentrant=False``: ``gradient_checkpointing_enable`` on the model be
 partitions it (which also calls ``enable_input_require_grads``); the recompute in backward runs each layer's forward
 again, so ZeRO-3 gathers its parameters again.
 
+Reserved memory: the tracer also records rank 0's allocation stream and replays the steps through the allocator
+model, as `tools.truth.sharded` does (``traced_max_reserved_bytes``). DeepSpeed's CPU accelerator has no streams, so
+the stream is one stream's (``traced_streams`` 1): a lower bound of a GPU's, where ZeRO-2's reduction stream and
+ZeRO-3's all-gather stream keep their blocks apart. Rows traced before this carry no reserved figure.
+
 Regenerate the rows (tests/data/zero_truth.json):
 
     python -m tools.truth.zero --write          # every row of GRID; --only llama, --stage 3 to filter
@@ -52,8 +57,9 @@ from tools.truth.setup import DEFAULT_LORA_TARGETS
 from tools.truth.sharded import (
     CONFIGS,
     LORA_TARGETS,
-    ShardedLiveBytes,
+    ShardedStreamLiveBytes,
     _bf16_quant_storage,
+    replayed,
     write_table,
 )
 
@@ -100,8 +106,11 @@ def zero_config(stage: int, hidden_size: int, world_size: int, micro_batch_size:
             "steps_per_print": 10**9, "wall_clock_breakdown": False}
 
 
-class _DeviceBytes(ShardedLiveBytes):
-    """`ShardedLiveBytes` less meta tensors, which hold no memory."""
+class _DeviceBytes(ShardedStreamLiveBytes):
+    """`ShardedStreamLiveBytes` less meta tensors, which hold no memory. The allocation stream it records is one
+    stream's: DeepSpeed's CPU accelerator has no streams (``Stream`` is None, ``stream(s)`` a no-op), so ZeRO-2's
+    reduction stream and ZeRO-3's all-gather stream (``overlap_comm``) are not seen; on a GPU their blocks sit in
+    their own pools, so the replayed ``traced_max_reserved_bytes`` is a lower bound there."""
 
     def _track(self, t: torch.Tensor) -> None:
         if t.device.type == "meta":
@@ -159,7 +168,7 @@ def _run(config: dict[str, Any], setup: ZeroSetup, ds_config: dict[str, Any]) ->
             live[name] = live.get(name, 0) + size
         engine.destroy()
     return {"peak_bytes": tracker.peak_bytes, "peak_phase": tracker.peak_phase, "phase_peak_bytes": phase_peaks,
-            "after_setup_bytes": after_setup, "trace_seconds": round(time.perf_counter() - start, 2),
+            "after_setup_bytes": after_setup, "trace_seconds": round(time.perf_counter() - start, 2), **replayed(tracker),
             "peak_live": dict(sorted(live.items(), key=lambda kv: -kv[1])[:int(os.environ.get("ZERO_TRUTH_TOP", "16"))])}
 
 
