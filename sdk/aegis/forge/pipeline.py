@@ -41,9 +41,9 @@ def tiny_config() -> dict[str, Any]:
     chance 0.5, majority answer 0.547), selected Quiet-STaR step 3 of 6. Phase 4 fine-tunes the ternary model 60
     steps (straight-through, CE on phase 3's rows + KL to the phase-3 model) before packing: measured top-1
     agreement of the served packed model with phase 3 on the 64 test rows 0.714 compress-only -> 0.923, KL
-    1.12 -> 0.18, format-free accuracy with thoughts 0.453 -> 0.609 (the phase-3 model: 0.781 once thoughts end at their own
-    end marker; without thoughts 0.453 for both;
-    lr 3e-3 gave agreement 0.943 but 0.516 with thoughts, KL weight 3: 0.921 and 0.594)."""
+    1.12 -> 0.18, format-free accuracy with thoughts 0.453 -> 0.609 (the phase-3 model: 0.781 once thoughts end
+    at their own end marker; without thoughts 0.453 for both; lr 3e-3 gave agreement 0.943 but 0.516 with
+    thoughts, KL weight 3: 0.921 and 0.594)."""
     return {
         "tiny": True,
         "phase1": {},
