@@ -339,7 +339,7 @@ def run_phase4(src: str | Path, rows: list[Any], out: str | Path, settings: Phas
         r = packed(src, folder)
         _, served = _served(folder)
         stages["compress_only"] = measure.against(served, teacher_test)
-        log("phase 4: compress only: top-1 agreement {top1_agreement:.3f} with phase 3".format(**stages["compress_only"]))
+        log(f"phase 4: compress only: top-1 agreement {stages['compress_only']['top1_agreement']:.3f} with phase 3")
         if qat:
             shutil.rmtree(folder)  # measured; the phase's model is the fine-tuned one
 
@@ -424,13 +424,14 @@ def run_phase4(src: str | Path, rows: list[Any], out: str | Path, settings: Phas
                 "max_abs_logprob_diff": float(np.abs(fake - served_lp)[rmask].max()),
                 "top1_agreement": float((fake.argmax(-1) == served_lp.argmax(-1))[rmask].mean())},
         }
-        log("phase 4: QAT: top-1 agreement {top1_agreement:.3f} with phase 3".format(**stages["qat"]))
+        log(f"phase 4: QAT: top-1 agreement {stages['qat']['top1_agreement']:.3f} with phase 3")
 
     a = data["answers"]
     truth = data["test"]["truth"]
     counts = np.bincount(truth[truth >= 0], minlength=max(1, len(a)))
     report = {
-        "phase": "bitnet", "method": "ternary-aware fine-tuning (STE) then packing" if qat else "packing (compress only)",
+        "phase": "bitnet",
+        "method": "ternary-aware fine-tuning (STE) then packing" if qat else "packing (compress only)",
         "total_params": r.total_params, "ternary_params": r.ternary_params, "sparsity": r.sparsity,
         "total_compression": r.total_compression, "target_compression": r.target_compression,
         "size_category": r.size_category, "per_channel": settings.per_channel,
