@@ -169,6 +169,24 @@ def test_packed_logits_equal_dequantised_ternary_model(llama, tmp_path, per_chan
     assert result.size_category == "tiny" and result.per_channel is per_channel
 
 
+def test_generate_serves_the_packed_model_as_trained_with_int8_activations(llama, tmp_path):
+    """`aegis generate` runs a packed folder as `PackedModel.apply` does (W1.58 A8, the straight-through
+    fine-tuning's forward), not the dequantised W1.58 A16 tree (which differs)."""
+    import jax
+
+    from aegis.forge.generate import _engine
+
+    compress_model(llama, tmp_path / "p")
+    packed = load_packed(tmp_path / "p")
+    want = np.asarray(packed.apply(IDS))
+    model, params, kind = _engine(tmp_path / "p")
+    assert kind == "packed ternary"
+    got = np.asarray(jax.jit(model.apply)(params, IDS))
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    a16 = np.asarray(jax.jit(model.apply)(packed.dense_params(), IDS))
+    assert np.abs(a16 - want).max() > 1e-3
+
+
 def test_transformers_refuses_the_packed_folder_and_aegis_loads_it(llama, tmp_path):
     """Before, transformers loaded the folder as the plain llama of config.json, its decoder weights random."""
     transformers = pytest.importorskip("transformers")

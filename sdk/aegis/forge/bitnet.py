@@ -468,6 +468,12 @@ class PackedModel:
         (``model.apply`` on it runs W1.58 A16: no activation quantisation)."""
         return unpack_params(self.params, self.model.param_dtype)
 
+    def served_params(self) -> dict[str, Any]:
+        """The params tree the packed model is served with (`apply`, ``aegis generate``): ternary linears stay
+        packed and quantise their inputs to int8 per token (unless loaded with ``activations="none"``), as the
+        straight-through fine-tuning trained them; only MoE expert stacks are dequantised."""
+        return unpack_params(self.params, self.model.param_dtype, experts_only=True)
+
     def apply(self, input_ids: Any) -> Any:
         """Logits ``[b, s, vocab]`` from the packed params in one jitted forward: each ternary linear unpacks
         its codes inside the forward (int8 activations unless loaded with ``activations="none"``)."""
@@ -477,7 +483,7 @@ class PackedModel:
             model = self.model
             self._forward = jax.jit(
                 lambda p, ids: model.apply(unpack_params(p, model.param_dtype, experts_only=True), ids)
-            )
+            )  # the served tree (`served_params`), its expert stacks dequantised inside the forward
         return self._forward(self.params, input_ids)
 
 

@@ -37,8 +37,8 @@ def _engine(folder: Path) -> tuple[Any, Any, str]:
     if (folder / "bitnet_config.json").is_file():
         from aegis.forge.bitnet import load_packed
 
-        pm = load_packed(folder)
-        return pm.model, pm.dense_params(), "packed ternary"
+        pm = load_packed(folder)  # served as trained and as PackedModel.apply runs it (W1.58 A8 by default)
+        return pm.model, pm.served_params(), "packed ternary"
     if (folder / "adapter_config.json").is_file():
         from aegis.train.lora import merge_lora
         from aegis.train.weights import load_lora_adapter
