@@ -526,6 +526,10 @@ LARGE: tuple[dict[str, Any], ...] = tuple(
         ("Qwen/Qwen2.5-7B", "qlora", 2, 4096, 1, True),
         ("Qwen/Qwen2.5-7B", "full", 2, 2048, 1, True),
         ("meta-llama/Llama-2-70b-hf", "qlora", 2, 4096, 1, True),
+        ("meta-llama/Llama-2-70b-hf", "qlora", 8, 4096, 1, True),
+        ("meta-llama/Llama-3.1-70B", "qlora", 2, 4096, 1, True),
+        ("mistralai/Mistral-7B-v0.1", "full", 2, 4096, 1, True),
+        ("Qwen/Qwen2.5-7B", "lora", 8, 2048, 4, False),
     ) for opt in (("adamw_fused", "adamw_foreach") if meth == "full" and ws == 2 else ("adamw_fused",))
 )
 """Real-size rows (`--large`): catalog models at the sizes the third parties' FSDP runs used (FSDP1 FULL_SHARD, the

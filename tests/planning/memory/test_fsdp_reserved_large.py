@@ -1,7 +1,8 @@
 """The planner's FSDP memory at real size against rank 0's traced steps (tests/data/sharded_truth_large.json).
 
 `tools.truth.sharded --large` traces FSDP1 FULL_SHARD steps of catalog models at their real sizes (Llama-3.1-8B full
-and LoRA, Mistral-7B and Qwen2.5-7B QLoRA, Llama-2-70B QLoRA; 2 and 8 GPUs; checkpointing on and off) on fake tensors
+and LoRA, Mistral-7B and Qwen2.5-7B full, LoRA and QLoRA, Llama-2-70B and Llama-3.1-70B QLoRA; 2 and 8 GPUs;
+checkpointing on and off; fused AdamW, and foreach where its temporaries matter) on fake tensors
 and a fake process group, as the Trainer wraps them, and replays rank 0's allocation stream through the allocator
 model. The tiny rows (`test_fsdp_reserved.py`) move reserved memory in 2 and 20 MiB segments; these rows move it in
 GiB, where the planner's stream (which tensors, on which stream, in which order) decides the figure.
@@ -49,12 +50,15 @@ def test_rows_cover_real_sizes():
 
 @pytest.mark.parametrize("row", ROWS, ids=_id)
 def test_traced_replay_is_consistent(row):
-    """The replayed stream's live peak is the tracker's own count: equal on most rows; on 8 of them the stream's is
-    up to 0.11% higher (40 MB of 38 GB on Qwen2.5-7B full), not yet explained (no storage is resized between two
-    non-zero sizes, which the stream would record as a new block before the old one's free)."""
-    assert row["peak_bytes"] <= row["traced_max_allocated_bytes"] <= 1.002 * row["peak_bytes"]
+    """The replay's allocated peak is the allocator's (`torch.cuda.max_memory_allocated`'s): each block's size, so a
+    large-pool block not split because less than 1 MiB would remain counts that slack; it is the tracker's tensor
+    count on most rows and at most 0.6% above it here (84 MB over 14 GiB on Llama-2-70B QLoRA at 8 GPUs). Reserved is
+    at least allocated; with FSDP's streams apart it is not always above the one-stream replay (Llama-3.1-70B QLoRA:
+    2.2% below: best fits fall differently)."""
+    assert row["peak_bytes"] <= row["traced_max_allocated_bytes"] <= 1.01 * row["peak_bytes"]
     assert row["traced_streams"] >= 3
-    assert row["traced_max_reserved_bytes"] >= row["traced_max_reserved_one_stream_bytes"] >= row["peak_bytes"]
+    assert row["traced_max_reserved_bytes"] >= row["traced_max_allocated_bytes"]
+    assert row["traced_max_reserved_one_stream_bytes"] >= row["traced_max_allocated_bytes"]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=_id)
@@ -86,3 +90,14 @@ def test_foreach_adamw_temporaries_hold_the_peak_at_two_gpus():
     assert planned_foreach / foreach["traced_max_allocated_bytes"] - 1 == pytest.approx(0, abs=0.01)
     # the default stack (transformers 5: fused) planned against the foreach trace misses by more than the bar
     assert planned_fused / foreach["traced_max_allocated_bytes"] - 1 < -BAR
+
+
+def test_full_fine_tuning_allocated_within_one_percent():
+    """Full fine-tuning at real size: the estimate's peak within 1% of the trace, the checkpointed 2-GPU rows too,
+    whose peak is FSDP's root post-backward (the root's unsharded gradients and their flat copy; without that moment
+    the estimate was 2.9% under on Llama-3.1-8B and 4.7% on Qwen2.5-7B)."""
+    full = [r for r in ROWS if r["method"] == "full"]
+    assert any(r["gradient_checkpointing"] and r["world_size"] == 2 for r in full)
+    for row in full:
+        estimated = planned_levels(row, catalog_config(row["model"]))[0]
+        assert abs(estimated / row["traced_max_allocated_bytes"] - 1) <= 0.01, _id(row)
