@@ -49,7 +49,13 @@ def _engine(folder: Path) -> tuple[Any, Any, str]:
         model = build_model(json.loads((Path(base) / "config.json").read_text()))
         params = load_checkpoint(model, base)
         return model, merge_lora(params, load_lora_adapter(model, folder)), f"adapter on {base}"
-    model = build_model(json.loads((folder / "config.json").read_text()))
+    config = json.loads((folder / "config.json").read_text())
+    from aegis.forge.cognate.engine import build_cognate, is_cognate
+
+    if is_cognate(config):  # a Quiet-STaR Cognate model (phase 3): its thoughts run in the engine
+        model = build_cognate(config)
+        return model, model.load(folder), "engine (Cognate)"
+    model = build_model(config)
     return model, load_checkpoint(model, folder), "engine"
 
 
@@ -72,7 +78,8 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 64, temper
         tok = AutoTokenizer.from_pretrained(tok_dir, trust_remote_code=False)  # a Cognate auto_map: no prompt
     ids = _prompt_ids(tok, prompt)
     cfg = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
-    if cfg.get("auto_map") and not (folder / "bitnet_config.json").is_file():
+    engine_only = ("bitnet_config.json", "quietstar.json")  # packed ternary weights, Quiet-STaR thoughts
+    if cfg.get("auto_map") and not any((folder / name).is_file() for name in engine_only):
         return _remote_code(folder, tok, ids, max_new_tokens, temperature, seed, on_text)
     return _engine_generate(folder, tok, ids, max_new_tokens, temperature, seed, show_thoughts, on_text)
 
