@@ -4,7 +4,6 @@ is one line."""
 from __future__ import annotations
 
 
-
 def test_greedy_generation_matches_transformers_and_streams(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
