@@ -56,7 +56,8 @@ from aegis.errors import InvalidConfigError
 from aegis.schema import GPU, DeviceLevelMemory, MemoryEstimate, ModelProfile, Tier, TrainConfig, lora_selects, lora_target_names
 
 __all__ = ["DeviceMemory", "RunMemory", "Sharding", "device_memory", "allocation_stream", "with_device_memory",
-           "device_check", "run_lengths", "run_memory", "run_check", "multi_gpu_device_level", "NOT_REPLAYED"]
+           "device_check", "run_lengths", "run_memory", "run_check", "multi_gpu_device_level", "ddp_allocation_stream",
+           "NOT_REPLAYED"]
 
 STEPS = 2
 """Training steps written: the second runs with the optimizer states in place and a warm cache."""
@@ -730,6 +731,78 @@ def device_check(profile: ModelProfile, gpu: GPU, tier: Tier, row_lengths: Seque
     return tier.model_copy(update={"memory": mem, "headroom_bytes": min(tier.headroom_bytes, headroom), "fits": fits})
 
 
+DDP_FIRST_BUCKET_BYTES = 1 << 20
+"""DDP's first gradient bucket cap (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``)."""
+DDP_BUCKET_BYTES = 25 << 20
+"""DDP's default ``bucket_cap_mb`` (25 MiB): every later bucket's cap."""
+DDP_BROADCAST_BYTES = 250 << 20
+"""``DistributedDataParallel.broadcast_bucket_size``: the flat chunks DDP broadcasts the module's states in at wrap."""
+
+
+def _ddp_buckets(tensors: Sequence[int], first_cap: int = DDP_FIRST_BUCKET_BYTES,
+                 cap: int = DDP_BUCKET_BYTES) -> list[int]:
+    """Bucket bytes of ``tensors`` (bytes each, in order) as torch's ``_compute_bucket_assignment_by_size`` closes them:
+    a bucket closes once it reaches its cap (the first ``first_cap``, the rest ``cap``)."""
+    out, size = [], 0
+    for t in tensors:
+        size += t
+        if size >= (first_cap if not out else cap):
+            out.append(size)
+            size = 0
+    return out + ([size] if size else [])
+
+
+def ddp_allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEPS) -> list[tuple[str, int, int]]:
+    """One rank of a DDP run as the HF Trainer wraps it (``gradient_as_bucket_view`` off, default bucket caps): the
+    single-GPU stream (`allocation_stream`) with DDP's allocations at the moments torch makes them (traced on CPU in
+    `tools.truth.ddp`): at wrap, the module's parameters broadcast in flat chunks of up to 250 MiB (two in flight,
+    then freed), then the gradient buckets, flat buffers alive for the run. The Trainer's ``find_unused_parameters``
+    is True unless a `PreTrainedModel` (full fine-tuning) checkpoints; with it the buckets are capped (the first
+    1 MiB, then 25 MiB, parameters in module order, allocated last bucket first); without it DDP starts with one bucket
+    of every gradient and, before the second step's forward, frees it and rebuilds capped buckets in the order the
+    gradients became ready (the head first). The all-reduce is in place on the bucket and the result is copied into the
+    existing ``.grad``: no allocation on NCCL's or any other stream."""
+    setup = allocation_stream(profile, cfg, steps=0)
+    events = allocation_stream(profile, cfg, steps=steps)
+    params = [n for kind, _, n in setup if kind == "alloc"]  # load order: module order
+    place = placement(cfg)
+    sz = sizes(profile, cfg, place)
+    gb = sz.trainable_bytes_per_param
+    if cfg.method == "full":
+        trainable = [n * gb // (place.base_bytes or gb) for n in params]
+    else:  # the adapters are the last tensors set up (module order), as large as their gradients
+        trainable, total = [], sz.trainable_params * gb
+        for n in reversed(params):
+            if sum(trainable) >= total:
+                break
+            trainable.insert(0, n)
+    ids = itertools.count(max((h for _, h, _ in events), default=0) + 1)
+    wrap: list[tuple[str, int, int]] = []
+    in_flight: list[int] = []
+    frozen = params[:len(params) - len(trainable)] if cfg.method != "full" else params  # adapters: their own dtype
+    chunks = [_ddp_buckets(group, DDP_BROADCAST_BYTES, DDP_BROADCAST_BYTES) for group in (frozen, trainable)]
+    for chunk in chunks[0] + (chunks[1] if cfg.method != "full" else []):
+        if len(in_flight) == 2:
+            wrap.append(("free", in_flight.pop(0), 0))
+        in_flight.append(next(ids))
+        wrap.append(("alloc", in_flight[-1], chunk))
+    wrap += [("free", h, 0) for h in in_flight]
+    find_unused = cfg.method != "full" or not cfg.gradient_checkpointing
+    first = _ddp_buckets(trainable)[::-1] if find_unused else [sum(trainable)]
+    handles = [next(ids) for _ in first]
+    wrap += [("alloc", h, n) for h, n in zip(handles, first)]
+    if find_unused:  # the reducer's map of the parameters used (an int32 each) on the device
+        wrap.append(("alloc", next(ids), 4 * len(trainable)))
+    out = events[:len(setup)] + wrap
+    rest = events[len(setup):]
+    if not find_unused and steps > 1:  # the second step's pre-forward rebuilds the buckets
+        step_len = len(allocation_stream(profile, cfg, steps=1)) - len(setup)
+        rebuilt = _ddp_buckets(trainable[::-1])
+        rebuild = [("free", h, 0) for h in handles] + [("alloc", next(ids), n) for n in rebuilt]
+        rest = rest[:step_len] + rebuild + rest[step_len:]
+    return out + rest
+
+
 NOT_REPLAYED = ""
 """`DeviceLevelMemory.replay` of a multi-GPU plan whose step is not replayed (see `multi_gpu_device_level`)."""
 
@@ -742,12 +815,14 @@ def multi_gpu_device_level(gpu: GPU, tier: Tier | None, world_size: int, *, prof
     allocation stream of two sharded steps (`allocation_stream` with `Sharding`), FSDP's all-gather, reduce-scatter
     and mixed-precision streams each in their own pools as PyTorch's allocator keeps them, gives the reserved peak;
     the allocated level stays the estimate's per-GPU tensor peak (checked against traced FSDP steps), and reserved is
-    never put below it. A DDP or DeepSpeed step is not replayed: its reserved figure is its allocated peak, a lower
-    bound, and the allocator's cache is not modelled (``replay`` is `NOT_REPLAYED`). On top, what lives outside the
-    allocator on every GPU (`aegis.planning.memory.runtime.device_level`): the CUDA context, the cuBLAS workspace and
-    NCCL's buffers for ``world_size`` ranks (`aegis.planning.memory.runtime.nccl_buffer_bytes`: ``NCCL_MAX_CHANNELS``
-    channels x one connection's Simple, LL and LL128 buffers, NCCL's defaults). The tier's fit and headroom are left as
-    the estimate judged them; a note says when the replayed reserved peak and the overhead pass the GPU's memory."""
+    never put below it. A DDP plan (``strategy="ddp"``) is replayed the same way from `ddp_allocation_stream` (the
+    one-GPU step with DDP's broadcast chunks and gradient buckets), never below its allocated peak. A DeepSpeed step is
+    not replayed: its reserved figure is its allocated peak, a lower bound (``replay`` is `NOT_REPLAYED`). On top, what
+    lives outside the allocator on every GPU (`aegis.planning.memory.runtime.device_level`): the CUDA context, the
+    cuBLAS workspace and NCCL's buffers for ``world_size`` ranks (`aegis.planning.memory.runtime.nccl_buffer_bytes`:
+    ``NCCL_MAX_CHANNELS`` channels x one connection's Simple, LL and LL128 buffers, NCCL's defaults). The tier's fit
+    and headroom are left as the estimate judged them; a note says when the replayed reserved peak and the overhead
+    pass the GPU's memory."""
     from aegis.planning.memory.runtime import device_level
 
     if tier is None or world_size < 2:
@@ -765,6 +840,17 @@ def multi_gpu_device_level(gpu: GPU, tier: Tier | None, world_size: int, *, prof
             notes = (f"FSDP's caching allocator reserves {reserved / gib:.2f} GiB per GPU for a {peak / gib:.2f} GiB "
                      f"live peak ({(reserved - peak) / gib:.2f} GiB cached in freed and split blocks, FSDP's side "
                      f"streams' blocks apart): with the overhead, more than the {gpu.name}'s memory; "
+                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or a smaller micro batch may be needed",)
+    elif strategy == "ddp" and profile is not None:
+        cfg = tier.memory.config
+        with gc_paused():
+            stats = CachingAllocator().replay(ddp_allocation_stream(profile, cfg))
+        reserved = max(stats.max_reserved_bytes, peak)
+        replay = f"two steps of {cfg.seq_len} tokens of one DDP rank on {world_size} GPUs, with DDP's gradient buckets"
+        if reserved + tier.memory.overhead_bytes > gpu.memory_bytes:
+            gib = 1 << 30
+            notes = (f"DDP's caching allocator reserves {reserved / gib:.2f} GiB per GPU for a {peak / gib:.2f} GiB "
+                     f"live peak: with the overhead, more than the {gpu.name}'s memory; "
                      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or a smaller micro batch may be needed",)
     level = device_level(gpu, allocated_bytes=peak, reserved_bytes=reserved, world_size=world_size, replay=replay)
     update = {"device_level": level, "notes": tier.memory.notes + notes}
