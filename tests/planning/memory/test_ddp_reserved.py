@@ -27,6 +27,7 @@ DATA = Path(__file__).resolve().parents[2] / "data"
 ROWS = json.loads((DATA / "ddp_truth.json").read_text(encoding="utf-8"))["rows"]
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 BAR = 0.05
+CONFIG_WIDE = next(r["config"] for r in ROWS if r["name"] == "llama-wide")
 
 
 def _id(row: dict) -> str:
@@ -110,3 +111,57 @@ def test_a_ddp_plan_reports_the_replayed_reserve():
     level = report.recommended.memory.device_level
     assert level.replay.startswith("two steps of") and "DDP rank on 2 GPUs" in level.replay
     assert level.reserved_bytes > level.allocated_bytes == report.recommended.memory.tensor_bytes
+
+
+def test_bucket_rule_is_torchs_assignment():
+    """The planner's bucket rule against torch's own ``_compute_bucket_assignment_by_size`` (the caps scaled down:
+    a first bucket of 10 kB, the rest 250 kB, over 200 tensors of mixed sizes)."""
+    import random
+
+    import torch
+    import torch.distributed as dist
+
+    from aegis.planning.memory.device import _ddp_buckets
+
+    rng = random.Random(0)
+    sizes = [rng.choice([300, 1200, 5000, 70_000, 200_000]) for _ in range(200)]
+    buckets, _ = dist._compute_bucket_assignment_by_size([torch.empty(n, dtype=torch.uint8) for n in sizes],
+                                                         [10_000, 250_000])
+    assert [sum(sizes[i] for i in b) for b in buckets] == _ddp_buckets(sizes, 10_000, 250_000)
+
+
+def test_broadcast_chunks_are_torchs():
+    """DDP's wrap-time broadcast (``_broadcast_coalesced``) flattens the states into chunks closed once they reach the
+    buffer size, two in flight: torch's at a 2.5 MiB buffer over six 1.5 MiB tensors, against the planner's stream at
+    its 250 MiB buffer over six 150 MiB tensors, scaled."""
+    import torch
+    import torch.distributed as dist
+
+    from aegis.planning.memory import device
+    from tools.truth.stream import StreamLiveBytes
+
+    mib = 1 << 20
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        tracker = StreamLiveBytes()
+        with tracker:
+            tensors = [torch.zeros(3 * mib // 4, dtype=torch.bfloat16) for _ in range(6)]  # 1.5 MiB each
+            made = len(tracker.events)
+            dist._broadcast_coalesced(dist.group.WORLD, tensors, 5 * mib // 2, 0)
+    finally:
+        dist.destroy_process_group()
+    traced = [(k, n) for k, _, n in tracker.events[made:] if k == "free" or n != 3 * mib // 2]  # the copies back
+    chunks = device._ddp_buckets([150 * mib] * 6, device.DDP_BROADCAST_BYTES, device.DDP_BROADCAST_BYTES)
+    assert [n for k, n in traced if k == "alloc"] == [n // 100 for n in chunks] == [3 * mib] * 3
+    assert [k for k, _ in traced] == ["alloc", "alloc", "free", "alloc", "free", "free"]
+    # the planner's wrap over weights of more than two chunks: the same two in flight
+    config = {**CONFIG_WIDE, "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "vocab_size": 32000, "num_hidden_layers": 2}
+    profile = profile_from_config(config, model_id="tiny-4096", source="path")
+    cfg = estimate_memory(profile, method="full", seq_len=64, precision="bf16", ddp=True).config
+    plain = allocation_stream(profile, cfg)
+    last = max(h for _, h, _ in plain)
+    events = ddp_allocation_stream(profile, cfg)[len(allocation_stream(profile, cfg, steps=0)):]
+    freed = {h for k, h, _ in events if k == "free"}
+    wrap = [k for k, h, _ in events if h > last and (k == "free" or h in freed)][:6]
+    assert wrap == ["alloc", "alloc", "free", "alloc", "free", "alloc"]
