@@ -92,3 +92,18 @@ def mergekit_merge():
 
 def config_of(folder: Path) -> dict:
     return json.loads((folder / "config.json").read_text())
+
+
+def random_cognate_params(cfg: Any, seed: int) -> dict[str, Any]:
+    """A Cognate model's parameters from numpy (eager ``init_params`` costs seconds on a loaded CPU): unit-scale
+    rows, so that its predictions are far from uniform; norms and gate weights around 1."""
+    from aegis.forge.cognate.hyperparams import param_shapes
+    from aegis.forge.cognate.model import from_flat
+
+    rng = np.random.default_rng(seed)
+    flat = {}
+    for name, shape in param_shapes(cfg).items():
+        scale = 0.2 if len(shape) == 1 else shape[-1] ** -0.5
+        centre = 1.0 if name.endswith(("norm.weight", "attn_weight", "mem_weight")) else 0.0
+        flat[name] = (centre + scale * rng.standard_normal(shape)).astype(np.float32)
+    return from_flat(flat, cfg)

@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.forge.conftest import random_cognate_params
+
 jax = pytest.importorskip("jax")
 
 
@@ -21,18 +23,6 @@ def _cfg(vocab: int, **over):
     return CognateConfig(**{**base, **over})
 
 
-def _random_params(cfg, seed: int):
-    """Numpy init with unit-scale rows, so that the model's predictions are far from uniform."""
-    from aegis.forge.cognate.hyperparams import param_shapes
-    from aegis.forge.cognate.model import from_flat
-
-    rng = np.random.default_rng(seed)
-    flat = {}
-    for name, shape in param_shapes(cfg).items():
-        scale = 0.2 if len(shape) == 1 else shape[-1] ** -0.5
-        centre = 1.0 if name.endswith(("norm.weight", "attn_weight", "mem_weight")) else 0.0
-        flat[name] = (centre + scale * rng.standard_normal(shape)).astype(np.float32)
-    return from_flat(flat, cfg)
 
 
 def test_ternary_forward_at_lambda_one_equals_the_served_packed_model(tmp_path):
@@ -50,7 +40,7 @@ def test_ternary_forward_at_lambda_one_equals_the_served_packed_model(tmp_path):
     from aegis.forge.generate import _engine
 
     cfg = _cfg(48)
-    params = _random_params(cfg, 0)
+    params = random_cognate_params(cfg, 0)
     src = save_pretrained(params, cfg, tmp_path / "fp")
     model = build_cognate(json.loads((Path(src) / "config.json").read_text()))
     for per_channel, keep in ((True, (-1,)), (False, ())):  # weights: the packer's and the forward's are equal
@@ -93,7 +83,7 @@ def _phase3_folder(tmp_path: Path, rows, **over) -> Path:
     tok = train_tokenizer({"parity": [r.prompt + r.reasoning + r.answer for r in rows]}, vocab_size=300)
     cfg = _cfg(len(tok), **over)
     model = build_cognate({"model_type": "cognate", **cfg.model_dump()})
-    model, params, _ = add_thinking_tokens(model, _random_params(cfg, 3), tok)
+    model, params, _ = add_thinking_tokens(model, random_cognate_params(cfg, 3), tok)
     folder = tmp_path / "phase3"
     folder.mkdir()
     model.save(params, folder, tokenizer=tok)

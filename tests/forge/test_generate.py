@@ -46,22 +46,18 @@ def test_a_quietstar_cognate_model_generates_with_its_thoughts_in_the_engine(tmp
 
     from aegis.forge.cognate.engine import build_cognate
     from aegis.forge.cognate.hf_folder import save_pretrained
-    from aegis.forge.cognate.hyperparams import TINY_MODEL, CognateConfig, param_shapes
-    from aegis.forge.cognate.model import from_flat
+    from aegis.forge.cognate.hyperparams import TINY_MODEL, CognateConfig
     from aegis.forge.generate import generate
     from aegis.forge.quietstar.core import init_mixer
     from aegis.forge.quietstar.reasoning_data import END, START, THOUGHT_TOKENS
+    from tests.forge.conftest import random_cognate_params
     from tools.hf_folders import make_tokenizer
 
     tok = make_tokenizer(None)
     tok.add_special_tokens({"additional_special_tokens": list(THOUGHT_TOKENS)})
     cfg = CognateConfig(**{**TINY_MODEL, "vocab_size": len(tok), "ltm_slots": 32})
-    rng = np.random.default_rng(0)
-    flat = {n: ((1.0 if n.endswith(("norm.weight", "attn_weight", "mem_weight")) else 0.0)
-                + (0.2 if len(s) == 1 else s[-1] ** -0.5) * rng.standard_normal(s)).astype(np.float32)
-            for n, s in param_shapes(cfg).items()}
     meta = {"start_token": START, "end_token": END, "thought_length": 3, "tokens": list(THOUGHT_TOKENS)}
-    folder = save_pretrained(from_flat(flat, cfg), cfg, tmp_path / "qs", tokenizer=tok,
+    folder = save_pretrained(random_cognate_params(cfg, 0), cfg, tmp_path / "qs", tokenizer=tok,
                              extra_files={"quietstar.json": json.dumps(meta)})
     mixer = init_mixer(jax.random.key(0), cfg.hidden_size)
     save_file({f"mixer.{k}": np.asarray(v) for k, v in mixer.items()}, str(folder / "mixer.safetensors"))

@@ -86,18 +86,11 @@ def test_phase2_pads_cognate_memories_to_one_slot_count_without_changing_the_log
     import jax.numpy as jnp
     import numpy as np
 
-    from aegis.forge.cognate.hyperparams import TINY_MODEL, CognateConfig, param_shapes
+    from aegis.forge.cognate.hyperparams import TINY_MODEL, CognateConfig
     from aegis.forge.cognate.hf_folder import load_pretrained, save_pretrained
-    from aegis.forge.cognate.model import forward, from_flat, memory_scan
+    from aegis.forge.cognate.model import forward, memory_scan
 
-    def random_params(cfg, seed):  # numpy: eager init_params costs seconds on a loaded CPU
-        rng = np.random.default_rng(seed)
-        flat = {}
-        for name, shape in param_shapes(cfg).items():
-            scale = 0.2 if len(shape) == 1 else shape[-1] ** -0.5
-            centre = 1.0 if name.endswith(("norm.weight", "attn_weight", "mem_weight")) else 0.0
-            flat[name] = (centre + scale * rng.standard_normal(shape)).astype(np.float32)
-        return from_flat(flat, cfg)
+    from tests.forge.conftest import random_cognate_params as random_params
 
     base = {**TINY_MODEL, "vocab_size": 61, "memory_chunk": 4, "window": 6, "num_layers": 2}
     folders, params = [], {}
@@ -132,7 +125,7 @@ def test_phase2_pads_cognate_memories_to_one_slot_count_without_changing_the_log
     ref_outs, ref = memory_scan(narrow["memory.w1"], narrow["memory.w2"], x, x[::-1], x * 2, theta, eta, alpha)
     for t in (w1[:, 8:], s1[:, 8:], w2[8:], s2[8:]):
         assert float(jnp.abs(t).max()) == 0.0
-    for got_t, want_t in zip((w1[:, :8], w2[:8], s1[:, :8], s2[:8], outs), (*ref, ref_outs)):
+    for got_t, want_t in zip((w1[:, :8], w2[:8], s1[:, :8], s2[:8], outs), (*ref, ref_outs), strict=True):
         np.testing.assert_allclose(np.asarray(got_t), np.asarray(want_t), rtol=1e-5, atol=1e-6)
     assert float(jnp.abs(s1).max()) > 0  # the memory did learn at test time
 

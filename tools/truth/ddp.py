@@ -117,12 +117,9 @@ def trace_ddp(config: dict[str, Any], method: str, micro_batch_size: int, seq_le
     }
 
 
-def planned(row: dict[str, Any], ddp: bool = True) -> tuple[int, int, int]:
-    """(estimate's tensor peak, replayed allocated, replayed reserved) of the planner's DDP stream for ``row`` (with
-    ``ddp=False`` its one-GPU stream)."""
+def planned_estimate(row: dict[str, Any], ddp: bool = True) -> tuple[Any, Any]:
+    """(profile, the planner's estimate) for ``row`` on the traced stack (with ``ddp=False``: one GPU)."""
     from aegis.models.profiles import profile_from_config
-    from aegis.planning.memory.allocator import replay
-    from aegis.planning.memory.device import allocation_stream, ddp_allocation_stream
     from aegis.planning.memory.estimate import estimate_memory
     from aegis.schema import LoRAConfig, StackProfile
 
@@ -132,6 +129,16 @@ def planned(row: dict[str, Any], ddp: bool = True) -> tuple[int, int, int]:
                           seq_len=row["seq_len"], precision="bf16", lora=lora, ddp=ddp,
                           gradient_checkpointing=row["gradient_checkpointing"], autocast=row["method"] != "full",
                           stack=StackProfile(adamw="foreach"))  # the traced AdamW: foreach, as on CUDA
+    return profile, est
+
+
+def planned(row: dict[str, Any], ddp: bool = True) -> tuple[int, int, int]:
+    """(estimate's tensor peak, replayed allocated, replayed reserved) of the planner's DDP stream for ``row`` (with
+    ``ddp=False`` its one-GPU stream)."""
+    from aegis.planning.memory.allocator import replay
+    from aegis.planning.memory.device import allocation_stream, ddp_allocation_stream
+
+    profile, est = planned_estimate(row, ddp)
     stream = ddp_allocation_stream if ddp else allocation_stream
     stats = replay(stream(profile, est.config))
     return est.tensor_bytes, stats.max_allocated_bytes, stats.max_reserved_bytes

@@ -21,11 +21,10 @@ from aegis.planning.memory.allocator import replay
 from aegis.planning.memory.device import allocation_stream, ddp_allocation_stream
 from aegis.planning.memory.estimate import estimate_memory
 from aegis.planning.planner import plan
-from aegis.schema import LoRAConfig, StackProfile
+from tools.truth.ddp import planned_estimate
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 ROWS = json.loads((DATA / "ddp_truth.json").read_text(encoding="utf-8"))["rows"]
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 BAR = 0.05
 CONFIG_WIDE = next(r["config"] for r in ROWS if r["name"] == "llama-wide")
 
@@ -35,13 +34,7 @@ def _id(row: dict) -> str:
 
 
 def _config(row: dict, ddp: bool = True):
-    profile = profile_from_config(row["config"], model_id=f"tiny-{row['name']}", source="path")
-    lora = LoRAConfig(rank=16, alpha=32, target_modules=TARGETS) if row["method"] != "full" else None
-    est = estimate_memory(profile, method=row["method"], micro_batch_size=row["micro_batch_size"],
-                          seq_len=row["seq_len"], precision="bf16", lora=lora, ddp=ddp,
-                          gradient_checkpointing=row["gradient_checkpointing"], autocast=row["method"] != "full",
-                          stack=StackProfile(adamw="foreach"))  # the traced AdamW: foreach, as on CUDA
-    return profile, est
+    return planned_estimate(row, ddp)
 
 
 def test_rows_cover_full_lora_and_both_bucket_layouts():
@@ -72,7 +65,7 @@ def test_planned_buckets_are_torchs(row):
         assert added[-2:] == ([head, sum(buckets) - head] if head >= 1 << 20 else [sum(buckets)])
     traced_chunks = traced_wrap[:-len(buckets)]  # the module's states, broadcast in one chunk per dtype here
     assert len(chunks) == len(traced_chunks)
-    for planned, traced in zip(chunks, traced_chunks):  # traced: with the rotary buffer (fp32, not modelled)
+    for planned, traced in zip(chunks, traced_chunks, strict=True):  # traced: with the rotary buffer (fp32, not modelled)
         assert 0 <= traced - planned <= 512
 
 
