@@ -136,7 +136,8 @@ def planned(row: dict[str, Any], ddp: bool = True) -> tuple[int, int, int]:
     """(estimate's tensor peak, replayed allocated, replayed reserved) of the planner's DDP stream for ``row`` (with
     ``ddp=False`` its one-GPU stream)."""
     from aegis.planning.memory.allocator import replay
-    from aegis.planning.memory.device import allocation_stream, ddp_allocation_stream
+    from aegis.planning.memory.device import allocation_stream
+    from aegis.planning.memory.multi_gpu import ddp_allocation_stream
 
     profile, est = planned_estimate(row, ddp)
     stream = ddp_allocation_stream if ddp else allocation_stream

@@ -577,11 +577,12 @@ def build_large_rows(only: str | None = None) -> list[dict[str, Any]]:
 def planned_levels(row: dict[str, Any], config: dict[str, Any]) -> tuple[int, int, int]:
     """The planner's (estimate's tensor peak, replayed allocated, replayed reserved) for a sharded row: the
     estimate with ``fsdp_shards`` = world size, then rank 0's allocation stream (`Sharding`) through the allocator
-    model, as `aegis.planning.memory.device.multi_gpu_device_level` replays a plan. A row's ``optimizer`` is the
+    model, as `aegis.planning.memory.multi_gpu.multi_gpu_device_level` replays a plan. A row's ``optimizer`` is the
     stack's AdamW (foreach or fused); a row without one is planned with the default stack (the tiny rows' way)."""
     from aegis.models.profiles import profile_from_config
     from aegis.planning.memory.allocator import replay
-    from aegis.planning.memory.device import Sharding, allocation_stream
+    from aegis.planning.memory.device import allocation_stream
+    from aegis.planning.memory.sharded_step import Sharding
     from aegis.planning.memory.estimate import estimate_memory
     from aegis.schema import LoRAConfig, StackProfile
 

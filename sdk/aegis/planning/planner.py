@@ -235,7 +235,7 @@ def plan_request(
                            else _deepspeed(profile, gpu, gpu_count, zero, solution, kwargs))
         from dataclasses import replace
 
-        from aegis.planning.memory.device import multi_gpu_device_level  # context, cuBLAS and NCCL per GPU
+        from aegis.planning.memory.multi_gpu import multi_gpu_device_level  # context, cuBLAS and NCCL per GPU
 
         strategy = {"profile": profile, "strategy": multi.assumed if multi is not None else None}
         solution = replace(solution, recommended=multi_gpu_device_level(gpu, solution.recommended, gpu_count, **strategy),

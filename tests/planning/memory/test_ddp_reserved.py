@@ -18,7 +18,8 @@ import pytest
 
 from aegis.models.profiles import profile_from_config
 from aegis.planning.memory.allocator import replay
-from aegis.planning.memory.device import allocation_stream, ddp_allocation_stream
+from aegis.planning.memory.device import allocation_stream
+from aegis.planning.memory.multi_gpu import ddp_allocation_stream
 from aegis.planning.memory.estimate import estimate_memory
 from aegis.planning.planner import plan
 from tools.truth.ddp import planned_estimate
@@ -114,7 +115,7 @@ def test_bucket_rule_is_torchs_assignment():
     import torch
     import torch.distributed as dist
 
-    from aegis.planning.memory.device import _ddp_buckets
+    from aegis.planning.memory.multi_gpu import _ddp_buckets
 
     rng = random.Random(0)
     sizes = [rng.choice([300, 1200, 5000, 70_000, 200_000]) for _ in range(200)]
@@ -130,7 +131,7 @@ def test_broadcast_chunks_are_torchs():
     import torch
     import torch.distributed as dist
 
-    from aegis.planning.memory import device
+    from aegis.planning.memory import multi_gpu
     from tools.truth.stream import StreamLiveBytes
 
     mib = 1 << 20
@@ -144,7 +145,7 @@ def test_broadcast_chunks_are_torchs():
     finally:
         dist.destroy_process_group()
     traced = [(k, n) for k, _, n in tracker.events[made:] if k == "free" or n != 3 * mib // 2]  # the copies back
-    chunks = device._ddp_buckets([150 * mib] * 6, device.DDP_BROADCAST_BYTES, device.DDP_BROADCAST_BYTES)
+    chunks = multi_gpu._ddp_buckets([150 * mib] * 6, multi_gpu.DDP_BROADCAST_BYTES, multi_gpu.DDP_BROADCAST_BYTES)
     assert [n for k, n in traced if k == "alloc"] == [n // 100 for n in chunks] == [3 * mib] * 3
     assert [k for k, _ in traced] == ["alloc", "alloc", "free", "alloc", "free", "free"]
     # the planner's wrap over weights of more than two chunks: the same two in flight

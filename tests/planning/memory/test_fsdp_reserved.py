@@ -22,7 +22,8 @@ import pytest
 
 from aegis.models.profiles import profile_from_config
 from aegis.planning.memory.allocator import replay
-from aegis.planning.memory.device import Sharding, allocation_stream
+from aegis.planning.memory.device import allocation_stream
+from aegis.planning.memory.sharded_step import Sharding
 from aegis.planning.memory.estimate import estimate_memory
 from aegis.schema import LoRAConfig, StackProfile
 

@@ -7,7 +7,7 @@ and a fake process group, as the Trainer wraps them, and replays rank 0's alloca
 model. The tiny rows (`test_fsdp_reserved.py`) move reserved memory in 2 and 20 MiB segments; these rows move it in
 GiB, where the planner's stream (which tensors, on which stream, in which order) decides the figure.
 
-The planner's two levels, as a multi-GPU plan reports them (`aegis.planning.memory.device.multi_gpu_device_level`):
+The planner's two levels, as a multi-GPU plan reports them (`aegis.planning.memory.multi_gpu.multi_gpu_device_level`):
 allocated = the estimate's tensor peak; reserved = the replay of rank 0's modelled stream, never below allocated.
 Bar: both within 5% of the trace; LARGE_OPEN pins rows that miss, with their errors.
 """

@@ -1,4 +1,4 @@
-"""A multi-GPU plan's device-level memory (`aegis.planning.memory.device.multi_gpu_device_level`): what each GPU shows
+"""A multi-GPU plan's device-level memory (`aegis.planning.memory.multi_gpu.multi_gpu_device_level`): what each GPU shows
 includes NCCL's buffers for the world size, sized by NCCL's own formula, printed by ``--explain`` and in the JSON."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ streams (``Stream`` is None, ``stream(s)`` a no-op), so the stream is one stream
 stream and ZeRO-3's all-gather stream (``overlap_comm``) keep their blocks in their own pools, and the GPU's reserved
 peak is at least this.
 
-The planner does not replay a ZeRO step (`aegis.planning.memory.device.multi_gpu_device_level`: reserved = the
+The planner does not replay a ZeRO step (`aegis.planning.memory.multi_gpu.multi_gpu_device_level`: reserved = the
 estimate's allocated peak, ``replay`` = `NOT_REPLAYED`), which it documents as a lower bound: checked here, with how
 far under it is on the traced rows.
 """

@@ -66,6 +66,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from aegis.errors import AegisError, InvalidConfigError
 
 __all__ = [
+    "EventStream",
     "PYTORCH_VERSION_MODELLED",
     "AllocatorOutOfMemoryError",
     "AllocatorStats",
@@ -655,3 +656,21 @@ def replay(
     """Replay an allocation stream through a fresh `CachingAllocator` and return its counters."""
     allocator = CachingAllocator(expandable_segments, max_split_size, capacity_bytes)
     return allocator.replay(events)
+
+
+class EventStream:
+    """Writes the ``("alloc", id, nbytes)`` / ``("free", id, 0)`` events `CachingAllocator.replay` reads (ids from 1)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int, int]] = []
+        self._ids = itertools.count(1)
+        self._append = self.events.append  # thousands of events per tier: bound once
+
+    def alloc(self, nbytes: float) -> int:
+        ident = next(self._ids)
+        n = int(nbytes)
+        self._append(("alloc", ident, n if n > 0 else 0))
+        return ident
+
+    def free(self, *handles: int) -> None:
+        self.events.extend([("free", h, 0) for h in handles])

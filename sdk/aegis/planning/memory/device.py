@@ -42,7 +42,6 @@ from (two steps of the configured length, or the dataset's lengths).
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,14 +49,14 @@ from dataclasses import dataclass
 from aegis.models.families import get_family, layer_shapes
 from aegis.planning.memory._dtypes import placement
 from aegis.planning.memory.activations import fixed_saved_by_layer, head_saved_bytes_per_token, parts_by_layer
-from aegis.planning.memory.allocator import AllocatorOutOfMemoryError, CachingAllocator, gc_paused
+from aegis.planning.memory.allocator import AllocatorOutOfMemoryError, CachingAllocator, EventStream, gc_paused
 from aegis.planning.memory.components import NF4_BLOCK, NF4_BLOCK2, sizes
+from aegis.planning.memory.sharded_step import Sharding, fsdp_step
 from aegis.errors import InvalidConfigError
 from aegis.schema import GPU, DeviceLevelMemory, MemoryEstimate, ModelProfile, Tier, TrainConfig, lora_selects, lora_target_names
 
-__all__ = ["DeviceMemory", "RunMemory", "Sharding", "device_memory", "allocation_stream", "with_device_memory",
-           "device_check", "run_lengths", "run_memory", "run_check", "multi_gpu_device_level", "ddp_allocation_stream",
-           "NOT_REPLAYED"]
+__all__ = ["DeviceMemory", "RunMemory", "device_memory", "allocation_stream", "with_device_memory", "device_check",
+           "run_lengths", "run_memory"]
 
 STEPS = 2
 """Training steps written: the second runs with the optimizer states in place and a warm cache."""
@@ -66,7 +65,7 @@ RUN_STEPS = 16
 RUN_SEED = 0
 """Seed of `run_lengths`' draws: a plan is the same every time it is made."""
 EXPANDABLE_HELPS_FRACTION = 0.05
-"""`run_check` recommends expandable segments when they lower the run's reserved peak by at least this share, or
+"""`device_check` recommends expandable segments when they lower the run's reserved peak by at least this share, or
 when the run fits only with them."""
 
 
@@ -92,181 +91,6 @@ class DeviceMemory:
     @property
     def fragmentation_bytes(self) -> int:
         return self.max_reserved_bytes - self.max_allocated_bytes
-
-
-class _Stream:
-    def __init__(self) -> None:
-        self.events: list[tuple[str, int, int]] = []
-        self._ids = itertools.count(1)
-        self._append = self.events.append  # thousands of events per tier: bound once
-
-    def alloc(self, nbytes: float) -> int:
-        ident = next(self._ids)
-        n = int(nbytes)
-        self._append(("alloc", ident, n if n > 0 else 0))
-        return ident
-
-    def free(self, *handles: int) -> None:
-        self.events.extend([("free", h, 0) for h in handles])
-
-
-@dataclass(frozen=True)
-class Sharding:
-    """Rank 0 of an FSDP run on ``world_size`` GPUs, as the HF Trainer wraps it (FSDP1, accelerate's transformer-based
-    wrap: each decoder layer a unit, PEFT's policy making each LoRA Linear its own; the root unit holds the embeddings,
-    the final norm and an untied head; ``use_orig_params``, BACKWARD_PRE prefetch, ``limit_all_gathers``; LoRA/QLoRA
-    under bf16 ``MixedPrecision``). ``reshard=False`` is SHARD_GRAD_OP."""
-
-    world_size: int
-    reshard: bool = True
-    version: int = 1
-    """2: FSDP2's ``fully_shard`` (per-parameter shards; the all-gather's flat input and output on its copy-in
-    stream, each parameter's unsharded tensor copied out on the default stream)."""
-
-
-DEFAULT_STREAM, UNSHARD_STREAM, POST_BACKWARD_STREAM, PRE_UNSHARD_STREAM = 0, 1, 2, 3
-"""The CUDA streams FSDP1 allocates on (``torch/distributed/fsdp/_runtime_utils.py``, ``_init_streams``): the
-all-gather destinations on ``_unshard_stream``; the reduce-scatter outputs (and their cast back to the parameter
-dtype) on ``_post_backward_stream``; mixed precision's low-precision shard on ``_pre_unshard_stream``; the rest,
-unsharded gradients included (autograd makes them), on the default stream."""
-
-
-class _Unit:
-    """One FSDP unit: its parameters (elements, in module order, each padded to 16 bytes as ``use_orig_params``
-    aligns them), flattened into one parameter of ``stored`` bytes an element, gathered at ``gathered`` bytes."""
-
-    __slots__ = ("params", "decay", "stored", "gathered", "trainable", "shard", "total", "handle", "mp_cast")
-
-    def __init__(self, params: list[int], decay: list[bool], stored: int, gathered: int, trainable: bool,
-                 world_size: int) -> None:
-        align = max(1, 16 // stored)
-        self.params = params
-        self.decay = decay
-        self.stored, self.gathered, self.trainable = stored, gathered, trainable
-        self.total = sum(-(-e // align) * align for e in params)
-        self.shard = -(-self.total // world_size)  # rank 0's chunk of the flat parameter padded to world_size
-        self.handle: int | None = None
-        self.mp_cast = gathered != stored
-
-    def pieces(self) -> list[tuple[int, bool]]:
-        """Rank 0's share of each original parameter (elements, takes weight decay): what ``use_orig_params`` hands
-        the optimizer, which keeps its states per piece."""
-        out, left = [], self.shard
-        for e, d in zip(self.params, self.decay):
-            if left <= 0:
-                break
-            out.append((min(e, left), d))
-            left -= min(e, left)
-        return out
-
-
-class _FsdpStep:
-    """Writes FSDP1's allocations into a `_Stream` at the moments `allocation_stream` names (rank 0's view)."""
-
-    def __init__(self, st: _Stream, sharding: Sharding, root: _Unit, layers: list[_Unit], adapters: list[list[_Unit]],
-                 grad_bytes: int, state_bytes: int, quant_state: list[int]) -> None:
-        self.st, self.sharding = st, sharding
-        self.root, self.layers, self.adapters = root, layers, adapters
-        self.grad_bytes, self.state_bytes = grad_bytes, state_bytes
-        self.quant_state = quant_state
-        self.stream = DEFAULT_STREAM
-        self.sharded_grads: list[int] = []
-        self.states: list[int] = []
-        self.gathered: dict[int, list[list[int]]] = {}
-        """Handles of the gathered (unsharded) parameters by unit: -1 the root, else the layer (with its adapters)."""
-
-    def _on(self, stream: int) -> None:
-        if stream != self.stream:
-            self.st.events.append(("stream", stream, 0))
-            self.stream = stream
-
-    def setup(self) -> None:
-        """Quantisation states whole, then each unit's shard as FSDP wraps them (bottom-up: a layer's LoRA units,
-        the layer, ..., the root last)."""
-        for part in self.quant_state:
-            self.st.alloc(part)
-        for layer, adapters in zip(self.layers, self.adapters):
-            for unit in adapters:
-                unit.handle = self.st.alloc(unit.shard * unit.stored)
-            layer.handle = self.st.alloc(layer.shard * layer.stored)
-        self.root.handle = self.st.alloc(self.root.shard * self.root.stored)
-
-    def _gather(self, unit: _Unit) -> list[int]:
-        if self.sharding.version == 2:  # foreach_all_gather on the copy-in stream, then the copy-out
-            self._on(UNSHARD_STREAM)
-            flat_in = self.st.alloc(unit.shard * unit.gathered)
-            flat_out = self.st.alloc(unit.shard * self.sharding.world_size * unit.gathered)
-            self._on(DEFAULT_STREAM)
-            params = [self.st.alloc(e * unit.gathered) for e in unit.params]
-            self.st.free(flat_in, flat_out)
-            return params
-        if unit.mp_cast:  # the low-precision copy of the shard, made on the pre-unshard stream
-            self._on(PRE_UNSHARD_STREAM)
-            low = self.st.alloc(unit.shard * unit.gathered)
-        self._on(UNSHARD_STREAM)
-        full = self.st.alloc(unit.shard * self.sharding.world_size * unit.gathered)
-        if unit.mp_cast:
-            self.st.free(low)
-        self._on(DEFAULT_STREAM)
-        return [full]
-
-    def gather_root(self) -> None:
-        if -1 not in self.gathered:
-            self.gathered[-1] = [self._gather(self.root)]
-
-    def gather_layer(self, i: int) -> None:
-        if i >= 0 and i not in self.gathered:
-            self.gathered[i] = [self._gather(self.layers[i])] + [self._gather(u) for u in self.adapters[i]]
-
-    def forward_done(self, i: int) -> None:
-        if self.sharding.reshard:
-            self.st.free(*[h for unit in self.gathered.pop(i) for h in unit])
-
-    def _reduce(self, unit: _Unit, grads: list[int], gathered: list[int]) -> None:
-        """Post-backward: the unit's gradients made flat (a multi-parameter unit's, by the views' backward), the
-        unsharded parameter freed, the reduce-scatter's output (and its cast to the parameter dtype) on the
-        post-backward stream, the unsharded gradient freed."""
-        copied = len(unit.params) > 1 or self.sharding.version == 2  # FSDP2 copies even one into its input
-        flat = [self.st.alloc(unit.total * self.grad_bytes)] if copied else grads
-        if copied:
-            self.st.free(*grads)
-        self.st.free(*gathered)
-        self._on(POST_BACKWARD_STREAM)
-        out = self.st.alloc(unit.shard * self.grad_bytes)
-        if unit.stored != self.grad_bytes:
-            cast = self.st.alloc(unit.shard * unit.stored)
-            self.st.free(out)
-            out = cast
-        self._on(DEFAULT_STREAM)
-        self.st.free(*flat)
-        self.sharded_grads.append(out)
-
-    def backward_done(self, i: int, grads: list[int]) -> None:
-        """Layer ``i``'s backward is over; ``grads``: its trainable tensors' unsharded gradients (module order)."""
-        gathered = self.gathered.pop(i)
-        if self.layers[i].trainable:
-            self._reduce(self.layers[i], grads, gathered[0])
-        else:
-            self.st.free(*gathered[0])
-            for unit, grad, handles in zip(self.adapters[i], grads, gathered[1:]):
-                self._reduce(unit, [grad], handles)
-
-    def root_done(self, grads: list[int]) -> None:
-        gathered = self.gathered.pop(-1)[0]
-        if self.root.trainable:
-            self._reduce(self.root, grads, gathered)
-        else:
-            self.st.free(*gathered)
-
-    def optimizer(self, adamw: bool, foreach_temp: bool) -> None:
-        units = [u for u in (*self.layers, self.root) if u.trainable] + [u for a in self.adapters for u in a]
-        if not self.states and adamw:
-            self.states = [self.st.alloc(e * self.state_bytes) for u in units for e, _ in u.pieces() for _ in range(2)]
-        if adamw and foreach_temp:
-            temps = [self.st.alloc(e * self.state_bytes) for u in units for e, d in u.pieces() if d]
-            self.st.free(*temps)
-        self.st.free(*self.sharded_grads)  # zero_grad(set_to_none=True)
-        self.sharded_grads = []
 
 
 def _nf4_parts(elements: int) -> tuple[int, ...]:
@@ -310,8 +134,8 @@ def allocation_stream(
     lora = cfg.lora_config
     targets = lora_target_names(lora.target_modules, profile.linear_modules) if not full else frozenset()
     unq = place.unquantized_bytes if cfg.method == "qlora" else place.base_bytes
-    st = _Stream()
-    pst = st if sharding is None else _Stream()  # sharded: FSDP's units replace the parameters (`_FsdpStep.setup`)
+    st = EventStream()
+    pst = st if sharding is None else EventStream()  # sharded: FSDP's units replace the parameters (`_FsdpStep.setup`)
     unit_params: list[list[int]] = []  # per layer, in module order: its parameters' elements as FSDP flattens them
     unit_decay: list[list[bool]] = []
     quant_state: list[int] = []
@@ -432,7 +256,7 @@ def allocation_stream(
 
     fs = None
     if sharding is not None:
-        fs = _fsdp_step(st, sharding, profile, cfg, place, trainable, unit_params, unit_decay, quant_state)
+        fs = fsdp_step(st, sharding, profile, cfg, place, trainable, unit_params, unit_decay, quant_state)
         fs.setup()
         gb = fs.grad_bytes
     for seq in lengths if lengths is not None else [cfg.seq_len] * steps:
@@ -548,23 +372,6 @@ def allocation_stream(
             st.free(*temps)
         st.free(*grads)  # zero_grad(set_to_none=True)
     return st.events
-
-
-def _fsdp_step(st: _Stream, sharding: Sharding, profile: ModelProfile, cfg: TrainConfig, place, trainable: list[list[int]],
-               unit_params: list[list[int]], unit_decay: list[list[bool]], quant_state: list[int]) -> _FsdpStep:
-    """FSDP's units of ``profile`` (`Sharding`): the root, each layer, and under LoRA each adapter tensor."""
-    n = sharding.world_size
-    full = cfg.method == "full"
-    unq = place.unquantized_bytes if cfg.method == "qlora" else place.base_bytes
-    gathered = 2 if place.autocast or not full else unq  # bf16 MixedPrecision for LoRA/QLoRA
-    layers = [_Unit(p, d, unq, gathered, full, n) for p, d in zip(unit_params, unit_decay)]
-    adapters = [[] if full else [_Unit([t], [True], place.adapter_bytes, 2, True, n) for t in own] for own in trainable]
-    head = profile.lm_head_params or 0
-    final_norm = profile.total_params - sum(profile.layer_params) - profile.embedding_params - head
-    root_params = [profile.embedding_params, final_norm] + ([head] if head else [])
-    root = _Unit(root_params, [True, False, True][:len(root_params)], place.embedding_bytes or unq, gathered, full, n)
-    grad_bytes = sizes(profile, cfg, place).trainable_bytes_per_param if full else 2
-    return _FsdpStep(st, sharding, root, layers, adapters, grad_bytes, place.state_bytes, quant_state)
 
 
 def device_memory(
@@ -729,129 +536,3 @@ def device_check(profile: ModelProfile, gpu: GPU, tier: Tier, row_lengths: Seque
         mem = mem.model_copy(update={"notes": mem.notes + notes})
     mem = mem.model_copy(update={"device_level": _device_level(gpu, dev, tier.memory.config, lengths)})
     return tier.model_copy(update={"memory": mem, "headroom_bytes": min(tier.headroom_bytes, headroom), "fits": fits})
-
-
-DDP_FIRST_BUCKET_BYTES = 1 << 20
-"""DDP's first gradient bucket cap (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``)."""
-DDP_BUCKET_BYTES = 25 << 20
-"""DDP's default ``bucket_cap_mb`` (25 MiB): every later bucket's cap."""
-DDP_BROADCAST_BYTES = 250 << 20
-"""``DistributedDataParallel.broadcast_bucket_size``: the flat chunks DDP broadcasts the module's states in at wrap."""
-
-
-def _ddp_buckets(tensors: Sequence[int], first_cap: int = DDP_FIRST_BUCKET_BYTES,
-                 cap: int = DDP_BUCKET_BYTES) -> list[int]:
-    """Bucket bytes of ``tensors`` (bytes each, in order) as torch's ``_compute_bucket_assignment_by_size`` closes them:
-    a bucket closes once it reaches its cap (the first ``first_cap``, the rest ``cap``)."""
-    out, size = [], 0
-    for t in tensors:
-        size += t
-        if size >= (first_cap if not out else cap):
-            out.append(size)
-            size = 0
-    return out + ([size] if size else [])
-
-
-def ddp_allocation_stream(profile: ModelProfile, cfg: TrainConfig, steps: int = STEPS) -> list[tuple[str, int, int]]:
-    """One rank of a DDP run as the HF Trainer wraps it (``gradient_as_bucket_view`` off, default bucket caps): the
-    single-GPU stream (`allocation_stream`) with DDP's allocations at the moments torch makes them (traced on CPU in
-    `tools.truth.ddp`): at wrap, the module's parameters broadcast in flat chunks of up to 250 MiB (two in flight,
-    then freed), then the gradient buckets, flat buffers alive for the run. The Trainer's ``find_unused_parameters``
-    is True unless a `PreTrainedModel` (full fine-tuning) checkpoints; with it the buckets are capped (the first
-    1 MiB, then 25 MiB, parameters in module order, allocated last bucket first); without it DDP starts with one bucket
-    of every gradient and, before the second step's forward, frees it and rebuilds capped buckets in the order the
-    gradients became ready (the head first). The all-reduce is in place on the bucket and the result is copied into the
-    existing ``.grad``: no allocation on NCCL's or any other stream."""
-    setup = allocation_stream(profile, cfg, steps=0)
-    events = allocation_stream(profile, cfg, steps=steps)
-    params = [n for kind, _, n in setup if kind == "alloc"]  # load order: module order
-    place = placement(cfg)
-    sz = sizes(profile, cfg, place)
-    gb = sz.trainable_bytes_per_param
-    if cfg.method == "full":
-        trainable = [n * gb // (place.base_bytes or gb) for n in params]
-    else:  # the adapters are the last tensors set up (module order), as large as their gradients
-        trainable, total = [], sz.trainable_params * gb
-        for n in reversed(params):
-            if sum(trainable) >= total:
-                break
-            trainable.insert(0, n)
-    ids = itertools.count(max((h for _, h, _ in events), default=0) + 1)
-    wrap: list[tuple[str, int, int]] = []
-    in_flight: list[int] = []
-    frozen = params[:len(params) - len(trainable)] if cfg.method != "full" else params  # adapters: their own dtype
-    chunks = [_ddp_buckets(group, DDP_BROADCAST_BYTES, DDP_BROADCAST_BYTES) for group in (frozen, trainable)]
-    for chunk in chunks[0] + (chunks[1] if cfg.method != "full" else []):
-        if len(in_flight) == 2:
-            wrap.append(("free", in_flight.pop(0), 0))
-        in_flight.append(next(ids))
-        wrap.append(("alloc", in_flight[-1], chunk))
-    wrap += [("free", h, 0) for h in in_flight]
-    find_unused = cfg.method != "full" or not cfg.gradient_checkpointing
-    first = _ddp_buckets(trainable)[::-1] if find_unused else [sum(trainable)]
-    handles = [next(ids) for _ in first]
-    wrap += [("alloc", h, n) for h, n in zip(handles, first)]
-    if find_unused:  # the reducer's map of the parameters used (an int32 each) on the device
-        wrap.append(("alloc", next(ids), 4 * len(trainable)))
-    out = events[:len(setup)] + wrap
-    rest = events[len(setup):]
-    if not find_unused and steps > 1:  # the second step's pre-forward rebuilds the buckets
-        step_len = len(allocation_stream(profile, cfg, steps=1)) - len(setup)
-        rebuilt = _ddp_buckets(trainable[::-1])
-        rebuild = [("free", h, 0) for h in handles] + [("alloc", next(ids), n) for n in rebuilt]
-        rest = rest[:step_len] + rebuild + rest[step_len:]
-    return out + rest
-
-
-NOT_REPLAYED = ""
-"""`DeviceLevelMemory.replay` of a multi-GPU plan whose step is not replayed (see `multi_gpu_device_level`)."""
-
-
-def multi_gpu_device_level(gpu: GPU, tier: Tier | None, world_size: int, *, profile: ModelProfile | None = None,
-                           strategy: str | None = None) -> Tier | None:
-    """``tier`` of a plan on ``world_size`` GPUs with its device-level memory on each GPU (rank 0's view).
-
-    An FSDP plan (``strategy="fsdp"``, FULL_SHARD, with the ``profile`` it was planned for) is replayed: rank 0's
-    allocation stream of two sharded steps (`allocation_stream` with `Sharding`), FSDP's all-gather, reduce-scatter
-    and mixed-precision streams each in their own pools as PyTorch's allocator keeps them, gives the reserved peak;
-    the allocated level stays the estimate's per-GPU tensor peak (checked against traced FSDP steps), and reserved is
-    never put below it. A DDP plan (``strategy="ddp"``) is replayed the same way from `ddp_allocation_stream` (the
-    one-GPU step with DDP's broadcast chunks and gradient buckets), never below its allocated peak. A DeepSpeed step is
-    not replayed: its reserved figure is its allocated peak, a lower bound (``replay`` is `NOT_REPLAYED`). On top, what
-    lives outside the allocator on every GPU (`aegis.planning.memory.runtime.device_level`): the CUDA context, the
-    cuBLAS workspace and NCCL's buffers for ``world_size`` ranks (`aegis.planning.memory.runtime.nccl_buffer_bytes`:
-    ``NCCL_MAX_CHANNELS`` channels x one connection's Simple, LL and LL128 buffers, NCCL's defaults). The tier's fit
-    and headroom are left as the estimate judged them; a note says when the replayed reserved peak and the overhead
-    pass the GPU's memory."""
-    from aegis.planning.memory.runtime import device_level
-
-    if tier is None or world_size < 2:
-        return tier
-    peak = tier.memory.tensor_bytes
-    reserved, replay, notes = peak, NOT_REPLAYED, ()
-    if strategy == "fsdp" and profile is not None:
-        cfg = tier.memory.config
-        dev = device_memory(profile, cfg, sharding=Sharding(world_size))
-        reserved = max(dev.max_reserved_bytes, peak)
-        replay = (f"two steps of {cfg.seq_len} tokens of rank 0 under FSDP FULL_SHARD on {world_size} GPUs "
-                  "(its all-gather and reduce-scatter streams' blocks apart)")
-        if reserved + tier.memory.overhead_bytes > gpu.memory_bytes:
-            gib = 1 << 30
-            notes = (f"FSDP's caching allocator reserves {reserved / gib:.2f} GiB per GPU for a {peak / gib:.2f} GiB "
-                     f"live peak ({(reserved - peak) / gib:.2f} GiB cached in freed and split blocks, FSDP's side "
-                     f"streams' blocks apart): with the overhead, more than the {gpu.name}'s memory; "
-                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or a smaller micro batch may be needed",)
-    elif strategy == "ddp" and profile is not None:
-        cfg = tier.memory.config
-        with gc_paused():
-            stats = CachingAllocator().replay(ddp_allocation_stream(profile, cfg))
-        reserved = max(stats.max_reserved_bytes, peak)
-        replay = f"two steps of {cfg.seq_len} tokens of one DDP rank on {world_size} GPUs, with DDP's gradient buckets"
-        if reserved + tier.memory.overhead_bytes > gpu.memory_bytes:
-            gib = 1 << 30
-            notes = (f"DDP's caching allocator reserves {reserved / gib:.2f} GiB per GPU for a {peak / gib:.2f} GiB "
-                     f"live peak: with the overhead, more than the {gpu.name}'s memory; "
-                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or a smaller micro batch may be needed",)
-    level = device_level(gpu, allocated_bytes=peak, reserved_bytes=reserved, world_size=world_size, replay=replay)
-    update = {"device_level": level, "notes": tier.memory.notes + notes}
-    return tier.model_copy(update={"memory": tier.memory.model_copy(update=update)})
