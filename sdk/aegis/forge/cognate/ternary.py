@@ -274,6 +274,7 @@ def _served(folder: Path) -> tuple[Any, Any]:
 
 
 def _save_state(path: Path, st: dict[str, Any]) -> None:
+    """Phase 3's checkpoint writer (atomic), called through this module so a test can stop a run at a checkpoint."""
     from aegis.forge.quietstar.run import _save_state as save
 
     save(path, st)
@@ -284,7 +285,9 @@ def run_phase4(src: str | Path, rows: list[Any], out: str | Path, settings: Phas
                log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Fine-tune (``settings.steps``), pack into ``OUT/model`` and measure phase 3's model folder ``src`` on its
     reasoning ``rows`` (split as phase 3 split them: ``holdout``, ``validation``); returns the report (also written
-    to ``OUT/report.md``; the caller writes ``report.json``)."""
+    to ``OUT/report.md``; the caller writes ``report.json``). ``out`` is the forge's phase folder: `run_forge` checked
+    its OUT before writing any phase, and phase 4 replaces only what it writes there (``model/``, ``state/``,
+    ``report.md``)."""
     import pickle
 
     import jax
@@ -435,8 +438,9 @@ def run_phase4(src: str | Path, rows: list[Any], out: str | Path, settings: Phas
         "total_params": r.total_params, "ternary_params": r.ternary_params, "sparsity": r.sparsity,
         "total_compression": r.total_compression, "target_compression": r.target_compression,
         "size_category": r.size_category, "per_channel": settings.per_channel,
-        "served_as": ("load_packed (W1.58 A16 for a Cognate model: dequantised ternary weights, float activations), "
-                      "as aegis generate loads the folder"),
+        "served_as": ("load_packed, as aegis generate loads the folder: "
+                      + ("W1.58 A16 (a Cognate model: dequantised ternary weights, float activations)" if cognate else
+                         "W1.58 A8 (ternary linears packed, int8 activations per token)")),
         "held_out_rows": data["rows"]["test"],
         "chance": 1.0 / len(a) if a else None,
         "majority_baseline": float(counts.max() / max(1, counts.sum())) if a else None,
