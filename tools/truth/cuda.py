@@ -212,7 +212,10 @@ def compare(measured: dict[str, Any]) -> list[dict[str, Any]]:
             "gc": row["gradient_checkpointing"], "attention": row["attention"],
             "gpu_allocated": m["max_allocated_bytes"], "gpu_reserved": m["max_reserved_bytes"],
             "traced": row["peak_bytes"], "gpu_traced": m["gpu_traced_peak_bytes"],
-            "replayed_reserved": rep.get("max_reserved_bytes"),
+            # the GPU built the model as the trace does (from_config): the stream replayed as traced is its peer;
+            # as loaded (`tools.truth.stream.as_loaded`) is what a from_pretrained run reserves, and the planner's
+            "replayed_reserved": rep.get("max_reserved_from_config_bytes"),
+            "replayed_reserved_as_loaded": rep.get("max_reserved_bytes"),
             "planned_allocated": planned.max_allocated_bytes, "planned_reserved": planned.max_reserved_bytes,
         })
     return out

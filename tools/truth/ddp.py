@@ -64,7 +64,7 @@ def trace_ddp(config: dict[str, Any], method: str, micro_batch_size: int, seq_le
     from aegis.planning.memory.allocator import replay
     from tools.truth.model import build_model
     from tools.truth.patches import cuda_dropout, unpadded_inputs
-    from tools.truth.stream import StreamLiveBytes, trace_stream
+    from tools.truth.stream import StreamLiveBytes, as_loaded, trace_stream
     from tools.truth.trace import _import_outside_modes, _param_groups
 
     setup = _setup(method, micro_batch_size, seq_len, gc)
@@ -100,8 +100,9 @@ def trace_ddp(config: dict[str, Any], method: str, micro_batch_size: int, seq_le
             del model, inner, optimizer, trainable
     finally:
         dist.destroy_process_group()
-    stats = replay(tracker.events)
-    one = replay(trace_stream(config, setup, fake=False)[1].events)  # the same step without DDP
+    stats = replay(as_loaded(tracker.events, built))  # without the from_config build's freed blocks
+    one_tracker = trace_stream(config, setup, fake=False)[1]  # the same step without DDP
+    one = replay(as_loaded(one_tracker.events, one_tracker.reset_at))
     return {
         "config": config, "method": method, "micro_batch_size": micro_batch_size, "seq_len": seq_len,
         "gradient_checkpointing": gc, "find_unused_parameters": find_unused, "steps": 2,

@@ -1,10 +1,13 @@
 """Reserved memory: the planner's allocation stream against the traced one, both through the allocator model.
 
     python -m tools.truth.reserved --model Llama-3.2-1B          # trace + replay these truth rows, store them
+                                                                  # (rows stored as traced are traced again)
     python -m tools.truth.reserved --show                         # the comparison table
 
 For a truth row (tests/data/memory_truth.json) this traces the same two training steps as `build.py`
-with the allocation stream recorded (`tools.truth.stream`), replays the stream through
+with the allocation stream recorded (`tools.truth.stream`), replays the stream as loaded
+(`tools.truth.stream.as_loaded`: without the from_config build's freed blocks, which ``from_pretrained`` never
+makes; ``max_reserved_from_config_bytes`` keeps the replay as traced) through
 `aegis.planning.memory.allocator` (with and without ``expandable_segments``) and stores the replayed peaks in
 `tests/data/reserved_truth.json`. `compare` puts beside them what the planner predicts from its own
 stream (`aegis.planning.memory.device.device_memory`). Both sides use the same allocator model, so the table
@@ -59,19 +62,22 @@ def trace_reserved(row: dict[str, Any]) -> dict[str, Any]:
 
     from aegis.planning.memory.allocator import replay
     from tools.truth.build import config_path
-    from tools.truth.stream import trace_stream
+    from tools.truth.stream import as_loaded, trace_stream
 
     warnings.filterwarnings("ignore")
     result, tracker = trace_stream(str(config_path(row["model_id"])), setup_of(row))
-    plain = replay(tracker.events)
-    expandable = replay(tracker.events, expandable_segments=True)
+    events = as_loaded(tracker.events, tracker.reset_at)
+    plain = replay(events)
+    expandable = replay(events, expandable_segments=True)
     return {
         "key": row["key"],
         "traced_peak_bytes": result.peak_bytes,
         "max_allocated_bytes": plain.max_allocated_bytes,
         "max_reserved_bytes": plain.max_reserved_bytes,
         "max_reserved_expandable_bytes": expandable.max_reserved_bytes,
-        "events": len(tracker.events),
+        "max_reserved_from_config_bytes": replay(tracker.events).max_reserved_bytes,
+        "replay": "as-loaded",
+        "events": len(events),
         "date": dt.date.today().isoformat(),
     }
 
@@ -145,7 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     for row in load_rows():
         if args.model and not any(m.lower() in row["model_id"].lower() for m in args.model):
             continue
-        if row["key"] in stored or row["peak_bytes"] > args.max_gib * GIB or row.get("transformers_pinned"):
+        if not args.model and row["key"] not in stored:
+            continue  # without --model: the stored rows, traced again where they were replayed as traced
+        if stored.get(row["key"], {}).get("replay") == "as-loaded":
+            continue
+        if row["peak_bytes"] > args.max_gib * GIB or row.get("transformers_pinned"):
             continue  # pinned rows trace under their own transformers (see tools/truth/__init__.py)
         stored[row["key"]] = trace_reserved(row)
         TABLE.write_text(json.dumps({"description": __doc__.split("\n")[0], "rows": list(stored.values())}, indent=1) + "\n",

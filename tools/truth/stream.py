@@ -61,6 +61,20 @@ class StreamLiveBytes(LiveBytes):
         self.reset_at = len(self.events)
 
 
+def as_loaded(events: list[tuple[str, int, int]], reset_at: int) -> list[tuple[str, int, int]]:
+    """``events`` with the model build's temporaries dropped: of the first ``reset_at`` events (the build, up to
+    where the steps begin) only the allocations still live at ``reset_at``, in order; the steps' events as traced.
+
+    The trace builds the model with ``AutoModelForCausalLM.from_config`` on the (fake) device, which allocates a
+    tied head's weight and frees it when the weights are tied, and for QLoRA builds the bf16 model and then
+    quantises it. ``from_pretrained`` does neither: it builds on the meta device under ``no_tie_weights``
+    (transformers ``PreTrainedModel.get_init_context``) and loads each weight into place (bitsandbytes quantises
+    each one as it arrives). Kept in the stream, the build's freed blocks stay cached and the steps' tensors are
+    carved out of them, which a loaded model's run never sees."""
+    freed = {ident for kind, ident, _ in events[:reset_at] if kind == "free"}
+    return [e for e in events[:reset_at] if e[1] not in freed] + events[reset_at:]
+
+
 @contextmanager
 def _recording():
     with mock.patch.object(trace_module, "LiveBytes", StreamLiveBytes):

@@ -118,13 +118,6 @@ def _varied_batches(lengths: tuple[int, ...]):
         raise RuntimeError(f"{len(queue)} lengths were not trained: the trace ran fewer steps than lengths")
 
 
-def as_loaded(events: list[tuple[str, int, int]], reset_at: int) -> list[tuple[str, int, int]]:
-    """``events`` with the model build's temporaries dropped: of the first ``reset_at`` events (the build, up to
-    where the steps begin) only the allocations still live at ``reset_at``, in order; the steps' events as traced."""
-    freed = {ident for kind, ident, _ in events[:reset_at] if kind == "free"}
-    return [e for e in events[:reset_at] if e[1] not in freed] + events[reset_at:]
-
-
 def trace_case(case: dict[str, Any]) -> dict[str, Any]:
     """Trace ``case``'s run of varied lengths and replay its stream as loaded (`as_loaded`; plain and expandable
     segments), and as traced."""
@@ -132,7 +125,7 @@ def trace_case(case: dict[str, Any]) -> dict[str, Any]:
 
     from aegis.planning.memory.allocator import replay
     from tools.truth.build import config_path
-    from tools.truth.stream import trace_stream
+    from tools.truth.stream import as_loaded, trace_stream
 
     warnings.filterwarnings("ignore")
     lengths = lengths_of(case)

@@ -79,6 +79,28 @@ def test_allocator_model_replays_the_gpu_reserved_peak():
     assert max(abs(e) for e in errors.values()) <= 0.02, errors
 
 
+def test_the_gpus_reserved_outlier_is_the_builds_freed_head():
+    """gemma-3-1b, checkpointed: the GPU reserved 11% less than the plan. The GPU built the model as the trace does,
+    with ``from_config``, which allocates the tied head's weight (576 MiB) and frees it when the weights are tied;
+    the steps' tensors are then carved out of that cached block. ``from_pretrained`` never allocates it. The same
+    traced stream replayed as traced gives the GPU's figure, replayed as loaded (`tools.truth.stream.as_loaded`)
+    the plan's."""
+    key = "google/gemma-3-1b-pt|full|bf16|adamw_foreach|b2|s1024|gc1|sdpa"
+    row = next(r for r in RESULTS if r["key"] == key)
+    assert _err(row["planned_reserved"], row["gpu_reserved"]) > 0.10
+    assert abs(_err(row["replayed_reserved"], row["gpu_reserved"])) < 0.01
+    assert abs(_err(row["planned_reserved"], row["replayed_reserved_as_loaded"])) < 0.01
+
+
+def test_planner_reserved_against_the_gpu_measured_streams_as_loaded():
+    """Every GPU row with a traced stream: the plan against that stream replayed as loaded."""
+    rows = [r for r in RESULTS if r["replayed_reserved_as_loaded"] and r["method"] != "qlora"]
+    assert len(rows) >= 15
+    errors = {r["key"]: _err(r["planned_reserved"], r["replayed_reserved_as_loaded"]) for r in rows}
+    assert max(abs(e) for e in errors.values()) <= 0.04, errors
+    assert statistics.median(abs(e) for e in errors.values()) <= 0.01
+
+
 def test_planner_reserved_against_the_gpu():
     rows = [r for r in RESULTS if r["method"] != "qlora"]
     errors = {r["key"]: _err(r["planned_reserved"], r["gpu_reserved"]) for r in rows}

@@ -32,7 +32,7 @@ def _config(row) -> TrainConfig:
 @pytest.mark.parametrize("row", ROWS, ids=[r["key"] for r in ROWS])
 def test_run_reserved_peak_against_traced_varied_steps(row):
     """Within 5% of the traced replay, with the default allocator and with expandable segments (what the plan sets
-    when they help). The traced stream is replayed as loaded (`tools.truth.varied.as_loaded`): from_pretrained never
+    when they help). The traced stream is replayed as loaded (`tools.truth.stream.as_loaded`): from_pretrained never
     allocates the tied head weight that from_config allocates and frees, whose cached 501 MiB segment the steps
     would otherwise carve their activations and logits out of."""
     run = run_memory(resolve_model(row["model_id"]), _config(row), row["lengths"])
@@ -86,7 +86,7 @@ def test_as_loaded_drops_the_builds_freed_blocks_that_the_steps_would_carve_from
     """The mechanism the as-loaded replay removes: a block the model build frees stays cached, and the step's
     smaller tensors are split out of it instead of mapping segments of their own."""
     from aegis.planning.memory.allocator import replay
-    from tools.truth.varied import as_loaded
+    from tools.truth.stream import as_loaded
 
     mib = 1 << 20
     build = [("alloc", 1, 64 * mib), ("alloc", 2, 501 * mib), ("free", 2, 0), ("alloc", 3, 8 * mib)]

@@ -25,8 +25,9 @@ The stream, per tensor (each its own allocation, as PyTorch makes them):
    the last: recomputation (checkpointing), the backward temporaries (gradient of the widest intermediate
    and of the residual stream, as the estimate sizes them), the layer's parameter gradients (one per
    trainable tensor), then the layer's saved tensors and temporaries freed.
-4. **optimizer step**: on the first step the AdamW states (two per trainable tensor); the foreach
-   temporary (one state-sized buffer per tensor of the decay group, freed together); then
+4. **optimizer step**: per parameter group (HF's weight-decay group, then the rest, each in module order): on the
+   first step the group's AdamW states (two per trainable tensor); the foreach temporary (one state-sized buffer
+   per tensor of the group, freed together); then
    ``zero_grad(set_to_none=True)`` frees every gradient.
 
 Limits: the stream has the sizes and lifetimes of the estimate's tensors, not every small temporary a
@@ -116,7 +117,7 @@ def allocation_stream(
     shard's bf16 copy; a unit's gradients made flat, reduce-scattered into a shard that lives to ``zero_grad``; the
     optimizer's states per original parameter's share of rank 0's shard. QLoRA as the estimate shards it (bf16
     storage, no k-bit preparation)."""
-    from aegis.planning.memory.estimate import step_setting  # estimate imports this module lazily
+    from aegis.planning.memory.estimate import full_autocast_casts, step_setting  # estimate imports this lazily
 
     from aegis.planning.memory.stack_effects import backward_width, checkpoint_keeps_inputs, fused_loss, profile_for_stack
 
@@ -233,14 +234,19 @@ def allocation_stream(
     width = backward_width(layers, cfg)  # as the estimate (4.x MoE: one expert's rows at a time)
     gb = sz.trainable_bytes_per_param
     state_b = place.state_bytes
-    all_trainable = [t for own in trainable for t in own] + head_trainable
+    # the optimizer's parameter groups as HF's Trainer builds them: the weight-decay group, then the rest, each in
+    # module order (the embedding first; the final norm and an untied head last)
+    in_module_order = head_trainable[:1] + [t for own in trainable for t in own] + head_trainable[1:]
     skip = Counter(no_decay)  # only sizes are allocated: equal-sized tensors are interchangeable
-    decay = []
-    for t in all_trainable:
+    decay: list[int] = []
+    rest: list[int] = []
+    for t in in_module_order:
         if skip[t]:
             skip[t] -= 1
+            rest.append(t)
         else:
             decay.append(t)
+    groups = [g for g in (decay, rest) if g]
     states: list[int] = []
     chunked = fused_loss(cfg)
     keeps_inputs = checkpoint_keeps_inputs(cfg)  # Unsloth's offloading keeps layer inputs on the host
@@ -253,6 +259,11 @@ def allocation_stream(
     elif cfg.autocast_effective and cfg.method == "qlora" and (place.embedding_bytes or place.unquantized_bytes) != 2:
         # an fp32 head (k-bit prep) is cast; a bf16 one (TRL's, or no k-bit prep) is not
         cast_head = [(profile.lm_head_params or profile.embedding_params) * 2]
+    elif cfg.autocast_effective and cfg.method == "full" and sharding is None and gb == 4:
+        # fp32 weights under autocast: every matmul weight's copy, cached until the forward's autocast exits
+        cast_per_layer = full_autocast_casts(layers)
+        cast_head = [(profile.lm_head_params or profile.embedding_params) * 2]
+    cached_casts = cfg.method == "full" and cfg.gradient_checkpointing  # held by autocast's cache, not by backward
 
     fs = None
     if sharding is not None:
@@ -267,10 +278,13 @@ def allocation_stream(
             fs.gather_root()
         x = st.alloc(tokens * hidden * stream_b)  # embedding output
         saved: list[list[int]] = []
+        in_cache: list[int] = []
         for i in range(len(layers)):
             if fs:
                 fs.gather_layer(i)
             if cfg.gradient_checkpointing:
+                if cached_casts:
+                    in_cache += [st.alloc(v) for v in cast_per_layer[i]]
                 inner = [st.alloc(tokens * v) for v in parts[i]] + ([st.alloc(fixed[i])] if fixed[i] else [])
                 out = st.alloc(tokens * hidden * stream_b)
                 st.free(*inner)
@@ -294,7 +308,8 @@ def allocation_stream(
             chunk = max(1, -(-tokens // -(-vocab // hidden)))
             buf = st.alloc(chunk * vocab * 12)
             hgrad = st.alloc(tokens * hidden * 4)
-            st.free(buf)
+            st.free(buf, *in_cache)
+            in_cache = []
             loss_live: list[int] = [hgrad]
         else:
             logits = st.alloc(tokens * vocab * d_l)
@@ -305,6 +320,8 @@ def allocation_stream(
             shift = [st.alloc(tokens * vocab * 4)] if setting.loss_shift_copy else []
             lsm = st.alloc(tokens * vocab * 4)
             st.free(logits, *extra, *up, *shift)
+            st.free(*in_cache)  # the forward's autocast exits with the loss: its cache goes
+            in_cache = []
             # -- backward of the loss: NLL grad and log-softmax grad live with the log-softmax output ---
             nll = st.alloc(tokens * vocab * 4)
             glsm = st.alloc(tokens * vocab * 4)
@@ -330,7 +347,8 @@ def allocation_stream(
             if fs:  # BACKWARD_PRE: this layer (gathered already) and the one below, prefetched
                 fs.gather_layer(i)
                 fs.gather_layer(i - 1)
-            recompute = [st.alloc(tokens * v) for v in parts[i]] if cfg.gradient_checkpointing else []
+            recompute = [st.alloc(v) for v in cast_per_layer[i]] if cached_casts else []
+            recompute += [st.alloc(tokens * v) for v in parts[i]] if cfg.gradient_checkpointing else []
             recompute += [st.alloc(fixed[i])] if cfg.gradient_checkpointing and fixed[i] else []
             if cfg.gradient_checkpointing and not keeps_inputs:
                 recompute.append(st.alloc(tokens * hidden * stream_b))  # the input, back from the host
@@ -362,14 +380,15 @@ def allocation_stream(
         if fs:
             fs.optimizer(cfg.optimizer == "adamw", not cfg.stack.adamw_fused)
             continue
-        if not states:
-            if cfg.optimizer == "adamw":
-                states = [st.alloc(t * state_b) for t in all_trainable for _ in range(2)]
-            elif cfg.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
-                states = [st.alloc(t * (1 + 4 / 2048)) for t in all_trainable for _ in range(2)]
-        if cfg.optimizer == "adamw" and not cfg.stack.adamw_fused:
-            temps = [st.alloc(t * state_b) for t in decay]  # foreach sqrt(v) copy of the largest group
-            st.free(*temps)
+        first = not states
+        for group in groups:  # torch steps one group at a time, making its states on the first step
+            if first and cfg.optimizer == "adamw":
+                states += [st.alloc(t * state_b) for t in group for _ in range(2)]
+            elif first and cfg.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+                states += [st.alloc(t * (1 + 4 / 2048)) for t in group for _ in range(2)]
+            if cfg.optimizer == "adamw" and not cfg.stack.adamw_fused:
+                temps = [st.alloc(t * state_b) for t in group]  # foreach: sqrt(v), one per tensor of the group
+                st.free(*temps)
         st.free(*grads)  # zero_grad(set_to_none=True)
     return st.events
 

@@ -281,6 +281,7 @@ def estimate(
             # flat gradient until the embedding's (last) is made
             layer_grad = gathered_layer
     casts = head_cast = 0  # bf16 copies autocast keeps through forward and backward
+    layer_casts = [0] * len(layers)
     if n > 1 and cfg.method == "lora":
         pass  # FSDP's bf16 MixedPrecision gathers the adapters in bf16 and frees them: nothing to cast or keep
     elif cfg.autocast_effective and cfg.method == "lora":
@@ -289,11 +290,15 @@ def estimate(
         # the frozen fp32 head's bf16 copy: autocast caches only leaf weights that require grad, so this one is the
         # head matmul's saved operand, freed by the head's backward (the layers' backward runs without it)
         head_cast = (profile.lm_head_params or profile.embedding_params) * 2
+    elif n == 1 and gb == 4 and cfg.autocast_effective and cfg.method == "full":
+        layer_casts = [sum(c) for c in full_autocast_casts(layers)]
+        head_cast = (profile.lm_head_params or profile.embedding_params) * 2
 
     moments: list[_Moment] = []
     moments.append(_Moment("start of backward (loss)", {
-        "weights": weights, "adapters": adapters, "optimizer": states, "gathered": gathered, "casts": casts + head_cast,
-        "buckets": buckets, "activations": act_total + int(tokens * head_saved) + (0 if cfg.gradient_checkpointing else sum(fixed)),
+        "weights": weights, "adapters": adapters, "optimizer": states, "gathered": gathered,
+        # checkpointed layers' copies leave with the forward's autocast cache, before the loss's backward
+        "casts": casts + head_cast + (0 if cfg.gradient_checkpointing else sum(layer_casts)), "buckets": buckets, "activations": act_total + int(tokens * head_saved) + (0 if cfg.gradient_checkpointing else sum(fixed)),
         "masks": masks, "logits": loss_total,
     }))
     d = 2 if place.autocast else place.stream_bytes
@@ -306,7 +311,8 @@ def estimate(
         moments.append(_Moment(f"backward of layer {i}", {
             "weights": weights, "adapters": adapters, "optimizer": states,
             "gathered": (root_gathered + sum(kept[:i + 1]) + layer_grad if n > 1 and not fsdp_reshard
-                         else gathered + (gathered_layer + layer_grad if i else layer_grad)), "casts": casts,
+                         else gathered + (gathered_layer + layer_grad if i else layer_grad)),
+            "casts": casts + (layer_casts[i] if cfg.gradient_checkpointing else sum(layer_casts[:i + 1])),
             "buckets": buckets, "activations": int(below + recompute + tokens * (ckpt_saved if cfg.gradient_checkpointing else 0)),
             "masks": masks,
             "gradients": grads_so_far,
@@ -481,6 +487,17 @@ def _zero_labels(zp: ZeroPlan | None, cfg: TrainConfig) -> dict[str, tuple[str, 
                           (f"parameters under stage3_param_persistence_threshold {b.persistence_threshold:,} stay "
                            f"gathered (counted with the weights); the rest is 1/{n} per rank")),
     }
+
+
+def full_autocast_casts(layers) -> list[list[int]]:
+    """Per layer, the bytes of each 16-bit copy autocast makes of an fp32 weight or bias a matmul uses, when full
+    fine-tuning keeps fp32 weights under autocast (HF Trainer's ``bf16=True`` on an fp32 model).
+
+    Autocast caches the copy of every leaf tensor that requires grad until the forward's autocast exits; the matmul
+    saves it for backward, so without checkpointing a layer's copies live to its backward, with checkpointing only
+    the recomputed layer's do (its recomputation casts again). The head's copy lives to the head's backward."""
+    return [[2 * (lin.in_features * lin.out_features + (lin.out_features if lin.bias else 0))
+             for lin in layer.linears for _ in range(lin.count)] for layer in layers]
 
 
 def step_setting(profile: ModelProfile, cfg: TrainConfig, fam, place) -> Setting:
