@@ -52,6 +52,10 @@ from aegis.models.families import Family, LayerShape
 __all__ = ["Setting", "layer_activation_terms", "layer_activation_parts", "terms_by_layer", "parts_by_layer", "layer_fixed_saved_bytes", "fixed_saved_by_layer",
            "loss_bytes_per_token", "head_saved_bytes_per_token"]
 
+MATH_KERNEL_LABEL = "attention (math kernel: fp32 q, k, v, probabilities)"
+"""The math kernel's saved tensors; its last part is the probabilities, made from a float32 score tensor of the same
+size that lives only until the softmax has run."""
+
 
 class Setting(NamedTuple):
     """What the activation model needs to know about one configuration."""
@@ -284,8 +288,8 @@ def _layer_acc(fam: Family, c: dict, layer: LayerShape, s: Setting) -> _Acc:
     math_kernel = not s.eager and not s.flash and (fam.entry.runs_sdpa_math(c) or fp32_gqa)
     if math_kernel:
         # float32 q, expanded k and v (upcast where they were not), and the float32 probabilities
-        acc.add("attention (math kernel: fp32 q, k, v, probabilities)", 4 * 3 * q_w, 3)
-        acc.add("attention (math kernel: fp32 q, k, v, probabilities)", 4 * heads * s.seq_len)
+        acc.add(MATH_KERNEL_LABEL, 4 * 3 * q_w, 3)
+        acc.add(MATH_KERNEL_LABEL, 4 * heads * s.seq_len)  # last: `aegis.planning.memory.device` frees the scores
     elif s.eager:
         # matmuls keep q and the repeated k, v; softmax keeps its fp32 output, the second matmul its cast
         acc.add("attention (q, k, v, out)", d * 2 * q_w, 2)
