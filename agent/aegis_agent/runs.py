@@ -27,14 +27,13 @@ asked for: ``start(None)`` (no plan), or a run template that itself names a rand
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Literal
 
+from aegis.train import compile_cache
 from aegis.errors import AegisError, DatasetError, NothingFitsError, RunError
 from aegis.schema import Frozen, PlanReport
 from aegis.supervise import CommandReceipt, RunConfig, RunStatusReport, Supervisor, parse_run_config
@@ -62,16 +61,6 @@ class RunNotice(Frozen):
         default=None, description="The run's status when it happened (None: it failed before its folder existed)."
     )
     error: str | None = Field(default=None, description="How a failed run's process died ('RunError: ...').")
-
-
-def _enable_compile_cache() -> None:
-    """Reuse compiled XLA programs across processes, as `aegis run` does (a restart resumes in seconds)."""
-    import jax
-
-    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "aegis" / "jax"
-        jax.config.update("jax_compilation_cache_dir", str(cache))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 def _new_run_id(prefix: str) -> str:
@@ -190,7 +179,7 @@ class RunManager:
 
             def work() -> None:
                 if self._compile_cache:
-                    _enable_compile_cache()
+                    compile_cache.enable()
                 try:
                     body()
                 except Exception as err:  # noqa: BLE001 - reported through status and notices, not lost in a thread

@@ -1,10 +1,8 @@
-"""Shared by the agent and app tests: a fast run template and the XLA compile cache they share."""
+"""Shared by the agent and app tests: a fast run template (the XLA compile cache is the suite's: tests/conftest.py)."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -27,18 +25,3 @@ def write_template(folder: Path) -> Path:
     path = folder / "run-template.yaml"
     path.write_text(yaml.safe_dump(FAST_TEMPLATE))
     return path
-
-
-def enable_compile_cache(config: Any) -> Path:
-    """Reuse compiled train programs across tests, workers and sessions (same folder as tests/supervise)."""
-    import jax
-
-    provider = getattr(config, "cache", None)
-    cache = (
-        Path(str(provider.mkdir("aegis-jax-compile")))
-        if provider
-        else Path(tempfile.gettempdir()) / "aegis-jax-compile"
-    )
-    jax.config.update("jax_compilation_cache_dir", str(cache))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    return cache

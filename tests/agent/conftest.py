@@ -1,4 +1,4 @@
-"""Agent test fixtures: a fast run template and the shared XLA compile cache."""
+"""Agent test fixtures: a fast run template."""
 
 from __future__ import annotations
 
@@ -6,12 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent._runs import enable_compile_cache, write_template
-
-
-@pytest.fixture(scope="session")
-def jax_compile_cache(request: pytest.FixtureRequest) -> Path:
-    return enable_compile_cache(request.config)
+from tests.agent._runs import write_template
 
 
 @pytest.fixture

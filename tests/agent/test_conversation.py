@@ -13,7 +13,7 @@ LLAMA = "meta-llama/Llama-3.1-8B"
 
 
 @pytest.mark.slow
-def test_scripted_conversation(tmp_path: Path, fast_template: Path, jax_compile_cache: Path) -> None:
+def test_scripted_conversation(tmp_path: Path, fast_template: Path) -> None:
     settings = AgentSettings(runs_dir=str(tmp_path / "runs"), run_template=str(fast_template), run_tiers="template")
     runs = RunManager(settings, compile_cache=False)
     notices = []

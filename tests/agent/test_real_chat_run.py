@@ -49,7 +49,7 @@ def empty_hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.mark.slow
-def test_start_the_run_trains_the_planned_folder_on_the_planned_data(tmp_path: Path, jax_compile_cache: Path) -> None:
+def test_start_the_run_trains_the_planned_folder_on_the_planned_data(tmp_path: Path) -> None:
     folder = make_model_folder(tmp_path / "support-model")
     data = write_sharegpt(tmp_path / "chats.jsonl", n=64)
     agent, runs = _agent(tmp_path)

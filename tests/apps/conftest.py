@@ -12,7 +12,7 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from tests.agent._runs import enable_compile_cache, write_template
+from tests.agent._runs import write_template
 
 NOT_IN_CHANNEL = "CNOTIN"
 """A channel the fake Slack refuses posts to, as Slack does where the bot was not invited."""
@@ -85,11 +85,6 @@ def fake_slack() -> Any:
     yield fake
     fake.server.shutdown()
     fake.server.server_close()
-
-
-@pytest.fixture(scope="session")
-def jax_compile_cache(request: pytest.FixtureRequest) -> Path:
-    return enable_compile_cache(request.config)
 
 
 @pytest.fixture

@@ -204,7 +204,7 @@ def test_browser_plan_shows_total_chart_and_recommended_config(tmp_path: Path) -
 @pytest.mark.browser
 @pytest.mark.slow
 def test_browser_run_panel_buttons_steer_a_paused_run(
-    tmp_path: Path, fast_template: Path, jax_compile_cache: Path
+    tmp_path: Path, fast_template: Path
 ) -> None:
     if not CHROMIUM.exists():
         pytest.skip("/usr/bin/chromium is missing: `apt-get install -y chromium` (CI installs it)")

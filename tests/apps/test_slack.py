@@ -176,7 +176,7 @@ def test_not_allow_listed_cannot_start_runs(bot_env) -> None:
 
 
 @pytest.mark.slow
-def test_interrupt_thread_commands_reach_the_run(bot_env, jax_compile_cache: Path) -> None:
+def test_interrupt_thread_commands_reach_the_run(bot_env) -> None:
     bot, fake = bot_env
     value = aegis.parse_request("qlora llama-3.1-8b on 3090").model_dump_json(exclude_none=True)
     assert bot.app.dispatch(click("start_run", value)).status == 200

@@ -1,30 +1,13 @@
-"""Supervisor test fixtures: a persistent XLA compilation cache shared by workers, run helpers."""
+"""Supervisor test fixtures and run helpers (the XLA compilation cache is the suite's: tests/conftest.py)."""
 
 from __future__ import annotations
 
 import json
 import random
-import tempfile
 from pathlib import Path
 
-import pytest
 
 from tests.demo_model import TINY_RUN
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _jax_compile_cache(request: pytest.FixtureRequest) -> None:
-    """Reuse compiled train/forensics programs across tests and xdist workers (a tiny model still
-    takes seconds to compile on 2 cores, and every run builds a fresh Trainer)."""
-    import jax
-
-    cache_provider = getattr(request.config, "cache", None)
-    if cache_provider is not None:
-        cache = Path(str(cache_provider.mkdir("aegis-jax-compile")))
-    else:
-        cache = Path(tempfile.gettempdir()) / "aegis-jax-compile"
-    jax.config.update("jax_compilation_cache_dir", str(cache))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 def write_arith_dataset(path: Path, n_clean: int, n_toxic: int, seed: int = 0) -> tuple[list[str], list[str]]:

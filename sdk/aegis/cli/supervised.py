@@ -21,6 +21,7 @@ from typing import Any
 
 import typer
 
+from aegis.train import compile_cache
 from aegis.errors import AegisError, InvalidConfigError
 
 __all__ = ["app", "register", "main"]
@@ -161,16 +162,6 @@ def _check_run_folder(runs_dir: str, run_id: str) -> None:
         with db.open("rb") as fh:
             if fh.read(16) != b"SQLite format 3\x00":
                 raise damaged("supervisor.sqlite", "not a SQLite database")
-
-
-def _enable_compile_cache() -> None:
-    """Reuse compiled XLA programs across processes (resume after a crash starts in seconds)."""
-    import jax
-
-    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "aegis" / "jax"
-        jax.config.update("jax_compilation_cache_dir", str(cache))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 def _describe(kind: str, step: int | None, data: dict[str, Any]) -> str | None:
@@ -315,7 +306,7 @@ def run(
         from aegis.supervise.runner import Supervisor
 
         own_runs = _join(coordinator, num_processes, process_id, runs_dir, cfg.run_id, resuming=False)
-        _enable_compile_cache()
+        compile_cache.enable()
         live = _Live(quiet)
         with live.progress:
             outcome = Supervisor(own_runs).start(cfg, callbacks=live.callbacks(), wait_for_commands_s=wait)
@@ -369,7 +360,7 @@ def resume(
         _check_run_folder(runs_dir, run_id)
         sup = Supervisor(_join(coordinator, num_processes, process_id, runs_dir, run_id, resuming=True))
         sup.status(run_id)  # unknown run id -> one-line error before anything heavy
-        _enable_compile_cache()
+        compile_cache.enable()
         live = _Live(quiet)
         with live.progress:
             outcome = sup.resume(run_id, callbacks=live.callbacks(), wait_for_commands_s=wait)

@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from aegis.train import compile_cache
 from aegis.errors import InvalidConfigError, OutputPathError
 from aegis.forge.cognate.hyperparams import TINY_MODEL, CognateConfig
 from aegis.forge.cognate.corpus import CATEGORIES
@@ -522,7 +523,7 @@ def run_phase1(config: dict[str, Any] | Phase1Config | str | Path | None, out: P
     from aegis._outdir import check_output_dir, write_output_file
 
     log = log or (lambda _line: None)
-    _compile_cache()
+    compile_cache.enable()
     p1 = config if isinstance(config, Phase1Config) else load_phase1_config(config, tiny=tiny)
     out = Path(out).expanduser().absolute()
     state_path = out / STATE_FILE
@@ -621,18 +622,6 @@ def run_phase1(config: dict[str, Any] | Phase1Config | str | Path | None, out: P
     for w in warnings:
         log(f"warning: {w}")
     return folders
-
-
-def _compile_cache() -> None:
-    """Reuse compiled programs across processes (a resumed phase starts in seconds), unless the caller set a cache."""
-    import os
-
-    import jax
-
-    if jax.config.jax_compilation_cache_dir is None and not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "aegis" / "jax"
-        jax.config.update("jax_compilation_cache_dir", str(cache))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 def _eval_batch(streams: dict[str, Any], p1: Phase1Config) -> Any:
