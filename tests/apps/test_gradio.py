@@ -124,6 +124,7 @@ def _overlap(a: dict | None, b: dict | None) -> bool:
                 and a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"])
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_browser_plan_shows_total_chart_and_recommended_config(tmp_path: Path) -> None:
     """At 820 and 1366 px: the plan, its total and chart; the GPU table readable (no cell wrapped); every band of the

@@ -148,6 +148,7 @@ def _noisy_params(cfg, seed=0):
     return jax.tree.unflatten(tree, [a + 0.2 * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys)])
 
 
+@pytest.mark.slow
 def test_a_token_sees_no_later_token():
     params = _noisy_params(TINY)
     ids = np.random.default_rng(5).integers(0, 61, (2, 19))

@@ -29,6 +29,7 @@ def test_bad_batch_size_is_one_line(value):
     assert load_phase1_config({}, tiny=True).train.batch_size == 4  # --tiny keeps its pinned batch
 
 
+@pytest.mark.slow
 def test_auto_batch_is_the_largest_whose_compiled_step_fits_the_budget():
     import jax
     import numpy as np

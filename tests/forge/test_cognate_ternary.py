@@ -90,6 +90,7 @@ def _phase3_folder(tmp_path: Path, rows, **over) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_qat_brings_the_packed_model_closer_to_phase3_than_packing_alone_and_resumes(tmp_path, monkeypatch):
     """Measured on the held-out rows, both packed models loaded as `aegis generate` serves them: after 30
     straight-through steps of distillation (KL to the full-precision model; the stand-in phase-3 model is random,

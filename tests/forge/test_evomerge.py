@@ -109,6 +109,7 @@ def test_best_beats_the_best_parent_on_held_out_data(uninterrupted, evo):
     assert not (out / "work").exists() and (out / "state" / "candidates" / "gen-000").is_dir()
 
 
+@pytest.mark.slow
 def test_kill9_after_a_generation_resumes_to_the_same_end(uninterrupted, evo, tmp_path):
     result, ref_out = uninterrupted
     cfg_path = tmp_path / "evo.yml"

@@ -3,6 +3,8 @@ is one line."""
 
 from __future__ import annotations
 
+import pytest
+
 
 def test_greedy_generation_matches_transformers_and_streams(tmp_path):
     import torch
@@ -33,6 +35,7 @@ def test_generate_bad_model_is_one_line(tmp_path):
     assert exc.value.code == 2
 
 
+@pytest.mark.slow
 def test_a_quietstar_cognate_model_generates_with_its_thoughts_in_the_engine(tmp_path):
     """A phase-3 Cognate folder (auto_map, quietstar.json) is served by the engine, which runs its thoughts;
     transformers' remote code would ignore them. Each thought is the Cognate forward's greedy continuation after

@@ -63,6 +63,7 @@ def test_newton_schulz_keeps_singular_vectors_and_flattens_values():
     np.testing.assert_allclose(o[0], ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("consistent_rms", [0.2, None])
 def test_muon_equals_optax_contrib_muon(consistent_rms):
     rng = np.random.default_rng(3)
@@ -120,6 +121,7 @@ def test_qk_clip_caps_each_heads_largest_logit_at_tau(heads, kv):
                                    np.asarray(wq[0]).reshape(heads, hd, -1) * np.sqrt(gamma)[:, None, None], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_presets_are_the_seeds_three_settings_and_the_chain_trains():
     assert optim.preset("pretrain") == optim.MuonGrokfastPreset(1e-3, 0.3, 30.0, 0.0)
     assert optim.preset("bake") == optim.MuonGrokfastPreset(1e-4, 0.2, 30.0, 0.0)

@@ -28,6 +28,7 @@ def _config() -> dict:
     return cfg
 
 
+@pytest.mark.slow
 def test_forge_runs_four_phases_and_resumes_after_a_kill_without_retraining_phase1(tmp_path, monkeypatch):
     import importlib
 

@@ -139,6 +139,7 @@ def tiny_quietstar_model(tmp_path):
     return make_model_folder(tmp_path / "m", hidden=64, layers=2)
 
 
+@pytest.mark.slow
 def test_thoughts_help_on_held_out_parity_and_theater_checks_roll_back(tiny_quietstar_model, tmp_path):
     """The bar: parity of 8 bits, whose running parities the thought writes; the test rows are inputs never trained
     on nor used for selection. Prompt baking teaches the scratchpad, Quiet-STaR trains thoughts and the mixing head.
@@ -175,6 +176,7 @@ def test_thoughts_help_on_held_out_parity_and_theater_checks_roll_back(tiny_quie
     assert md.startswith("# Phase 3") and "format-free accuracy" in md and "chance 0.500" in md
 
 
+@pytest.mark.slow
 def test_selection_keeps_the_weights_of_the_best_validation_checkpoint(tmp_path, monkeypatch):
     """With validation scores scripted so that Quiet-STaR step 2 of 4 is best, the saved model and mixing head are
     the weights checkpointed at step 2 (not the last step's), and the test rows are scored on them."""
@@ -274,6 +276,7 @@ def test_select_step_keeps_the_best_validation_checkpoint_and_the_baked_model_wh
     assert select_step([free, {**free, "step": 3, "free_generation_gain": 0.1}]) == 3  # free-form answers
 
 
+@pytest.mark.slow
 def test_answer_scores_equal_a_direct_transformers_forward_pass(tmp_path):
     """The format-free scorer against a hand computation: transformers' forward pass of ``prompt + answer`` (no
     thought) and of ``prompt [thinking] thought [/endthinking] answer`` (the thought checked to be greedy), the

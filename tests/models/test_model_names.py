@@ -309,6 +309,7 @@ def _unbundled_names(draw) -> str:
     return fam + draw(st.sampled_from(["-", " ", "_"])) + size + suffix
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.filter_too_much])
 @given(_unbundled_names())

@@ -381,6 +381,7 @@ def test_arbitrary_text_never_raises(text):
     _check_never_raises_unexpectedly(text)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(_WORDY)
 def test_request_like_noise_never_raises(text):

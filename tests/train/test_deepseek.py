@@ -144,6 +144,7 @@ def test_every_gradient_matches_torch_autograd(name, hf_checkpoint):
         np.testing.assert_allclose(grads[key], ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()), err_msg=key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_the_training_loss_is_torch_cross_entropy(name, hf_checkpoint):
     """The engine's token loss on a padded batch equals torch's cross-entropy (`family_checks`)."""

@@ -52,6 +52,7 @@ def test_grouped_key_value_heads_are_refused_in_one_line():
         assert "num_key_value_heads" in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_the_engine_reads_peft_s_adapter_to_peft_s_logits(hf_checkpoint, tmp_path):
     """An adapter PEFT made and saved (``gpt_neox.layers.{i}.attention.query_key_value.lora_A``...) loads into the
     engine, which then gives PEFT's logits."""

@@ -70,6 +70,7 @@ def _engine_masks(model, rng: jax.Array, b: int, s: int) -> list[tuple[str, np.n
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_training_forward_and_gradients_match_transformers_given_the_same_masks(name, hf_checkpoint, tiny_configs,
                                                                                monkeypatch):

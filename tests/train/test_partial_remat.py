@@ -34,6 +34,7 @@ def _tokens(vocab: int, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, vocab, size=shape, dtype=np.int32)
 
 
+@pytest.mark.slow
 def test_recomputing_some_layers_gives_the_gradients_of_recomputing_none(tiny_configs) -> None:
     """Same loss and LoRA gradients with 1 of 4 layers recomputed as without checkpointing (every layer
     recomputed: test_parity; none: the memory test's equal temporaries). Gemma3: per-layer windows and two rope tables follow each layer into its scan; packed
@@ -68,6 +69,7 @@ def test_recomputing_some_layers_gives_the_gradients_of_recomputing_none(tiny_co
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6 * float(np.abs(b).max()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("method", "precision", "batch", "seq", "counts", "tolerance"), [
     ("lora", "bf16", 2, 512, (4, 6, 10), TOLERANCE), ("qlora", "bf16", 2, 512, (6,), TOLERANCE),
     # float32 on XLA:CPU: XLA holds more than the model's two backward moments (measured -6.9% at 9 of 10, -9.2% at 6)
