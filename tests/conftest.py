@@ -18,10 +18,3 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 # transformers eval: 0.9 s on 1 thread, 17.7 s on 2 on a loaded machine)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-
-def pytest_collection_modifyitems(config, items):
-    """Modules with slow tests (the ``slow`` marker: more than ~10 s) run first, each module kept together for its
-    fixtures: under ``-n 2`` (work-stealing, pyproject's addopts) the long end-to-end runs start early and the short
-    tests fill the end, instead of one long run finishing alone while the other worker idles."""
-    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-    items[:] = sorted(items, key=lambda item: item.nodeid.split("::")[0] not in slow)
