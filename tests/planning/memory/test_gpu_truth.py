@@ -92,8 +92,8 @@ def test_the_gpus_reserved_outlier_is_the_builds_freed_head():
     assert abs(_err(row["planned_reserved"], row["replayed_reserved_as_loaded"])) < 0.01
 
 
-def test_planner_reserved_against_the_gpu_measured_streams_as_loaded():
-    """Every GPU row with a traced stream: the plan against that stream replayed as loaded."""
+def test_planner_reserved_against_the_gpu_rows_traced_streams_as_loaded():
+    """Every GPU row with a fake-tensor traced stream of the same step: the plan against that stream replayed as loaded."""
     rows = [r for r in RESULTS if r["replayed_reserved_as_loaded"] and r["method"] != "qlora"]
     assert len(rows) >= 15
     errors = {r["key"]: _err(r["planned_reserved"], r["replayed_reserved_as_loaded"]) for r in rows}
